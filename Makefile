@@ -1,0 +1,35 @@
+# The README's two set-up commands: `make demo` and `make test`. Both create the venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel of torch 2.13.0 lies on local disk on the project's machines; override elsewhere.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.kgate-installed
+
+.PHONY: demo test lint venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+# Runs kgate on the bundled example manifest on the CPU. kgate exits 1 when it finds violations,
+# which is the point of the demo, so only 0 and 1 count as success here.
+demo: $(STAMP)
+	@$(VENV)/bin/kgate run examples/kgate.yaml --device cpu \
+	  --junit kgate-out/demo-junit.xml --json kgate-out/demo-report.json; \
+	  rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
+	  echo; echo "demo: JUnit XML in kgate-out/demo-junit.xml, JSON report in kgate-out/demo-report.json"
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check kgate tests fixtures gates hooks examples
+
+clean:
+	rm -rf $(VENV) kgate-out .pytest_cache

@@ -1,0 +1,3 @@
+from kgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""Command line: parses arguments and dispatches to one module per verb under kgate/commands/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from rich.console import Console
+
+from kgate import __version__
+from kgate.errors import KgateError
+
+# Each module defines add_parser(subparsers) and main(args) -> exit code.
+COMMANDS = ("run", "gates", "schema")
+
+EPILOG = """exit codes: 0 every kernel passed, 1 a violation or a kernel error, 2 a usage, manifest or
+infrastructure error. `kgate COMMAND --help` explains each command."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kgate", description="Contract-grade correctness gates for GPU kernels, against a float64 oracle.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kgate {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"kgate.commands.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help exits 0, bad usage exits 2
+        return int(exc.code or 0)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except KgateError as exc:
+        Console(stderr=True, highlight=False).print(f"[bold red]kgate:[/] {exc}", markup=True, soft_wrap=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("kgate: interrupted; results so far are in the output folder's results.jsonl", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

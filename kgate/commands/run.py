@@ -1,0 +1,140 @@
+"""`kgate run`: gate the kernels of a manifest and write the reports."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from kgate import gates as registry
+from kgate.errors import UsageError
+from kgate.manifest import DTYPE_ALIASES, DTYPES, load, parse_memory
+from kgate.report import Report, environment, now
+from kgate.reports import console as console_report
+from kgate.reports import junit
+from kgate.runner import RunOptions, Runner
+from kgate.selection import matcher
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="gate the kernels of a manifest",
+        description="Run the gates on every kernel of MANIFEST (default ./kgate.yaml), each kernel in its own "
+        "worker process with a time and a memory limit. Exit 0 when all pass, 1 on any violation or kernel "
+        "error, 2 on a usage, manifest or infrastructure error.")
+    p.add_argument("manifest", nargs="?", default="kgate.yaml", help="the manifest (default: ./kgate.yaml)")
+    p.add_argument("-k", dest="select", metavar="EXPR",
+                   help="only kernels matching EXPR: a name, a substring, or words with and/or/not (like pytest -k)")
+    p.add_argument("--gate", "-g", action="append", metavar="GATE", default=[],
+                   help="run only this gate (repeat, or comma-separate); `kgate gates` lists them")
+    p.add_argument("--device", metavar="D", help="auto, cpu, cuda or cuda:N (default: the manifest's)")
+    p.add_argument("--seed", action="append", type=int, metavar="S", default=[],
+                   help="use this seed instead of the manifest's (repeatable)")
+    p.add_argument("--dtype", action="append", metavar="DTYPE", default=[],
+                   help="use this dtype instead of the manifest's (repeatable)")
+    p.add_argument("--shape", action="append", metavar="N,M,...", default=[],
+                   help="use this shape instead of the manifest's (repeatable), e.g. --shape 7,1000")
+    p.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit per gate of one kernel")
+    p.add_argument("--memory", metavar="SIZE", help="memory limit per worker, e.g. 8GiB")
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="kernels judged at once (default 1)")
+    p.add_argument("--junit", metavar="PATH", help="write JUnit XML here")
+    p.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    p.add_argument("--out", metavar="DIR", default="kgate-out",
+                   help="folder for the streamed results.jsonl, report.json and worker logs (default kgate-out)")
+    p.add_argument("--container", metavar="IMAGE",
+                   help="run the gates inside this container image (docker SDK; GPUs passed through)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the table and findings")
+    p.set_defaults(func=main)
+
+
+def _split(values: list[str]) -> list[str]:
+    return [v.strip() for value in values for v in value.split(",") if v.strip()]
+
+
+def options_from(args: argparse.Namespace) -> RunOptions:
+    gates = _split(args.gate)
+    for g in gates:
+        if g not in registry.GATE_NAMES:
+            raise UsageError(f"--gate {g}: unknown gate; known: {', '.join(registry.GATE_NAMES)}")
+    dtypes = [DTYPE_ALIASES.get(d, d) for d in _split(args.dtype)]
+    for d in dtypes:
+        if d not in DTYPES:
+            raise UsageError(f"--dtype {d}: use one of {', '.join(DTYPES)}")
+    shapes = []
+    for text in args.shape:
+        try:
+            shapes.append(() if text == "scalar" else tuple(int(x) for x in text.split(",") if x.strip()))
+        except ValueError:
+            raise UsageError(f"--shape {text}: write sizes separated by commas, e.g. 7,1000") from None
+    if args.device and args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
+        raise UsageError(f"--device {args.device}: use auto, cpu, cuda or cuda:N")
+    try:
+        memory = parse_memory(args.memory) if args.memory else None
+    except ValueError as exc:
+        raise UsageError(f"--memory: {exc}") from None
+    if args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    return RunOptions(gates=gates or None, device=args.device, seeds=args.seed or None, dtypes=dtypes or None,
+                      shapes=shapes or None, timeout=args.timeout, memory=memory, jobs=args.jobs,
+                      out_dir=Path(args.out))
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.container:
+        from kgate.container import run_in_container
+
+        return run_in_container(args)
+    console = make_console()
+    options = options_from(args)
+    manifest = load(args.manifest)
+    kernels = manifest.kernels
+    if args.select:
+        keep = matcher(args.select, [k.name for k in kernels])
+        kernels = [k for k in kernels if keep(k.name)]
+        if not kernels:
+            raise UsageError(f"-k {args.select!r} selects no kernel of {args.manifest}; "
+                             f"names: {', '.join(k.name for k in manifest.kernels)}")
+    report = run_kernels(manifest, kernels, options, console, quiet=args.quiet)
+    report.write(options.out_dir / "report.json")
+    if args.json:
+        report.write(args.json)
+    if args.junit:
+        junit.write(report, args.junit)
+    return report.exit_code
+
+
+def make_console() -> Console:
+    """A terminal gets its own width; logs (CI, pipes) get a wide one so the table does not wrap."""
+    probe = Console(highlight=False)
+    return probe if probe.is_terminal else Console(highlight=False, width=160)
+
+
+def run_kernels(manifest, kernels, options: RunOptions, console: Console, *, quiet: bool = False) -> Report:
+    report = Report(manifest=str(manifest.path), kernels=[], environment=environment())
+    started = time.perf_counter()
+    probe = Runner(manifest, kernels, options)
+    total = sum(len(probe.gates_for(k)) for k in kernels)
+    if quiet or not console.is_terminal:
+        runner = Runner(manifest, kernels, options, events=None if quiet else _PlainEvents(console))
+        report.kernels = runner.run()
+    else:
+        with console_report.ProgressEvents(console, total) as events:
+            report.kernels = Runner(manifest, kernels, options, events=events).run()
+    report.finished = now()
+    console_report.render(console, report, time.perf_counter() - started)
+    return report
+
+
+class _PlainEvents(console_report.ProgressEvents):
+    """Progress for logs (CI, pipes): one line per finished kernel, no live bar."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def gate_started(self, kernel, gate) -> None:
+        pass
+
+    def gate_finished(self, kernel, result) -> None:
+        pass

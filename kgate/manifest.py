@@ -1,0 +1,568 @@
+"""`kgate.yaml`: the versioned manifest, its validation and its JSON Schema.
+
+The schema is one pydantic model; the JSON Schema that editors use (`kgate schema`) is generated from
+it, so the two never disagree. Loading keeps the YAML position of every key, so each problem is
+reported with file, line and key, plus a suggestion where one exists (nearest valid key, missing
+`version`, ...). Nothing runs unless the whole manifest is valid.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.machinery
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+from kgate.errors import ManifestError, Problem
+
+SUPPORTED_VERSIONS = (1,)
+DEFAULT_MANIFEST = "kgate.yaml"
+
+DTYPE_ALIASES = {
+    "fp16": "float16", "half": "float16", "f16": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32", "float": "float32", "f32": "float32",
+    "fp64": "float64", "double": "float64", "f64": "float64",
+}
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+VERDICTS = ("pass", "fail", "error", "skip")
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def _dtype(value: Any) -> Any:
+    if isinstance(value, str):
+        value = DTYPE_ALIASES.get(value.lower(), value)
+    return value
+
+
+def parse_memory(value: Any) -> int:
+    """'8GiB', '512MB', 1073741824 -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as '8GiB' or a number of bytes")
+    if isinstance(value, int):
+        return value
+    match = _MEMORY_RE.match(str(value))
+    if not match:
+        raise ValueError(f"cannot read {value!r} as a size; write e.g. '8GiB', '512MiB' or a number of bytes")
+    number, unit = match.groups()
+    return int(float(number) * _UNITS[(unit or "B").lower()])
+
+
+def _device(value: Any) -> Any:
+    if isinstance(value, str) and not _DEVICE_RE.match(value):
+        raise ValueError(f"device {value!r} is not one of auto, cpu, cuda, cuda:N")
+    return value
+
+
+DType = Annotated[Literal["float16", "bfloat16", "float32", "float64"], BeforeValidator(_dtype)]
+Device = Annotated[str, BeforeValidator(_device)]
+Memory = Annotated[int, BeforeValidator(parse_memory)]
+Verdict = Literal["pass", "fail", "error", "skip"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Tolerance(_Strict):
+    """How far from the float64 oracle a kernel may be (see docs: the oracle bound).
+
+    bound = factor * max|reference_in_dtype - oracle| + ulps * eps(dtype) * max|oracle| + atol
+    """
+
+    factor: float = Field(8.0, gt=0, description="c: multiple of the reference's own error in the kernel's dtype")
+    ulps: float = Field(4.0, ge=0, description="floor, in units of eps(dtype) x max|oracle|")
+    atol: float = Field(0.0, ge=0, description="absolute floor added to the bound")
+
+
+class GateSelection(_Strict):
+    include: list[str] | None = Field(None, description="gates to run (default: all)")
+    exclude: list[str] = Field(default_factory=list, description="gates not to run")
+
+
+GateSpec = Literal["all"] | list[str] | GateSelection
+
+
+class ArgSpec(_Strict):
+    """A declarative input: one positional argument made by torch.testing.make_tensor."""
+
+    shape: list[int] | None = Field(None, description="shape; omitted = the shape being swept")
+    dtype: DType | None = Field(None, description="dtype; omitted = the dtype being swept")
+    low: float | None = None
+    high: float | None = None
+    value: float | int | bool | None = Field(None, description="a Python scalar argument instead of a tensor")
+
+
+class Limits(_Strict):
+    timeout: float = Field(300.0, gt=0, description="seconds one gate of one kernel may take")
+    memory: Memory = Field(8 * 2**30, description="resident memory of a worker process, e.g. '8GiB'")
+
+
+class Defaults(_Strict):
+    device: Device = "auto"
+    dtypes: list[DType] = Field(default_factory=lambda: ["float32"], min_length=1)
+    gates: GateSpec = "all"
+    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    tolerance: Tolerance = Field(default_factory=Tolerance)
+    limits: Limits = Field(default_factory=Limits)
+
+
+class KernelEntry(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$", description="unique name, used by -k and in reports")
+    kernel: str = Field(description="'path/to/file.py:attr' or 'package.module:attr'")
+    reference: str = Field(description="the callable that defines the meaning, same reference syntax")
+    inputs: str | list[ArgSpec] | None = Field(
+        None, description="factory 'file.py:make_inputs' (called as make_inputs(seed, shape=, dtype=, device=)) "
+        "or a list of declarative argument specs")
+    shapes: list[list[int]] | None = Field(None, description="shapes passed to the inputs factory")
+    dtypes: list[DType] | None = Field(None, min_length=1)
+    gates: GateSpec | None = None
+    seeds: list[int] | None = Field(None, min_length=1)
+    backward: bool = Field(False, description="also judge gradients against float64 autograd of the reference")
+    inplace: list[int] = Field(default_factory=list, description="indices of arguments the kernel may modify")
+    nondeterministic: bool = Field(False, description="declare run-to-run differences as intended")
+    tolerance: Tolerance | None = None
+    device: Device | None = None
+    limits: Limits | None = None
+    files: list[str] = Field(default_factory=list, description="globs the pre-commit hook watches")
+    expect: dict[str, Verdict] | None = Field(
+        None, description="expected verdict per gate (used by `kgate selftest` for the controls)")
+    description: str | None = None
+
+    @field_validator("kernel", "reference")
+    @classmethod
+    def _ref_syntax(cls, value: str) -> str:
+        return _check_ref_syntax(value)
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_syntax(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            _check_ref_syntax(value)
+        return value
+
+
+class Manifest(_Strict):
+    version: int = Field(description="manifest format version; this kgate reads version 1")
+    defaults: Defaults = Field(default_factory=Defaults)
+    kernels: list[KernelEntry] = Field(min_length=1)
+
+
+def _check_ref_syntax(value: str) -> str:
+    target, sep, attr = value.rpartition(":")
+    if not sep or not target or not attr or not attr.replace(".", "_").isidentifier():
+        raise ValueError(f"{value!r} is not 'path/to/file.py:attr' or 'package.module:attr'")
+    return value
+
+
+def json_schema() -> dict[str, Any]:
+    schema = Manifest.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://kgate.dev/schema/kgate.v1.json"
+    schema["title"] = "kgate.yaml"
+    schema["properties"]["version"] = {"const": 1, "description": "manifest format version"}
+    return schema
+
+
+# --------------------------------------------------------------------------------------------------
+# The resolved manifest: what the runner uses.
+
+
+class Ref:
+    """A parsed 'target:attr' reference, resolved against the manifest's folder."""
+
+    def __init__(self, text: str, base: Path):
+        self.text = text
+        target, _, self.attr = text.rpartition(":")
+        self.is_file = target.endswith(".py") or "/" in target or "\\" in target
+        self.path: Path | None = (base / target).resolve() if self.is_file else None
+        self.module = None if self.is_file else target
+
+    def __repr__(self) -> str:
+        return f"Ref({self.text!r})"
+
+    def to_json(self) -> str:
+        return self.text
+
+
+class ResolvedKernel:
+    """One kernel entry with the defaults applied and every path resolved."""
+
+    def __init__(self, entry: KernelEntry, defaults: Defaults, manifest: LoadedManifest, index: int):
+        self.entry = entry
+        self.index = index
+        self.manifest = manifest
+        self.name = entry.name
+        base = manifest.base
+        self.kernel = Ref(entry.kernel, base)
+        self.reference = Ref(entry.reference, base)
+        self.inputs: Ref | list[ArgSpec] | None = (
+            Ref(entry.inputs, base) if isinstance(entry.inputs, str) else entry.inputs)
+        self.shapes = [tuple(s) for s in entry.shapes] if entry.shapes else [None]
+        self.dtypes = list(entry.dtypes or defaults.dtypes)
+        self.seeds = list(entry.seeds or defaults.seeds)
+        self.gate_spec = entry.gates if entry.gates is not None else defaults.gates
+        self.tolerance = entry.tolerance or defaults.tolerance
+        self.device = entry.device or defaults.device
+        self.limits = entry.limits or defaults.limits
+        self.line = manifest.line_of(("kernels", index))
+
+    def selected_gates(self, all_names: list[str]) -> list[str]:
+        spec = self.gate_spec
+        if spec == "all":
+            return list(all_names)
+        if isinstance(spec, list):
+            return [g for g in all_names if g in spec]
+        chosen = all_names if spec.include is None else [g for g in all_names if g in spec.include]
+        return [g for g in chosen if g not in spec.exclude]
+
+    def source_location(self) -> tuple[str | None, int | None]:
+        """Where the kernel is defined (file, line), for annotations; found without importing it."""
+        path = self.kernel.path or _module_file(self.kernel.module or "", [self.manifest.base])
+        if path is None or not path.exists():
+            return None, None
+        return str(path), _definition_line(path, self.kernel.attr)
+
+
+class LoadedManifest:
+    def __init__(self, path: Path, model: Manifest, marks: dict[tuple, tuple[int, int]]):
+        self.path = path
+        self.base = path.parent
+        self.model = model
+        self._marks = marks
+        self.kernels = [ResolvedKernel(e, model.defaults, self, i) for i, e in enumerate(model.kernels)]
+
+    def line_of(self, loc: tuple) -> int | None:
+        mark = _nearest_mark(self._marks, loc)
+        return mark[0] if mark else None
+
+    def by_name(self, name: str) -> ResolvedKernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading with positions.
+
+
+def _compose(text: str, file: str) -> tuple[Any, dict[tuple, tuple[int, int]], list[Problem]]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        context = getattr(exc, "context", None)
+        message = f"YAML syntax error: {problem}" + (f" ({context})" if context else "")
+        raise ManifestError([Problem(file, mark.line + 1 if mark else None, mark.column + 1 if mark else None,
+                                     None, message, "check indentation and quoting on that line")]) from None
+    marks: dict[tuple, tuple[int, int]] = {}
+    problems: list[Problem] = []
+    constructor = yaml.constructor.SafeConstructor()
+
+    def build(n: yaml.Node, path: tuple) -> Any:
+        marks.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
+        if isinstance(n, yaml.MappingNode):
+            out: dict[Any, Any] = {}
+            for key_node, value_node in n.value:
+                key = constructor.construct_object(key_node, deep=True)
+                if key in out:
+                    problems.append(Problem(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
+                                            _dotted(path + (key,)), f"duplicate key {key!r}",
+                                            "YAML keeps only the last one; remove or rename one of them"))
+                marks[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                out[key] = build(value_node, path + (key,))
+                marks[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [build(item, path + (i,)) for i, item in enumerate(n.value)]
+        return constructor.construct_object(n, deep=True)
+
+    data = build(node, ()) if node is not None else None
+    return data, marks, problems
+
+
+def _nearest_mark(marks: dict[tuple, tuple[int, int]], loc: tuple) -> tuple[int, int] | None:
+    loc = tuple(loc)
+    while loc:
+        if loc in marks:
+            return marks[loc]
+        loc = loc[:-1]
+    return marks.get(())
+
+
+def _dotted(loc: tuple) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _model_for(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that owns the mapping at `loc` (for 'did you mean' suggestions)."""
+    model: Any = Manifest
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if model is None or not hasattr(model, "model_fields") or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        model = _first_model(annotation)
+    return model
+
+
+def _first_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _suggest(word: str, options: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else None
+
+
+def _clean_loc(loc: tuple, marks: dict) -> tuple:
+    """pydantic inserts union member names ('list[str]', 'GateSelection') into locations: drop them."""
+    out: tuple = ()
+    for part in loc:
+        candidate = out + (part,)
+        if candidate in marks or isinstance(part, int):
+            out = candidate
+        elif isinstance(part, str) and (part.startswith(("list[", "dict[", "literal[")) or part[:1].isupper()
+                                        or part in ("str", "int", "float", "bool", "function-before",
+                                                    "function-after")):
+            continue
+        else:
+            out = candidate
+    return out
+
+
+def _pydantic_problems(exc: ValidationError, file: str, marks: dict) -> list[Problem]:
+    problems: list[Problem] = []
+    seen: set[tuple] = set()
+    errors = exc.errors(include_url=False)
+    # A union reports one error per member; keep the most specific per location.
+    for err in errors:
+        loc = _clean_loc(tuple(err["loc"]), marks)
+        kind = err["type"]
+        mark = _nearest_mark(marks, loc)
+        line, col = (mark if mark else (None, None))
+        key = _dotted(loc) or None
+        hint = None
+        if kind == "extra_forbidden":
+            owner = _model_for(loc[:-1])
+            word = str(loc[-1])
+            message = f"unknown key {word!r}"
+            if owner is not None:
+                hint = _suggest(word, list(owner.model_fields)) or (
+                    "valid keys here: " + ", ".join(owner.model_fields))
+        elif kind == "missing":
+            message = f"missing required key {str(loc[-1])!r}"
+            owner = _model_for(loc[:-1])
+            if owner is not None and loc and loc[-1] in owner.model_fields:
+                desc = owner.model_fields[loc[-1]].description
+                hint = f"{loc[-1]}: {desc}" if desc else None
+        else:
+            message = err["msg"]
+            given = err.get("input")
+            if kind.startswith("literal_error") and isinstance(given, str):
+                expected = (err.get("ctx") or {}).get("expected", "")
+                options = re.findall(r"'([^']+)'", expected)
+                hint = _suggest(given, options)
+            if given is not None and not isinstance(given, (dict, list)):
+                message += f" (got {given!r})"
+        ident = (loc, kind)
+        if ident in seen or any(p.key == key and p.line == line for p in problems):
+            continue
+        seen.add(ident)
+        problems.append(Problem(file, line, col, key, message, hint))
+    return problems
+
+
+def load(path: str | Path | None = None, *, check_files: bool = True) -> LoadedManifest:
+    """Read, validate and resolve a manifest; raise ManifestError listing every problem."""
+    path = Path(path or DEFAULT_MANIFEST)
+    file = str(path)
+    if not path.exists():
+        hint = ("run `kgate run PATH/TO/kgate.yaml`, or create kgate.yaml here (see `kgate schema` and the README)"
+                if path.name == DEFAULT_MANIFEST else "check the path")
+        raise ManifestError([Problem(file, None, None, None, "manifest not found", hint)])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError([Problem(file, None, None, None, f"cannot read manifest: {exc}")]) from None
+    data, marks, problems = _compose(text, file)
+    if problems:
+        raise ManifestError(problems)
+    if not isinstance(data, dict):
+        raise ManifestError([Problem(file, 1, 1, None, "the manifest must be a mapping with 'version' and 'kernels'",
+                                     "start from the example in the README or `kgate schema`")])
+    version = data.get("version")
+    if version is None:
+        raise ManifestError([Problem(file, 1, 1, "version", "missing 'version'",
+                                     "add 'version: 1' as the first line")])
+    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+        line, col = marks.get(("version",), (None, None))
+        raise ManifestError([Problem(file, line, col, "version", f"unsupported manifest version {version!r}",
+                                     "this kgate reads version 1; upgrade kgate or write 'version: 1'")])
+    try:
+        model = Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ManifestError(_pydantic_problems(exc, file, marks)) from None
+    loaded = LoadedManifest(path.resolve(), model, marks)
+    loaded.path = path
+    problems = _semantic_problems(loaded, file, check_files)
+    if problems:
+        raise ManifestError(problems)
+    return loaded
+
+
+def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> list[Problem]:
+    from kgate.gates import GATE_NAMES
+
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+
+    def at(loc: tuple) -> tuple[int | None, int | None]:
+        mark = _nearest_mark(loaded._marks, loc)
+        return mark if mark else (None, None)
+
+    def gate_problems(spec: Any, loc: tuple) -> None:
+        if spec == "all" or spec is None:
+            return
+        names = spec if isinstance(spec, list) else (spec.include or []) + list(spec.exclude)
+        for name in names:
+            if name not in GATE_NAMES:
+                line, col = at(loc)
+                problems.append(Problem(file, line, col, _dotted(loc), f"unknown gate {name!r}",
+                                        _suggest(name, GATE_NAMES) or "`kgate gates` lists the gates"))
+
+    gate_problems(loaded.model.defaults.gates, ("defaults", "gates"))
+    for i, kernel in enumerate(loaded.kernels):
+        entry = kernel.entry
+        if entry.name in seen:
+            line, col = at(("kernels", i, "name"))
+            problems.append(Problem(file, line, col, f"kernels[{i}].name", f"duplicate kernel name {entry.name!r}",
+                                    f"first used by kernels[{seen[entry.name]}]; names must be unique"))
+        seen.setdefault(entry.name, i)
+        gate_problems(entry.gates, ("kernels", i, "gates"))
+        if not check_files:
+            continue
+        refs = [("kernel", kernel.kernel), ("reference", kernel.reference)]
+        if isinstance(kernel.inputs, Ref):
+            refs.append(("inputs", kernel.inputs))
+        for key, ref in refs:
+            line, col = at(("kernels", i, key))
+            problem = _check_ref(ref)
+            if problem:
+                message, hint = problem
+                problems.append(Problem(file, line, col, f"kernels[{i}].{key}", message, hint))
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# Checking references without importing them (imports run untrusted code: that happens in workers).
+
+
+def _module_file(module: str, extra_paths: list[Path]) -> Path | None:
+    parts = module.split(".")
+    search = [str(p) for p in extra_paths] + [p for p in sys.path if p]
+    spec = None
+    for i, part in enumerate(parts):
+        spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None:
+            return None
+        if i < len(parts) - 1:
+            search = list(spec.submodule_search_locations or [])
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return None
+    return Path(spec.origin)
+
+
+def _definition_line(path: Path, attr: str) -> int | None:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    head = attr.split(".")[0]
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == head:
+            return node.lineno
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == head for t in node.targets):
+            return node.lineno
+        if isinstance(node, (ast.AnnAssign, ast.AugAssign)) and isinstance(node.target, ast.Name) \
+                and node.target.id == head:
+            return node.lineno
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if (alias.asname or alias.name.split(".")[0]) == head:
+                    return node.lineno
+    return None
+
+
+def _defined_names(tree: ast.Module) -> tuple[set[str], bool]:
+    """Top-level names a module defines, and whether it may define others dynamically."""
+    names: set[str] = set()
+    dynamic = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            dynamic = True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("globals", "setattr",
+                                                                                                "exec"):
+            dynamic = True
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if node.name == "__getattr__":
+                dynamic = True
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name.split(".")[0]) for a in node.names)
+        else:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    names.add(sub.id)
+    return names, dynamic
+
+
+def _check_ref(ref: Ref) -> tuple[str, str | None] | None:
+    if ref.is_file:
+        assert ref.path is not None
+        if not ref.path.exists():
+            return (f"file not found: {ref.path}", "paths are relative to the manifest's folder")
+        path = ref.path
+    else:
+        found = _module_file(ref.module or "", [])
+        if found is None:
+            return (f"module {ref.module!r} not found on the Python path",
+                    "install the package, or name a file: 'path/to/file.py:attr'")
+        path = found
+    if path.suffix != ".py":
+        return None  # compiled module: its attributes are checked when the worker imports it
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except SyntaxError as exc:
+        return (f"{path}:{exc.lineno}: syntax error: {exc.msg}", None)
+    except (OSError, UnicodeDecodeError) as exc:
+        return (f"cannot read {path}: {exc}", None)
+    names, dynamic = _defined_names(tree)
+    head = ref.attr.split(".")[0]
+    if head in names or dynamic:
+        return None
+    public = sorted(n for n in names if not n.startswith("_"))
+    hint = _suggest(head, public) or (f"{path.name} defines: {', '.join(public[:12])}" if public else None)
+    return (f"attribute {head!r} not found in {path}", hint)

@@ -1,0 +1,106 @@
+"""Console output: rich progress while running, a kernel x gate table and the findings at the end."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kgate.gates.base import ERROR, FAIL, PASS, SKIP, GateResult
+from kgate.manifest import ResolvedKernel
+from kgate.report import KernelResult, Report
+from kgate.runner import Events
+
+STYLE = {PASS: ("pass", "green"), FAIL: ("FAIL", "bold red"), ERROR: ("ERROR", "bold magenta"),
+         SKIP: ("skip", "dim")}
+
+
+class ProgressEvents(Events):
+    """Progress over all (kernel, gate) pairs, showing which kernel and gate run now."""
+
+    def __init__(self, console: Console, total: int):
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+        self.task = self.progress.add_task("kgate", total=total)
+        self.console = console
+
+    def __enter__(self) -> ProgressEvents:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def gate_started(self, kernel: ResolvedKernel, gate: str) -> None:
+        self.progress.update(self.task, description=f"{escape(kernel.name)} · {gate}")
+
+    def gate_finished(self, kernel: ResolvedKernel, result: GateResult) -> None:
+        self.progress.advance(self.task)
+
+    def kernel_finished(self, result: KernelResult) -> None:
+        label, style = STYLE[result.verdict]
+        self.console.print(f"[{style}]{label:>5}[/] {escape(result.name)} ({result.duration_s:.1f}s)")
+
+
+def table(report: Report) -> Table:
+    gates: list[str] = []
+    for k in report.kernels:
+        for g in k.gates:
+            if g.gate not in gates:
+                gates.append(g.gate)
+    t = Table(title="kgate verdicts", show_lines=False, header_style="bold")
+    t.add_column("kernel", no_wrap=True)
+    for g in gates:
+        t.add_column(g.replace("_", "_\u200b"), justify="center")
+    t.add_column("verdict", justify="center", no_wrap=True)
+    for k in report.kernels:
+        by = {g.gate: g for g in k.gates}
+        cells = []
+        for g in gates:
+            if g not in by:
+                cells.append("")
+                continue
+            label, style = STYLE[by[g].verdict]
+            cells.append(f"[{style}]{label}[/]")
+        label, style = STYLE[k.verdict]
+        suffix = " broken" if k.broken else ""
+        t.add_row(escape(k.name), *cells, f"[{style}]{label}{suffix}[/]")
+    return t
+
+
+def findings(console: Console, report: Report) -> None:
+    for k in report.kernels:
+        for g in k.violated:
+            label, style = STYLE[g.verdict]
+            console.print(f"[{style}]{label}[/] [bold]{escape(k.name)}[/] / {g.gate}: {escape(g.message)}")
+            for name, value in (("expected", g.expected), ("got", g.got), ("where", g.where)):
+                if value:
+                    console.print(f"    {name}: {escape(str(value))}")
+            if g.case:
+                console.print("    case: " + escape(", ".join(f"{a}={b}" for a, b in g.case.items())))
+            if g.repro:
+                console.print(f"    reproduce: [cyan]{escape(g.repro)}[/]")
+            if g.verdict == ERROR and k.log:
+                console.print(f"    worker log: {escape(k.log)}")
+
+
+def summary_line(report: Report, seconds: float) -> str:
+    c = report.counts()
+    parts = []
+    if c[PASS]:
+        parts.append(f"[green]{c[PASS]} passed[/]")
+    if c[FAIL]:
+        parts.append(f"[red]{c[FAIL]} with violations[/]")
+    if c[ERROR]:
+        parts.append(f"[magenta]{c[ERROR]} errors[/]")
+    broken = sum(k.broken for k in report.kernels)
+    if broken:
+        parts.append(f"[red]{broken} broken[/]")
+    return f"{len(report.kernels)} kernel(s): " + ", ".join(parts or ["none run"]) + f" in {seconds:.1f}s"
+
+
+def render(console: Console, report: Report, seconds: float) -> None:
+    console.print(table(report))
+    findings(console, report)
+    console.print(summary_line(report, seconds))

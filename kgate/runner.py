@@ -1,0 +1,268 @@
+"""Runs each kernel in its own worker process, under a time and a memory limit, and streams results.
+
+A worker that raises, segfaults, calls os._exit, hangs past the per-gate timeout or grows past the
+memory limit costs only its own kernel: the gate it was in gets the verdict `error` with the cause,
+the gates it never reached get `error` ("not run"), and the run goes on. Every result is appended to
+`results.jsonl` as it arrives, so an interrupted run loses nothing already judged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kgate import gates as registry
+from kgate.gates.base import GateResult
+from kgate.manifest import LoadedManifest, ResolvedKernel
+from kgate.report import KernelResult
+
+POLL_S = 0.05
+
+
+@dataclass
+class RunOptions:
+    gates: list[str] | None = None  # None = each kernel's own selection
+    device: str | None = None  # None = the manifest's
+    seeds: list[int] | None = None
+    dtypes: list[str] | None = None
+    shapes: list[tuple[int, ...]] | None = None
+    timeout: float | None = None  # per gate; None = the manifest's limits.timeout
+    memory: int | None = None
+    jobs: int = 1
+    out_dir: Path = field(default_factory=lambda: Path("kgate-out"))
+
+
+class Events:
+    """Callbacks the console uses for progress; all optional."""
+
+    def kernel_started(self, kernel: ResolvedKernel, gates: list[str]) -> None: ...
+    def gate_started(self, kernel: ResolvedKernel, gate: str) -> None: ...
+    def gate_finished(self, kernel: ResolvedKernel, result: GateResult) -> None: ...
+    def kernel_finished(self, result: KernelResult) -> None: ...
+
+
+def resolve_device(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _exit_cause(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
+                   "SIGFPE": "arithmetic error", "SIGILL": "illegal instruction", "SIGKILL": "killed"}.get(name)
+        return f"worker killed by {name}" + (f" ({meaning})" if meaning else "")
+    return f"worker exited with code {returncode} before finishing (os._exit or a hard exit in user code?)"
+
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+class Runner:
+    def __init__(self, manifest: LoadedManifest, kernels: list[ResolvedKernel], options: RunOptions,
+                 events: Events | None = None, results_path: Path | None = None):
+        self.manifest = manifest
+        self.kernels = kernels
+        self.options = options
+        self.events = events or Events()
+        self.out_dir = options.out_dir
+        self.results_path = results_path or self.out_dir / "results.jsonl"
+        self._lock = threading.Lock()
+
+    def gates_for(self, kernel: ResolvedKernel) -> list[str]:
+        selected = kernel.selected_gates(registry.GATE_NAMES)
+        if self.options.gates:
+            selected = [g for g in registry.GATE_NAMES if g in self.options.gates]
+        return selected
+
+    def device_for(self, kernel: ResolvedKernel) -> str:
+        return resolve_device(self.options.device or kernel.device)
+
+    def run(self) -> list[KernelResult]:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "logs").mkdir(exist_ok=True)
+        self.results_path.parent.mkdir(parents=True, exist_ok=True)
+        self.results_path.write_text("")
+        if self.options.jobs <= 1:
+            return [self.run_kernel(k) for k in self.kernels]
+        with ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
+            return list(pool.map(self.run_kernel, self.kernels))
+
+    def _stream(self, kernel: str, result: GateResult) -> None:
+        with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"kernel": kernel, **result.to_json()}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def run_kernel(self, kernel: ResolvedKernel) -> KernelResult:
+        gates = self.gates_for(kernel)
+        device = self.device_for(kernel)
+        timeout = self.options.timeout or kernel.limits.timeout
+        memory = self.options.memory or kernel.limits.memory
+        self.events.kernel_started(kernel, gates)
+        started = time.perf_counter()
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
+        log_path = self.out_dir / "logs" / f"{safe}.log"
+        results: dict[str, GateResult] = {}
+        worker_error: str | None = None
+
+        read_fd, write_fd = os.pipe()
+        job = {"manifest": str(self.manifest.path.resolve()), "repro_manifest": str(self.manifest.path),
+               "kernel": kernel.name, "gates": gates, "device": device, "memory": memory, "event_fd": write_fd,
+               "seeds": self.options.seeds, "dtypes": self.options.dtypes,
+               "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
+            json.dump(job, jf)
+            job_path = jf.name
+        env = dict(os.environ)
+        env.pop("GITHUB_TOKEN", None)  # untrusted code never sees the token
+        env.pop("INPUT_GITHUB-TOKEN", None)
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "kgate.worker", job_path], stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+                                    start_new_session=True, env=env, cwd=str(self.manifest.base))
+        os.close(write_fd)
+        current: str | None = None
+        deadline = time.monotonic() + timeout  # loading counts against the first gate's time
+        buffer = b""
+        done = False
+        selector = selectors.DefaultSelector()
+        selector.register(read_fd, selectors.EVENT_READ)
+        try:
+            while True:
+                ready = selector.select(timeout=POLL_S)
+                if ready:
+                    chunk = os.read(read_fd, 1 << 16)
+                    if not chunk:
+                        break  # worker closed the channel: it exited
+                    buffer += chunk
+                    while b"\n" in buffer:
+                        line, buffer = buffer.split(b"\n", 1)
+                        event = self._parse(line)
+                        if event is None:
+                            continue
+                        kind = event.get("event")
+                        if kind == "gate_start" and event.get("gate") in gates:
+                            current = event["gate"]
+                            deadline = time.monotonic() + timeout
+                            self.events.gate_started(kernel, current)
+                        elif kind == "result":
+                            result = self._result(event.get("result"), gates)
+                            if result is not None and result.gate not in results:
+                                results[result.gate] = result
+                                self._stream(kernel.name, result)
+                                self.events.gate_finished(kernel, result)
+                            current = None
+                        elif kind == "done":
+                            done = True
+                rss = _rss_bytes(proc.pid)
+                if rss > memory:
+                    worker_error = (f"exceeded the memory limit of {_fmt_bytes(memory)} (resident "
+                                    f"{_fmt_bytes(rss)})")
+                    self._kill(proc)
+                    break
+                if time.monotonic() > deadline:
+                    where = f"in gate {current}" if current else "while loading"
+                    worker_error = f"timed out after {timeout:g} s {where}"
+                    self._kill(proc)
+                    break
+                if proc.poll() is not None and not ready:
+                    break  # exited, and nothing is left to read (a leaked child may still hold the pipe)
+        finally:
+            selector.close()
+            os.close(read_fd)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._kill(proc)
+                proc.wait()
+            os.unlink(job_path)
+        if worker_error is None and not done:
+            worker_error = _exit_cause(proc.returncode)
+        if worker_error is not None:
+            tail = _tail(log_path)
+            for name in gates:
+                if name in results:
+                    continue
+                if name == current or (current is None and not results and name == gates[0]):
+                    message = worker_error
+                else:
+                    message = f"not run: {worker_error} earlier"
+                result = GateResult(name, "error", message, registry.get(name).tolerance_free, broken=True,
+                                    details={"log_tail": tail})
+                results[name] = result
+                self._stream(kernel.name, result)
+                self.events.gate_finished(kernel, result)
+        source_file, source_line = kernel.source_location()
+        outcome = KernelResult(
+            name=kernel.name, kernel=kernel.kernel.text, reference=kernel.reference.text, device=device,
+            source_file=source_file, source_line=source_line, manifest_line=kernel.line,
+            gates=[results[g] for g in gates], error=worker_error, log=str(log_path),
+            duration_s=round(time.perf_counter() - started, 3), files=list(kernel.entry.files))
+        self.events.kernel_finished(outcome)
+        return outcome
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    @staticmethod
+    def _parse(line: bytes) -> dict[str, Any] | None:
+        try:
+            event = json.loads(line)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return event if isinstance(event, dict) else None
+
+    @staticmethod
+    def _result(data: Any, gates: list[str]) -> GateResult | None:
+        if not isinstance(data, dict) or data.get("gate") not in gates:
+            return None
+        if data.get("verdict") not in ("pass", "fail", "error", "skip"):
+            return None
+        try:
+            return GateResult.from_json(data)
+        except TypeError:
+            return None
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-limit:].decode("utf-8", errors="replace")

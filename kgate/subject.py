@@ -1,0 +1,146 @@
+"""The subject of the gates: one kernel, its reference, its inputs and its options, inside a worker.
+
+Gates never call user code directly: they go through `Subject`, which tells a kernel's exception
+from a reference's or a factory's, synchronizes the device after a call, keeps pristine copies of
+the inputs and caches the float64 oracle per case.
+"""
+
+from __future__ import annotations
+
+import shlex
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kgate.compare import clone_tree, flatten, map_tensors
+from kgate.inputs import Case, InputFactory
+from kgate.manifest import ResolvedKernel, Tolerance
+from kgate.oracle import upcast
+
+
+class UserCodeError(Exception):
+    """User code (kernel, reference or inputs factory) raised; `role` says whose code it was."""
+
+    def __init__(self, role: str, exc: BaseException):
+        self.role = role
+        self.exc = exc
+        self.trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        super().__init__(f"{role} raised {type(exc).__name__}: {exc}")
+
+
+class Baseline:
+    """Pristine inputs of a case, with the reference (in dtype) and oracle (float64) outputs."""
+
+    def __init__(self, args: tuple, reference: Any, oracle: Any):
+        self.args = args
+        self.reference = reference
+        self.oracle = oracle
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Subject:
+    def __init__(self, kernel: ResolvedKernel, kernel_fn: Callable, reference_fn: Callable,
+                 factory: InputFactory, device: torch.device, cases: list[Case], *,
+                 repro_manifest: str, oracle_device: torch.device | None = None):
+        self.entry = kernel
+        self.name = kernel.name
+        self.kernel_fn = kernel_fn
+        self.reference_fn = reference_fn
+        self.factory = factory
+        self.device = device
+        self.oracle_device = oracle_device or device
+        self.cases = cases
+        self.tolerance: Tolerance = kernel.tolerance
+        self.inplace = set(kernel.entry.inplace)
+        self.nondeterministic = kernel.entry.nondeterministic
+        self.backward = kernel.entry.backward
+        self.repro_manifest = repro_manifest
+        self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
+
+    # -- calling user code -------------------------------------------------------------------------
+
+    def inputs(self, case: Case) -> tuple:
+        try:
+            return self.factory(case, self.device)
+        except UserCodeError:
+            raise
+        except Exception as exc:
+            raise UserCodeError("inputs factory", exc) from exc
+
+    def run_kernel(self, args: tuple, *, sync: bool = True) -> Any:
+        try:
+            out = self.kernel_fn(*args)
+            if sync:
+                synchronize(self.device)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            raise UserCodeError("kernel", exc) from exc
+        return out
+
+    def run_reference(self, args: tuple) -> Any:
+        try:
+            with torch.no_grad():
+                out = self.reference_fn(*args)
+            synchronize(self.device)
+        except (Exception, SystemExit) as exc:
+            raise UserCodeError("reference", exc) from exc
+        return out
+
+    def oracle(self, args: tuple) -> Any:
+        """The reference in float64 on upcast copies of `args`; on the CPU if the device refuses."""
+        devices = [self.oracle_device] + ([torch.device("cpu")] if self.oracle_device.type != "cpu" else [])
+        last: BaseException | None = None
+        for device in devices:
+            try:
+                with torch.no_grad():
+                    out = self.reference_fn(*upcast(args, device))
+                synchronize(device)
+                return map_tensors(out, lambda t: t.detach())
+            except (Exception, SystemExit) as exc:
+                last = exc
+        assert last is not None
+        raise UserCodeError("reference (float64 oracle)", last) from last
+
+    def baseline(self, case: Case) -> Baseline:
+        """Pristine inputs, reference and oracle outputs for a case, cached (a few cases at a time)."""
+        if case in self._baselines:
+            self._baselines.move_to_end(case)
+            return self._baselines[case]
+        args = self.inputs(case)
+        reference = self.run_reference(clone_tree(args))
+        oracle = self.oracle(args)
+        baseline = Baseline(args, reference, oracle)
+        self._baselines[case] = baseline
+        while len(self._baselines) > 4:
+            self._baselines.popitem(last=False)
+        return baseline
+
+    def first_seed_cases(self) -> list[Case]:
+        """One case per (shape, dtype), with the first seed: for gates whose probe is not statistical."""
+        seen: set[tuple] = set()
+        chosen = []
+        for case in self.cases:
+            if (case.shape, case.dtype) not in seen:
+                seen.add((case.shape, case.dtype))
+                chosen.append(case)
+        return chosen
+
+    # -- reporting -----------------------------------------------------------------------------------
+
+    def repro(self, gate: str, case: Case | None = None) -> str:
+        parts = ["kgate", "run", self.repro_manifest, "-k", self.name, "--gate", gate, "--device", str(self.device)]
+        if case is not None:
+            parts += ["--seed", str(case.seed), "--dtype", case.dtype]
+            if case.shape is not None:
+                parts += ["--shape", ",".join(map(str, case.shape)) or "scalar"]
+        return shlex.join(parts)
+
+
+def outputs_on(obj: Any) -> list[tuple[str, torch.Tensor]]:
+    return [(p, t) for p, t in flatten(obj) if isinstance(t, torch.Tensor)]

@@ -1,0 +1,116 @@
+"""The worker process: loads one kernel, runs its gates, reports each result as one JSON line.
+
+Started by the runner as `python -m kgate.worker JOB.json`, with stdout and stderr going to a log
+file (so nothing a kernel prints can corrupt the protocol) and results written to a pipe whose file
+descriptor the job names. User code runs only here; the parent judges nothing it cannot see
+from these events, and a crash here costs only this kernel's remaining gates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+EVENT_FD_ENV = "KGATE_EVENT_FD"
+
+
+class Channel:
+    def __init__(self, fd: int):
+        self._file = os.fdopen(fd, "w", buffering=1, encoding="utf-8", closefd=True)
+
+    def send(self, event: str, **payload: Any) -> None:
+        self._file.write(json.dumps({"event": event, **payload}) + "\n")
+        self._file.flush()
+
+
+def _limit_memory(limit: int | None, device: str) -> None:
+    # Address-space limits break CUDA (it reserves huge virtual ranges): there the parent watches RSS.
+    if limit and device == "cpu":
+        soft = max(limit, 2 * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, soft))
+
+
+def _error_result(gate: str, tolerance_free: bool, message: str, details: dict | None = None) -> dict[str, Any]:
+    return {"gate": gate, "verdict": "error", "message": message, "tolerance_free": tolerance_free,
+            "broken": True, "details": details or {}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job = json.loads(Path(argv[0]).read_text())
+    channel = Channel(int(job["event_fd"]))
+    _limit_memory(job.get("memory"), job["device"].split(":")[0])
+    # Deferred imports: the memory limit applies to them too.
+    import torch
+
+    from kgate import gates as registry
+    from kgate.inputs import Case, InputFactory
+    from kgate.loading import resolve
+    from kgate.manifest import Ref, load
+    from kgate.subject import Subject, UserCodeError
+
+    manifest = load(job["manifest"], check_files=False)
+    kernel = manifest.by_name(job["kernel"])
+    names: list[str] = job["gates"]
+    device = torch.device(job["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        fraction = job.get("gpu_memory_fraction")
+        if fraction:
+            torch.cuda.set_per_process_memory_fraction(float(fraction), device)
+
+    channel.send("loading")
+    try:
+        # The reference and the inputs come first, so their modules exist before the kernel's code runs.
+        reference_fn = resolve(kernel.reference, "reference", manifest.base)
+        factory_source = resolve(kernel.inputs, "inputs", manifest.base) if isinstance(kernel.inputs, Ref) \
+            else kernel.inputs
+        kernel_fn = resolve(kernel.kernel, "kernel", manifest.base)
+    except BaseException as exc:  # noqa: BLE001 - user code at import time may raise anything, SystemExit too
+        trace = traceback.format_exc()
+        message = f"could not load: {type(exc).__name__}: {exc}"
+        for name in names:
+            channel.send("result", result=_error_result(name, registry.get(name).tolerance_free, message,
+                                                        {"traceback": trace}))
+        channel.send("done")
+        return 0
+
+    shapes = [tuple(s) for s in job["shapes"]] if job.get("shapes") else kernel.shapes
+    dtypes = job.get("dtypes") or kernel.dtypes
+    seeds = job.get("seeds") or kernel.seeds
+    cases = [Case(shape, dtype, seed) for shape in shapes for dtype in dtypes for seed in seeds]
+    subject = Subject(kernel, kernel_fn, reference_fn, InputFactory(factory_source), device, cases,
+                      repro_manifest=job.get("repro_manifest", job["manifest"]))
+
+    for name in names:
+        gate = registry.get(name)
+        channel.send("gate_start", gate=name)
+        start = time.perf_counter()
+        try:
+            result = gate.check(subject).to_json()
+        except UserCodeError as exc:
+            hint = ""
+            if isinstance(exc.exc, MemoryError):
+                hint = f" (the worker's memory limit is {job.get('memory')} bytes; raise limits.memory if legitimate)"
+            result = _error_result(name, gate.tolerance_free, str(exc) + hint, {"traceback": exc.trace,
+                                                                               "role": exc.role})
+        except BaseException as exc:  # noqa: BLE001 - a gate bug must not lose the other gates' results
+            result = _error_result(name, gate.tolerance_free, f"kgate internal error in gate {name}: "
+                                   f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
+        result["duration_s"] = round(time.perf_counter() - start, 4)
+        channel.send("result", result=result)
+    channel.send("done")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    # Skip interpreter teardown: user extensions and CUDA contexts sometimes crash there.
+    os._exit(code)
