@@ -1,0 +1,296 @@
+"""Tests of the GDN-family chunked kernel (fixtures/gdn) against its float64 oracle.
+
+Without CUDA the Triton kernels run in the interpreter (TRITON_INTERPRET=1) at small shapes; with
+CUDA the same tests run on the GPU at larger shapes.
+
+Tolerances. The error measure is normwise: ||x - x64|| / ||x64|| (x64 the float64 oracle), so it is
+relative to the oracle's magnitude. The bound is c * u(dtype), u the unit roundoff (fp32 2^-24,
+bf16 2^-8, fp16 2^-11). For bf16/fp16, c = 8: the kernel rounds to the input dtype at most about
+eight times along any path (operands of the products, the stored states h, v', w, Ai, the output)
+and accumulates in fp32; measured errors are 1u to 4u. For fp32, c = 1024: every value stays fp32,
+the factor covers chunk sums over T and the triangular solve's conditioning, and is still ~100x
+below what a wrong stage gives (the controls below check that). For the per-head gate (gate='head')
+dg is a sum over all tokens of terms that cancel, so its error is measured against the magnitude of
+the summed terms (sum of |per-token dg|), the condition number of a sum.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fixtures.gdn import chunk as gk  # noqa: E402
+from fixtures.gdn import naive  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+ON_GPU = DEV == "cuda"
+U = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+C_FACTOR = {torch.float32: 1024.0, torch.bfloat16: 8.0, torch.float16: 8.0}
+
+MEMBERS = {  # name: (gate, delta)
+    "linear_attention": ("none", False),
+    "retnet": ("head", False),
+    "mamba2_gla": ("data", False),
+    "deltanet": ("none", True),
+    "gated_deltanet": ("data", True),
+}
+
+
+def bound(dtype):
+    return C_FACTOR[dtype] * U[dtype]
+
+
+def rel_err(x, ref, mag=None):
+    ref = ref.double()
+    den = ref.norm() if mag is None else torch.maximum(ref.norm(), mag.double().norm())
+    return ((x.double() - ref).norm() / den.clamp_min(1e-300)).item()
+
+
+def check(name, x, ref, dtype, mag=None):
+    err = rel_err(x, ref, mag)
+    assert err <= bound(dtype), (
+        f"{name}: normwise relative error {err:.3e} > bound {bound(dtype):.3e} ({dtype}); "
+        f"max abs diff {(x.double() - ref.double()).abs().max().item():.3e} at "
+        f"{tuple(int(i) for i in torch.nonzero((x.double() - ref.double()).abs() == (x.double() - ref.double()).abs().max())[0])}"
+    )
+
+
+def make(B, T, H, DK, DV, gate, delta, dtype, h0, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = F.normalize(torch.randn(B, T, H, DK, generator=gen), dim=-1)
+    k = F.normalize(torch.randn(B, T, H, DK, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, DV, generator=gen)
+    g = None
+    if gate == "data":
+        g = F.logsigmoid(torch.randn(B, T, H, generator=gen) + 2.0)
+    elif gate == "head":
+        g = -torch.rand(H, generator=gen) * 0.3
+    beta = torch.rand(B, T, H, generator=gen) if delta else None
+    s = torch.randn(B, H, DK, DV, generator=gen) * 0.2 if h0 else None
+    out = [q.to(dtype), k.to(dtype), v.to(dtype), g, beta, s]
+    return [x.to(DEV) if x is not None else None for x in out]
+
+
+def oracle(q, k, v, g, beta, h0, gate, delta, do, dht):
+    """float64 forward and gradients; for gate='head' also the per-token dg (for its magnitude)."""
+    B, T, H, _ = q.shape
+    leaves = [x.detach().double().requires_grad_(True) if x is not None else None for x in (q, k, v, g, beta, h0)]
+    g64 = leaves[3]
+    if gate == "head":
+        gtok = g64.detach().view(1, 1, H).expand(B, T, H).clone().requires_grad_(True)
+    else:
+        gtok = g64
+    o, ht = naive.recurrence(leaves[0], leaves[1], leaves[2], gtok, leaves[4], None, leaves[5], delta)
+    loss = (o * do.double()).sum() + (ht * dht.double()).sum()
+    want = [gtok if (i == 3 and gate == "head") else x for i, x in enumerate(leaves) if x is not None]
+    it = iter(torch.autograd.grad(loss, want))
+    grads = [next(it) if x is not None else None for x in leaves]
+    tok = None
+    if gate == "head":
+        tok = grads[3]
+        grads[3] = tok.sum((0, 1))
+    return o.detach(), ht.detach(), grads, tok
+
+
+def run_kernel(q, k, v, g, beta, h0, gate, delta, do, dht):
+    leaves = [x.detach().clone().requires_grad_(True) if x is not None else None for x in (q, k, v, g, beta, h0)]
+    o, ht = gk.gdn_chunk(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4], initial_state=leaves[5],
+                         output_final_state=True, gate=gate, delta=delta)
+    ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
+    return o.detach(), ht.detach(), [x.grad if x is not None else None for x in leaves]
+
+
+if ON_GPU:
+    CONFIGS = [  # (B, T, H, DK, DV, h0, dtype)
+        (2, 1000, 4, 128, 128, True, torch.bfloat16),
+        (1, 777, 3, 64, 64, False, torch.bfloat16),
+        (2, 300, 2, 128, 64, True, torch.float32),
+        (1, 45, 2, 64, 128, True, torch.float16),
+    ]
+else:
+    CONFIGS = [
+        (1, 37, 2, 64, 64, True, torch.float32),  # T smaller than a chunk
+        (1, 131, 1, 128, 128, False, torch.float32),  # T larger than two chunks, odd
+        (2, 70, 1, 64, 64, True, torch.bfloat16),
+    ]
+
+
+@pytest.mark.parametrize("member", list(MEMBERS))
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"B{c[0]}T{c[1]}H{c[2]}K{c[3]}V{c[4]}{'h0' if c[5] else ''}-{str(c[6])[6:]}")
+def test_forward_and_gradients(member, cfg):
+    B, T, H, DK, DV, h0, dtype = cfg
+    gate, delta = MEMBERS[member]
+    ins = make(B, T, H, DK, DV, gate, delta, dtype, h0)
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, H, DV, generator=gen).to(DEV)
+    dht = torch.randn(B, H, DK, DV, generator=gen).to(DEV) * 0.1
+    o, ht, grads = run_kernel(*ins, gate, delta, do, dht)
+    o64, ht64, grads64, tok = oracle(*ins, gate, delta, do, dht)
+    assert o.dtype == dtype and o.shape == (B, T, H, DV) and ht.dtype == torch.float32
+    check("o", o, o64, dtype)
+    check("final_state", ht, ht64, dtype)
+    for name, a, b in zip(["dq", "dk", "dv", "dg", "dbeta", "dh0"], grads, grads64):
+        assert (a is None) == (b is None), name
+        if a is None:
+            continue
+        assert a.shape == b.shape, name
+        mag = tok.abs().sum((0, 1)) if (name == "dg" and gate == "head") else None
+        check(name, a, b, dtype, mag)
+
+
+# -------------------------------------------------------------------------------------------
+# Stage tests: each kernel stage against its float64 reference on the same (float32) inputs
+# -------------------------------------------------------------------------------------------
+
+STAGE_SHAPE = (2, 300, 2, 128, 64) if ON_GPU else (1, 100, 2, 64, 64)
+F32 = torch.float32
+
+
+def _stage_inputs(gate, delta, seed=3):
+    B, T, H, DK, DV = STAGE_SHAPE
+    q, k, v, g, beta, h0 = make(B, T, H, DK, DV, gate, delta, F32, True, seed)
+    if gate == "head":
+        g = g.view(1, 1, H).expand(B, T, H).contiguous()
+    return q, k, v, g, beta, h0
+
+
+def d64(x):
+    return None if x is None else x.double()
+
+
+def test_stage_chunk_local_cumsum():
+    q, k, v, g, beta, h0 = _stage_inputs("data", True)
+    check("chunk_local_cumsum", gk.chunk_local_cumsum(g), naive.chunk_local_cumsum_ref(d64(g)), F32)
+
+
+@pytest.mark.parametrize("gate", ["data", "none"])
+def test_stage_prepare_wy_fwd(gate):
+    q, k, v, g, beta, h0 = _stage_inputs(gate, True)
+    G, Ai, w, u = gk.chunk_prepare_wy_fwd(k, v, beta, g)
+    G64 = naive.chunk_local_cumsum_ref(d64(g)) if g is not None else None
+    if g is not None:
+        check("prepare_wy_fwd.G (cumsum)", G, G64, F32)
+    Ai64, w64, u64 = naive.wy_fwd_ref(d64(k), d64(v), d64(beta), G64)
+    check("prepare_wy_fwd.Ai (scaled kkt + solve_tril)", Ai, Ai64, F32)
+    check("prepare_wy_fwd.w", w, w64, F32)
+    check("prepare_wy_fwd.u", u, u64, F32)
+
+
+@pytest.mark.parametrize("delta", [True, False])
+@pytest.mark.parametrize("gate", ["data", "none"])
+def test_stage_state_fwd_and_out(gate, delta):
+    q, k, v, g, beta, h0 = _stage_inputs(gate, delta)
+    if delta:
+        G, Ai, w, u = gk.chunk_prepare_wy_fwd(k, v, beta, g)
+    else:
+        G = gk.chunk_local_cumsum(g) if g is not None else None
+        w, u = None, v
+    h, vn, ht = gk.chunk_state_fwd(k, w, u, G, h0, True, delta)
+    h64, vn64, ht64 = naive.state_fwd_ref(d64(k), d64(w), d64(u), d64(G), d64(h0), delta)
+    check("state_fwd.h", h, h64, F32)
+    check("state_fwd.final_state", ht, ht64, F32)
+    if delta:
+        check("state_fwd.v_new", vn, vn64, F32)
+    scale = q.shape[-1] ** -0.5
+    o = gk.chunk_out_fwd(q, k, vn if delta else v, h, G, scale)
+    o64 = naive.out_fwd_ref(d64(q), d64(k), d64(vn if delta else v), d64(h), d64(G), scale)
+    check("out_fwd.o", o, o64, F32)
+
+
+@pytest.mark.parametrize("delta", [True, False])
+@pytest.mark.parametrize("gate", ["data", "none"])
+def test_stage_state_bwd_and_grad(gate, delta):
+    q, k, v, g, beta, h0 = _stage_inputs(gate, delta)
+    scale = q.shape[-1] ** -0.5
+    o, ht, (G, Ai, w, h, vn) = gk._forward(q, k, v, g, beta, scale, h0, True, delta)
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(o.shape, generator=gen).to(DEV)
+    dht = torch.randn(ht.shape, generator=gen).to(DEV) * 0.1
+    dh, dvn, dh0 = gk.chunk_state_bwd(q, k, w, G, do, dht, scale, True, delta)
+    dh64, dvn64, dh064 = naive.state_bwd_ref(d64(q), d64(k), d64(w), d64(G), d64(do), d64(dht), scale, delta)
+    check("state_bwd.dh (reverse-state stage)", dh, dh64, F32)
+    check("state_bwd.dv_new", dvn, dvn64, F32)
+    check("state_bwd.dh0", dh0, dh064, F32)
+    dq, dk, dv, dbeta, dg = gk.chunk_grad_bwd(q, k, v, beta, G, Ai, h, dh, vn, do, dvn, scale, delta)
+    if not delta:
+        dv = dvn
+    ref = naive.grad_bwd_ref(d64(q), d64(k), d64(v), d64(beta), d64(g), d64(h), d64(dh), d64(do), scale, delta)
+    for name, a, b in zip(["dq", "dk", "dv", "dbeta", "dg"], [dq, dk, dv, dbeta, dg], ref):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            check(f"grad_bwd.{name}", a, b, F32)
+
+
+# -------------------------------------------------------------------------------------------
+# Controls: the checks above can fail, the backward is deterministic, bad input is refused
+# -------------------------------------------------------------------------------------------
+
+
+def test_controls_catch_a_wrong_gate_and_a_wrong_scale():
+    B, T, H, DK, DV = 1, 70, 1, 64, 64
+    q, k, v, g, beta, h0 = make(B, T, H, DK, DV, "data", True, F32, False)
+    o64, _ = naive.recurrence(d64(q), d64(k), d64(v), d64(g), d64(beta), None, None, True)
+    g_shift = torch.roll(g, 1, dims=1)  # gate applied one token late
+    o_bad, _ = gk.gdn_chunk(q, k, v, g_shift, beta)
+    assert rel_err(o_bad, o64) > 100 * bound(F32)
+    o_bad2, _ = gk.gdn_chunk(q, k, v, g, beta, scale=DK**-0.5 * (1 + 1e-3))
+    assert rel_err(o_bad2, o64) > 10 * bound(F32)
+    o_good, _ = gk.gdn_chunk(q, k, v, g, beta)
+    assert rel_err(o_good, o64) <= bound(F32)
+    with pytest.raises(AssertionError):
+        check("o", o_bad2, o64, F32)
+
+
+def test_backward_is_deterministic():
+    B, T, H, DK, DV = 1, 130, 2, 64, 64
+    ins = make(B, T, H, DK, DV, "data", True, torch.bfloat16, True)
+    gen = torch.Generator().manual_seed(5)
+    do = torch.randn(B, T, H, DV, generator=gen).to(DEV)
+    dht = torch.zeros(B, H, DK, DV, device=DEV)
+    r1 = run_kernel(*ins, "data", True, do, dht)
+    r2 = run_kernel(*ins, "data", True, do, dht)
+    assert torch.equal(r1[0], r2[0])
+    for a, b in zip(r1[2], r2[2]):
+        assert a is None or torch.equal(a, b)
+
+
+def test_t_zero_and_t_one():
+    q, k, v, g, beta, h0 = make(1, 1, 2, 64, 64, "data", True, F32, True)
+    o, ht = gk.gdn_chunk(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o64, ht64 = naive.recurrence(d64(q), d64(k), d64(v), d64(g), d64(beta), None, d64(h0), True)
+    check("o", o, o64, F32)
+    check("ht", ht, ht64, F32)
+    o0, ht0 = gk.gdn_chunk(q[:, :0], k[:, :0], v[:, :0], g[:, :0], beta[:, :0], initial_state=h0,
+                           output_final_state=True)
+    assert o0.shape == (1, 0, 2, 64) and torch.equal(ht0, h0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(q=torch.randn(2, 8, 64)), "must be \\[B, T, H, D\\]"),
+        (dict(k=torch.randn(1, 8, 2, 32)), "q and k must have the same shape"),
+        (dict(v=torch.randn(1, 8, 2, 64, dtype=torch.float64)), "dtype must be"),
+        (dict(g=torch.randn(1, 8, 3)), "gate='data' needs g"),
+        (dict(beta=None), "delta=True needs beta"),
+        (dict(gate="head"), "gate='head' needs g"),
+        (dict(gate="foo"), "gate must be one of"),
+        (dict(delta=False), "delta=False takes no beta"),
+        (dict(initial_state=torch.randn(1, 2, 64, 32)), "initial_state must be"),
+        (dict(q=torch.randn(1, 8, 2, 64).bfloat16()), "must share a dtype"),
+    ],
+)
+def test_bad_input_raises_value_error(kwargs, match):
+    base = dict(q=torch.randn(1, 8, 2, 64), k=torch.randn(1, 8, 2, 64), v=torch.randn(1, 8, 2, 64),
+                g=torch.randn(1, 8, 2), beta=torch.rand(1, 8, 2))
+    base.update({k_: v_ for k_, v_ in kwargs.items() if k_ in base})
+    opts = {k_: v_ for k_, v_ in kwargs.items() if k_ not in base}
+    with pytest.raises(ValueError, match=match):
+        gk.gdn_chunk(base["q"], base["k"], base["v"], base["g"], base["beta"], **opts)
