@@ -14,7 +14,7 @@ from kgate.manifest import DTYPE_ALIASES, DTYPES, load, parse_memory
 from kgate.report import Report, environment, now
 from kgate.reports import console as console_report
 from kgate.reports import junit
-from kgate.runner import RunOptions, Runner
+from kgate.runner import Runner, RunOptions
 from kgate.selection import matcher
 
 

@@ -1,0 +1,35 @@
+"""Run one gate in-process on plain Python callables (no worker process): fast gate unit tests.
+
+The runner-level tests (tests/test_runner.py, tests/test_cli.py) cover isolation; here a gate's logic
+is tested directly on a Subject built from callables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kgate import gates as registry
+from kgate.gates.base import GateResult
+from kgate.inputs import Case, InputFactory
+from kgate.manifest import Defaults, KernelEntry, LoadedManifest, Manifest
+from kgate.subject import Subject
+
+
+def subject_for(kernel, reference, make_inputs=None, *, shapes=None, dtypes=("float32",), seeds=(0,),
+                device="cpu", **options: Any) -> Subject:
+    entry = KernelEntry(name="k", kernel="x.py:k", reference="x.py:r", shapes=shapes, dtypes=list(dtypes),
+                        seeds=list(seeds), **options)
+    model = Manifest(version=1, defaults=Defaults(), kernels=[entry])
+    manifest = LoadedManifest(Path("kgate.yaml").resolve(), model, {})
+    resolved = manifest.kernels[0]
+    cases = [Case(tuple(s) if s is not None else None, d, seed)
+             for s in resolved.shapes for d in resolved.dtypes for seed in resolved.seeds]
+    factory = InputFactory(make_inputs) if make_inputs is not None else InputFactory(None)
+    return Subject(resolved, kernel, reference, factory, torch.device(device), cases, repro_manifest="kgate.yaml")
+
+
+def check(gate: str, kernel, reference, make_inputs=None, **kwargs: Any) -> GateResult:
+    return registry.get(gate).check(subject_for(kernel, reference, make_inputs, **kwargs))

@@ -1,0 +1,204 @@
+"""The first five gates: each must fail a kernel that violates it and pass a correct one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kgate.subject import UserCodeError
+from tests.gate_harness import check
+
+
+def rows(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return ((torch.randn(shape or (5, 33), generator=gen, dtype=torch.float64) * 3).to(dtype),)
+
+
+def ref_softmax(x):
+    return torch.softmax(x, dim=-1)
+
+
+def good_softmax(x):
+    z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return z / z.sum(dim=-1, keepdim=True)
+
+
+SHAPES = [[1, 16], [5, 33]]
+
+
+def run(gate, kernel, **kw):
+    kw.setdefault("shapes", SHAPES)
+    return check(gate, kernel, ref_softmax, rows, **kw)
+
+
+@pytest.mark.parametrize("gate", ["contract", "oracle", "special_values", "determinism", "input_integrity"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_correct_kernel_passes(gate, dtype):
+    result = run(gate, good_softmax, dtypes=[dtype], seeds=[0, 1])
+    assert result.verdict == "pass", result.message
+
+
+# --- contract ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kernel", "words"), [
+    (lambda x: good_softmax(x).squeeze(), "has shape"),
+    (lambda x: good_softmax(x).double(), "has dtype"),
+    (lambda x: (good_softmax(x),), "structure"),
+    (lambda x: x.copy_(good_softmax(x)), "aliases input argument 0"),
+    (lambda x: good_softmax(x).as_subclass(type("Lazy", (torch.Tensor,), {})), "not a plain torch.Tensor"),
+])
+def test_contract_fails(kernel, words):
+    result = run("contract", kernel)
+    assert result.verdict == "fail" and words in result.message
+    assert result.tolerance_free and result.broken
+    assert result.repro.startswith("kgate run kgate.yaml -k k --gate contract --device cpu --seed 0")
+
+
+def test_contract_allows_declared_inplace_output():
+    assert run("contract", lambda x: x.copy_(good_softmax(x)), inplace=[0]).verdict == "pass"
+
+
+# --- oracle ------------------------------------------------------------------------------------------
+
+def fp16_sum_softmax(x):
+    z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    acc = torch.zeros(x.shape[:-1] + (1,), dtype=torch.float16)
+    for j in range(x.shape[-1]):
+        acc += z[..., j:j + 1].to(torch.float16)
+    return z / acc.to(x.dtype)
+
+
+def test_oracle_fails_low_precision_accumulation():
+    result = run("oracle", fp16_sum_softmax)
+    assert result.verdict == "fail"
+    assert "max abs error" in result.message and "bound" in result.message
+    assert result.where.startswith("out[") and result.case["dtype"] == "float32"
+    assert result.evidence and all({"err", "ref_err", "floor", "bound"} <= set(e) for e in result.evidence)
+
+
+def test_oracle_fails_off_by_one_ulp_scaled_bias():
+    result = run("oracle", lambda x: good_softmax(x) * (1 + 1e-4))
+    assert result.verdict == "fail" and result.details["ratio"] > 1
+
+
+def test_oracle_broken_flag_only_far_beyond_bound():
+    result = run("oracle", lambda x: good_softmax(x) + 0.1)
+    assert result.verdict == "fail" and result.broken
+
+
+def test_oracle_reference_error_is_calibrated_per_dtype():
+    # A float16 kernel computing in float32 inside is within the bound; the same error in float32 is not.
+    def half_ok(x):
+        return good_softmax(x.float()).to(x.dtype)
+
+    assert run("oracle", half_ok, dtypes=["float16"]).verdict == "pass"
+    assert run("oracle", lambda x: good_softmax(x.half()).float()).verdict == "fail"
+
+
+def test_oracle_integer_outputs_exact():
+    def ref(x):
+        return x.argmax(dim=-1)
+
+    assert check("oracle", lambda x: x.argmax(dim=-1), ref, rows).verdict == "pass"
+    result = check("oracle", lambda x: x.argmin(dim=-1), ref, rows)
+    assert result.verdict == "fail" and "exact match required" in result.message
+
+
+# --- special_values ----------------------------------------------------------------------------------
+
+def test_special_values_fails_nan_masking():
+    result = run("special_values", lambda x: torch.nan_to_num(torch.softmax(x, -1)))
+    assert result.verdict == "fail" and result.expected == "NaN" and "injected" in result.message
+
+
+def test_special_values_fails_overflow():
+    def naive(x):
+        z = torch.exp(x)
+        return z / z.sum(dim=-1, keepdim=True)
+
+    result = run("special_values", naive, shapes=[[4, 8]])
+    assert result.verdict == "fail"
+
+
+def test_special_values_fails_inf_clamping():
+    result = run("special_values", lambda x: torch.softmax(x.clamp(-1e4, 1e4), -1))
+    assert result.verdict == "fail"
+
+
+def test_special_values_skips_integer_inputs():
+    def ints(seed):
+        return (torch.arange(6),)
+
+    assert check("special_values", lambda x: x * 2, lambda x: x * 2, ints).verdict == "skip"
+
+
+# --- determinism -------------------------------------------------------------------------------------
+
+def racy_sum(x):
+    perm = torch.randperm(x.shape[-1])
+    total = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for block in perm.split(4):
+        total = total + x[..., block].sum(dim=-1)
+    return total
+
+
+def test_determinism_fails_order_dependent_sum():
+    result = check("determinism", racy_sum, lambda x: x.sum(-1), rows, shapes=[[3, 4097]])
+    assert result.verdict == "fail" and "differs from call 1" in result.message and result.tolerance_free
+
+
+def test_determinism_fails_address_dependent_output():
+    result = run("determinism", lambda x: good_softmax(x) * (1 + (x.data_ptr() % 1_000_003) * 1e-9))
+    assert result.verdict == "fail"
+
+
+def test_determinism_skips_when_declared():
+    assert check("determinism", racy_sum, lambda x: x.sum(-1), rows, nondeterministic=True).verdict == "skip"
+
+
+# --- input_integrity ---------------------------------------------------------------------------------
+
+def inplace_softmax(x):
+    x.sub_(x.amax(dim=-1, keepdim=True)).exp_()
+    return x / x.sum(dim=-1, keepdim=True)
+
+
+def test_input_integrity_fails_inplace_mutation():
+    result = run("input_integrity", inplace_softmax)
+    assert result.verdict == "fail" and "modified in place" in result.message and result.where.startswith("args[0]")
+
+
+def test_input_integrity_fails_single_nan_scribble():
+    def scribble(x):
+        out = good_softmax(x)
+        x.view(-1)[-1] = math.nan
+        return out
+
+    result = run("input_integrity", scribble)
+    assert result.verdict == "fail" and "1 of" in result.message
+
+
+def test_input_integrity_fails_metadata_change():
+    def resize(x):
+        out = good_softmax(x)
+        x.resize_(x.numel())
+        return out
+
+    assert "shape or strides" in run("input_integrity", resize).message
+
+
+def test_input_integrity_respects_declared_inplace():
+    assert run("input_integrity", inplace_softmax, inplace=[0]).verdict == "skip"
+
+
+# --- user code errors --------------------------------------------------------------------------------
+
+def test_kernel_exception_is_attributed_to_the_kernel():
+    def broken(x):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(UserCodeError) as info:
+        run("oracle", broken)
+    assert info.value.role == "kernel"

@@ -1,0 +1,82 @@
+"""The isolated runner: hostile kernels cost only their own verdict; results stream to disk."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kgate.manifest import load
+from kgate.runner import Runner, RunOptions
+from tests.conftest import DATA
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hostile")
+    manifest = load(DATA / "hostile" / "kgate.yaml")
+    results = Runner(manifest, manifest.kernels, RunOptions(out_dir=out)).run()
+    return {r.name: r for r in results}, out
+
+
+def messages(result):
+    return [g.message for g in result.gates]
+
+
+def test_good_kernels_pass_before_and_after_the_hostile_ones(hostile):
+    by_name, _ = hostile
+    assert by_name["good"].verdict == "pass"
+    assert by_name["good-again"].verdict == "pass"
+
+
+@pytest.mark.parametrize(("name", "cause"), [
+    ("raises", "kernel raised ValueError: tile size must divide 8"),
+    ("segfault", "worker killed by SIGSEGV (segmentation fault)"),
+    ("hard-exit", "worker exited with code 3 before finishing"),
+    ("soft-exit", "kernel raised SystemExit: 4"),
+    ("hangs", "timed out after 3 s in gate oracle"),
+    ("hogs-memory", "memory"),
+    ("import-crash", "could not load: ImportError: cannot build extension: nvcc not found"),
+])
+def test_hostile_kernel_gets_error_with_cause(hostile, name, cause):
+    result = hostile[0][name]
+    assert result.verdict == "error"
+    assert cause in result.gates[0].message
+    assert all(g.verdict == "error" for g in result.gates)
+
+
+def test_remaining_gates_say_why_they_did_not_run(hostile):
+    result = hostile[0]["segfault"]
+    assert result.gates[1].message.startswith("not run: worker killed by SIGSEGV")
+    assert result.error and "SIGSEGV" in result.error
+
+
+def test_kernel_output_cannot_forge_results(hostile):
+    result = hostile[0]["prints-garbage"]
+    oracle = next(g for g in result.gates if g.gate == "oracle")
+    assert oracle.verdict == "fail"
+    assert "noise" in open(result.log).read()
+
+
+def test_results_are_streamed_as_jsonl(hostile):
+    by_name, out = hostile
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(lines) == sum(len(r.gates) for r in by_name.values())
+    assert {(line["kernel"], line["gate"]) for line in lines} == {
+        (r.name, g.gate) for r in by_name.values() for g in r.gates}
+
+
+def test_results_written_before_a_later_kernel_hangs(tmp_path):
+    """The stream holds the first kernel's verdicts while the second is still running."""
+    manifest = load(DATA / "hostile" / "kgate.yaml")
+    kernels = [manifest.by_name("good"), manifest.by_name("hangs")]
+    seen_during_hang = []
+
+    class Watch(Runner):
+        def run_kernel(self, kernel):
+            if kernel.name == "hangs":
+                seen_during_hang.extend((tmp_path / "results.jsonl").read_text().splitlines())
+            return super().run_kernel(kernel)
+
+    Watch(manifest, kernels, RunOptions(out_dir=tmp_path, gates=["oracle"], timeout=2)).run()
+    assert [json.loads(x)["kernel"] for x in seen_during_hang] == ["good"]
