@@ -162,3 +162,10 @@ def test_schema_validates_the_examples():
 
     for path in [ROOT / "examples" / "kgate.yaml"]:
         jsonschema.validate(yaml.safe_load(path.read_text()), json_schema())
+
+
+def test_committed_schema_file_is_current():
+    from tests.conftest import ROOT
+
+    committed = json.loads((ROOT / "kgate.schema.json").read_text())
+    assert committed == json.loads(json.dumps(json_schema())), "run `kgate schema -o kgate.schema.json`"
