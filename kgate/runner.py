@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate import gates as registry
+from kgate.errors import InfrastructureError
 from kgate.gates.base import GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
 from kgate.report import KernelResult
@@ -108,10 +109,13 @@ class Runner:
         return resolve_device(self.options.device or kernel.device)
 
     def run(self) -> list[KernelResult]:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "logs").mkdir(exist_ok=True)
-        self.results_path.parent.mkdir(parents=True, exist_ok=True)
-        self.results_path.write_text("")
+        try:
+            (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
+            self.results_path.parent.mkdir(parents=True, exist_ok=True)
+            self.results_path.write_text("")
+        except OSError as exc:
+            raise InfrastructureError(f"cannot write to the output folder {self.out_dir}: {exc}; "
+                                      "choose another with --out") from None
         if self.options.jobs <= 1:
             return [self.run_kernel(k) for k in self.kernels]
         with ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
@@ -198,6 +202,9 @@ class Runner:
                     break
                 if proc.poll() is not None and not ready:
                     break  # exited, and nothing is left to read (a leaked child may still hold the pipe)
+        except BaseException:
+            self._kill(proc)  # interrupted: the worker is in its own session and would outlive us
+            raise
         finally:
             selector.close()
             os.close(read_fd)

@@ -110,3 +110,10 @@ def test_gates_lists_registered_gates(capsys):
     assert main(["gates"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in GATE_NAMES)
+
+
+def test_unwritable_output_folder_exits_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["run", DEMO, "-q", "-k", "softmax-stable", "--out", str(blocker / "out")]) == 2
+    assert "cannot write to the output folder" in capsys.readouterr().err
