@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text())
     channel = Channel(int(job["event_fd"]))
     _limit_memory(job.get("memory"), job["device"].split(":")[0])
+    if job["device"] == "cpu":
+        # Triton kernels can run on the CPU only in Triton's interpreter, which reads this at import.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     # Deferred imports: the memory limit applies to them too.
     import torch
 
