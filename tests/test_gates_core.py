@@ -202,3 +202,27 @@ def test_kernel_exception_is_attributed_to_the_kernel():
     with pytest.raises(UserCodeError) as info:
         run("oracle", broken)
     assert info.value.role == "kernel"
+
+
+def qk(seed, shape=None):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 8, generator=gen), torch.randn(8, 6, generator=gen)
+
+
+def test_special_values_exact_class_distinguishes_nan_from_inf():
+    def infs(seed):
+        q, k = qk(seed)
+        return q, k
+
+    result = check("special_values", lambda q, k: torch.where(torch.isinf(q @ k), math.nan, q @ k),
+                   lambda q, k: q @ k, infs)
+    assert result.verdict == "fail" and result.expected in ("+Inf", "-Inf") and "NaN" in result.got
+
+
+def test_special_values_nonfinite_match_accepts_nan_for_inf_but_not_masking():
+    nan_for_inf = lambda q, k: torch.where(torch.isinf(q @ k), math.nan, q @ k)  # noqa: E731
+    assert check("special_values", nan_for_inf, lambda q, k: q @ k, qk,
+                 special_values_match="nonfinite").verdict == "pass"
+    masked = lambda q, k: torch.nan_to_num(q @ k, nan=0.0, posinf=0.0, neginf=0.0)  # noqa: E731
+    result = check("special_values", masked, lambda q, k: q @ k, qk, special_values_match="nonfinite")
+    assert result.verdict == "fail" and result.expected == "non-finite" and result.got.startswith("finite")
