@@ -3,12 +3,48 @@ error in the kernel's dtype (formula in kgate/oracle.py). Judged on every case o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from kgate.compare import clone_tree, flatten, structure
 from kgate.gates.base import Gate, GateResult
+from kgate.manifest import Tolerance
 from kgate.oracle import BROKEN_FACTOR, LeafError, measure
 from kgate.subject import Subject
+
+
+@dataclass
+class Incomparable:
+    """The kernel's output cannot be measured against the oracle (structure or shape differs)."""
+
+    message: str
+    expected: str | None = None
+    got: str | None = None
+
+
+def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance) -> Incomparable | list[LeafError]:
+    """The oracle gate's judgement of one output tree: one LeafError per tensor leaf, or why none.
+
+    Shared by every gate that judges against the oracle bound (shapes, layouts, distributions, ...)."""
+    if structure(out) != structure(oracle):
+        return Incomparable("output structure differs from the reference's: cannot compare",
+                            expected=structure(oracle), got=structure(out))
+    refs = dict(flatten(reference))
+    oracles = dict(flatten(oracle))
+    leaves = []
+    for path, got in flatten(out):
+        want = oracles[path]
+        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+            continue
+        if tuple(got.shape) != tuple(want.shape):
+            return Incomparable(f"{path} has shape {tuple(got.shape)}, the oracle's is {tuple(want.shape)}",
+                                expected=str(tuple(want.shape)), got=str(tuple(got.shape)))
+        ref = refs.get(path)
+        leaves.append(measure(got, ref if isinstance(ref, torch.Tensor) else None, want, path=path,
+                              factor=tol.factor, ulps=tol.ulps, atol=tol.atol))
+    return leaves
 
 
 class Oracle(Gate):
@@ -23,21 +59,11 @@ class Oracle(Gate):
         for case in subject.cases:
             base = subject.baseline(case)
             out = subject.run_kernel(clone_tree(base.args))
-            if structure(out) != structure(base.oracle):
-                return self.failed(subject, "output structure differs from the reference's: cannot compare",
-                                   case=case, expected=structure(base.oracle), got=structure(out), broken=True)
-            refs = dict(flatten(base.reference))
-            oracles = dict(flatten(base.oracle))
-            for path, got in flatten(out):
-                want = oracles[path]
-                if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
-                    continue
-                if tuple(got.shape) != tuple(want.shape):
-                    return self.failed(subject, f"{path} has shape {tuple(got.shape)}, the oracle's is "
-                                       f"{tuple(want.shape)}", case=case, broken=True)
-                ref = refs.get(path)
-                leaf = measure(got, ref if isinstance(ref, torch.Tensor) else None, want, path=path,
-                               factor=tol.factor, ulps=tol.ulps, atol=tol.atol)
+            leaves = measure_outputs(out, base.reference, base.oracle, tol)
+            if isinstance(leaves, Incomparable):
+                return self.failed(subject, leaves.message, case=case, expected=leaves.expected, got=leaves.got,
+                                   broken=True)
+            for leaf in leaves:
                 evidence.append({"case": case.to_json(), **leaf.to_json()})
                 if worst is None or leaf.ratio > worst[0]:
                     worst = (leaf.ratio, leaf, case)
