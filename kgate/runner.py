@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,85 +138,38 @@ class Runner:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
         log_path = self.out_dir / "logs" / f"{safe}.log"
         results: dict[str, GateResult] = {}
-        worker_error: str | None = None
 
-        read_fd, write_fd = os.pipe()
         job = {"manifest": str(self.manifest.path.resolve()), "repro_manifest": str(self.manifest.path),
-               "kernel": kernel.name, "gates": gates, "device": device, "memory": memory, "event_fd": write_fd,
+               "kernel": kernel.name, "gates": gates, "device": device, "memory": memory,
                "seeds": self.options.seeds, "dtypes": self.options.dtypes,
                "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None}
-        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
-            json.dump(job, jf)
-            job_path = jf.name
-        env = dict(os.environ)
-        env.pop("GITHUB_TOKEN", None)  # untrusted code never sees the token
-        env.pop("INPUT_GITHUB-TOKEN", None)
-        env["PYTHONUNBUFFERED"] = "1"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "kgate.worker", job_path], stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
-                                    start_new_session=True, env=env, cwd=str(self.manifest.base))
-        os.close(write_fd)
         current: str | None = None
-        deadline = time.monotonic() + timeout  # loading counts against the first gate's time
-        buffer = b""
         done = False
-        selector = selectors.DefaultSelector()
-        selector.register(read_fd, selectors.EVENT_READ)
-        try:
-            while True:
-                ready = selector.select(timeout=POLL_S)
-                if ready:
-                    chunk = os.read(read_fd, 1 << 16)
-                    if not chunk:
-                        break  # worker closed the channel: it exited
-                    buffer += chunk
-                    while b"\n" in buffer:
-                        line, buffer = buffer.split(b"\n", 1)
-                        event = self._parse(line)
-                        if event is None:
-                            continue
-                        kind = event.get("event")
-                        if kind == "gate_start" and event.get("gate") in gates:
-                            current = event["gate"]
-                            deadline = time.monotonic() + timeout
-                            self.events.gate_started(kernel, current)
-                        elif kind == "result":
-                            result = self._result(event.get("result"), gates)
-                            if result is not None and result.gate not in results:
-                                results[result.gate] = result
-                                self._stream(kernel.name, result)
-                                self.events.gate_finished(kernel, result)
-                            current = None
-                        elif kind == "done":
-                            done = True
-                rss = _rss_bytes(proc.pid)
-                if rss > memory:
-                    worker_error = (f"exceeded the memory limit of {_fmt_bytes(memory)} (resident "
-                                    f"{_fmt_bytes(rss)})")
-                    self._kill(proc)
-                    break
-                if time.monotonic() > deadline:
-                    where = f"in gate {current}" if current else "while loading"
-                    worker_error = f"timed out after {timeout:g} s {where}"
-                    self._kill(proc)
-                    break
-                if proc.poll() is not None and not ready:
-                    break  # exited, and nothing is left to read (a leaked child may still hold the pipe)
-        except BaseException:
-            self._kill(proc)  # interrupted: the worker is in its own session and would outlive us
-            raise
-        finally:
-            selector.close()
-            os.close(read_fd)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._kill(proc)
-                proc.wait()
-            os.unlink(job_path)
+
+        def on_event(event: dict[str, Any]) -> str | None:
+            nonlocal current, done
+            kind = event.get("event")
+            if kind == "gate_start" and event.get("gate") in gates:
+                current = event["gate"]
+                self.events.gate_started(kernel, current)
+                return f"gate {current}"
+            if kind == "result":
+                result = self._result(event.get("result"), gates)
+                if result is not None and result.gate not in results:
+                    results[result.gate] = result
+                    self._stream(kernel.name, result)
+                    self.events.gate_finished(kernel, result)
+                current = None
+                return ""
+            if kind == "done":
+                done = True
+            return None
+
+        exit_ = supervise("kgate.worker", job, log_path=log_path, cwd=self.manifest.base, timeout=timeout,
+                          memory=memory, on_event=on_event)
+        worker_error = exit_.error
         if worker_error is None and not done:
-            worker_error = _exit_cause(proc.returncode)
+            worker_error = _exit_cause(exit_.returncode)
         if worker_error is not None:
             tail = _tail(log_path)
             for name in gates:
@@ -240,21 +194,6 @@ class Runner:
         return outcome
 
     @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    @staticmethod
-    def _parse(line: bytes) -> dict[str, Any] | None:
-        try:
-            event = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            return None
-        return event if isinstance(event, dict) else None
-
-    @staticmethod
     def _result(data: Any, gates: list[str]) -> GateResult | None:
         if not isinstance(data, dict) or data.get("gate") not in gates:
             return None
@@ -264,6 +203,101 @@ class Runner:
             return GateResult.from_json(data)
         except TypeError:
             return None
+
+
+@dataclass
+class WorkerExit:
+    """How a supervised worker ended: `error` is set when kgate killed it (time or memory limit)."""
+
+    returncode: int | None
+    error: str | None = None
+    stage: str | None = None  # the stage it was in when it ended, as named by on_event
+
+
+def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
+              on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None) -> WorkerExit:
+    """Run `python -m MODULE JOB.json` under a time and a memory limit, passing each event it sends to
+    `on_event`. The job gets `event_fd`, the pipe the worker writes its JSON lines to; stdout and
+    stderr go to `log_path`. `on_event` returns a stage name when a timed stage begins (the clock
+    restarts), "" when the stage ends, None otherwise. Killed workers take their whole process group."""
+    read_fd, write_fd = os.pipe()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
+        json.dump({**job, "event_fd": write_fd}, jf)
+        job_path = jf.name
+    child_env = dict(os.environ if env is None else env)
+    child_env.pop("GITHUB_TOKEN", None)  # untrusted code never sees the token
+    child_env.pop("INPUT_GITHUB-TOKEN", None)
+    child_env["PYTHONUNBUFFERED"] = "1"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", module, job_path], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
+                                start_new_session=True, env=child_env, cwd=str(cwd))
+    os.close(write_fd)
+    stage: str | None = None
+    error: str | None = None
+    deadline = time.monotonic() + timeout  # loading counts against the first stage's time
+    buffer = b""
+    selector = selectors.DefaultSelector()
+    selector.register(read_fd, selectors.EVENT_READ)
+    try:
+        while True:
+            ready = selector.select(timeout=POLL_S)
+            if ready:
+                chunk = os.read(read_fd, 1 << 16)
+                if not chunk:
+                    break  # worker closed the channel: it exited
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    event = _parse(line)
+                    if event is None:
+                        continue
+                    named = on_event(event)
+                    if named:
+                        stage = named
+                        deadline = time.monotonic() + timeout
+                    elif named == "":
+                        stage = None
+            rss = _rss_bytes(proc.pid)
+            if rss > memory:
+                error = f"exceeded the memory limit of {_fmt_bytes(memory)} (resident {_fmt_bytes(rss)})"
+                _kill(proc)
+                break
+            if time.monotonic() > deadline:
+                error = f"timed out after {timeout:g} s " + (f"in {stage}" if stage else "while loading")
+                _kill(proc)
+                break
+            if proc.poll() is not None and not ready:
+                break  # exited, and nothing is left to read (a leaked child may still hold the pipe)
+    except BaseException:
+        _kill(proc)  # interrupted: the worker is in its own session and would outlive us
+        raise
+    finally:
+        selector.close()
+        os.close(read_fd)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            proc.wait()
+        os.unlink(job_path)
+    return WorkerExit(proc.returncode, error, stage)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        event = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return event if isinstance(event, dict) else None
 
 
 def _tail(path: Path, limit: int = 2000) -> str:

@@ -14,6 +14,7 @@ import resource
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     from kgate.inputs import Case, InputFactory
     from kgate.loading import resolve
     from kgate.manifest import Ref, load
-    from kgate.subject import Subject, UserCodeError
+    from kgate.subject import Subject
 
     manifest = load(job["manifest"], check_files=False)
     kernel = manifest.by_name(job["kernel"])
@@ -91,7 +92,19 @@ def main(argv: list[str] | None = None) -> int:
     subject = Subject(kernel, kernel_fn, reference_fn, InputFactory(factory_source), device, cases,
                       repro_manifest=job.get("repro_manifest", job["manifest"]))
 
-    for name in names:
+    run_gates(channel, subject, names, job.get("memory"))
+    channel.send("done")
+    return 0
+
+
+def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | None,
+              stop: Callable[[dict[str, Any]], bool] | None = None) -> list[str]:
+    """Run the named gates on `subject`, sending gate_start and result events; a gate that raises
+    gets `error`. `stop(result)` True ends the loop early; returns the names not run."""
+    from kgate import gates as registry
+    from kgate.subject import UserCodeError
+
+    for i, name in enumerate(names):
         gate = registry.get(name)
         channel.send("gate_start", gate=name)
         start = time.perf_counter()
@@ -100,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         except UserCodeError as exc:
             hint = ""
             if isinstance(exc.exc, MemoryError):
-                hint = f" (the worker's memory limit is {job.get('memory')} bytes; raise limits.memory if legitimate)"
+                hint = f" (the worker's memory limit is {memory} bytes; raise limits.memory if legitimate)"
             result = _error_result(name, gate.tolerance_free, str(exc) + hint, {"traceback": exc.trace,
                                                                                "role": exc.role})
         except BaseException as exc:  # noqa: BLE001 - a gate bug must not lose the other gates' results
@@ -108,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                                    f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
         result["duration_s"] = round(time.perf_counter() - start, 4)
         channel.send("result", result=result)
-    channel.send("done")
-    return 0
+        if stop is not None and stop(result):
+            return names[i + 1:]
+    return []
 
 
 if __name__ == "__main__":
