@@ -12,6 +12,7 @@ _MODULES = {
     "oracle": "oracle",
     "special_values": "special_values",
     "determinism": "determinism",
+    "shapes": "shapes",
     "input_integrity": "input_integrity",
 }
 GATE_NAMES: list[str] = list(_MODULES)

@@ -1,0 +1,225 @@
+"""shapes: correct across a sweep of shapes, the declared ones plus edge shapes generated from them.
+
+Generated from each declared shape: every size 1, size 1 in one dimension, every size the largest
+prime not above it, one dimension larger than a block of 4096 (4097), sizes 3, 17 and 131 (odd,
+non-multiples of 8/16/32/64/128) and declared size +-1 in one dimension, and an empty batch
+(size 0 in dimension 0). At most `MAX_GENERATED` shapes, each of at most `CAP_FACTOR` x the largest
+declared shape's elements (at least `MIN_CAP`), and whose inputs hold at most `INPUT_FACTOR` x the
+declared inputs' elements: the sweep stays cheap on a CPU.
+
+Each shape, in every dtype with the first seed, is judged like the contract and oracle gates: the
+kernel must not raise where the reference accepts the inputs, must give the reference's structure,
+shape and dtype, and stay within the oracle bound. A shape that the inputs factory or the reference
+rejects (raises on) is skipped: making the factory raise on shapes outside the kernel's domain is how
+a manifest declares that domain. A failing shape is shrunk to the failing shape with the fewest
+elements (kgate.shrink) before it is reported, with its `kgate run ... --shape` reproducer.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from kgate.gates.base import Gate, GateResult
+from kgate.inputs import Case
+from kgate.shrink import Finding, judge_probe, numel, shrink_shape
+from kgate.subject import Subject, UserCodeError
+
+MAX_GENERATED = 20
+MIN_CAP = 1 << 13
+CAP_FACTOR = 4
+INPUT_FACTOR = 8
+MIN_INPUT_CAP = 1 << 20
+BLOCK_PLUS_ONE = 4097
+ODD_SIZES = (3, 17, 131)
+
+
+def largest_prime_at_most(n: int) -> int:
+    """The largest prime <= n (n itself for n < 3, which keeps 1 and 2 as they are)."""
+    if n < 3:
+        return n
+    for candidate in range(n, 1, -1):
+        if all(candidate % d for d in range(2, int(candidate ** 0.5) + 1)):
+            return candidate
+    return 2
+
+
+def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[int, ...], str]]:
+    """Edge shapes derived from the declared ones, most telling first, deduplicated, within `cap`."""
+    seen = set(declared)
+    chosen: list[tuple[tuple[int, ...], str]] = []
+
+    def add(shape: tuple[int, ...], why: str) -> None:
+        if shape not in seen and numel(shape) <= cap:
+            seen.add(shape)
+            chosen.append((shape, why))
+
+    ranked = sorted((s for s in declared if len(s) > 0), key=numel, reverse=True)
+    for shape in ranked:
+        add((1,) * len(shape), "every size 1")
+    for shape in ranked:
+        for dim, size in enumerate(shape):
+            if size != 1:
+                add(_with(shape, dim, 1), f"size 1 in dim {dim}")
+    for shape in ranked:
+        add(tuple(largest_prime_at_most(s) for s in shape), "every size prime")
+    for shape in ranked:
+        for dim in range(len(shape)):
+            big = _with(shape, dim, BLOCK_PLUS_ONE)
+            if numel(big) > cap:  # keep the long dimension, make the others 1
+                big = tuple(BLOCK_PLUS_ONE if d == dim else min(s, 1) for d, s in enumerate(shape))
+            add(big, f"dim {dim} larger than one block ({BLOCK_PLUS_ONE})")
+    for shape in ranked:
+        if shape[0] != 0:
+            add((0,) + shape[1:], "empty (size 0 in dim 0)")
+    for shape in ranked:
+        for dim, size in enumerate(shape):
+            for value in (size + 1, size - 1):
+                if size >= 8 and value % 2:
+                    add(_with(shape, dim, value), f"declared size {size} {value - size:+d} in dim {dim}")
+    for shape in ranked:
+        for dim in range(len(shape)):
+            for value in ODD_SIZES:
+                add(_with(shape, dim, value), f"odd size {value} in dim {dim}")
+    return chosen[:MAX_GENERATED]
+
+
+def _with(shape: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:
+    return shape[:dim] + (value,) + shape[dim + 1:]
+
+
+def takes_shape(subject: Subject) -> bool:
+    """Whether the inputs depend on the case's shape (a factory with `shape`, or declarative inputs)."""
+    source = subject.factory.source
+    if callable(source):
+        try:
+            params = inspect.signature(source).parameters
+        except (TypeError, ValueError):
+            return False
+        return "shape" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if source is None:
+        return True
+    return any(spec.shape is None and spec.value is None for spec in source)
+
+
+def input_elements(args: tuple) -> int:
+    return sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+
+
+class Shapes(Gate):
+    name = "shapes"
+    summary = "contract and oracle bound hold on declared plus generated edge shapes (1, primes, odd, 4097, empty)"
+    tolerance_free = False
+
+    def check(self, subject: Subject) -> GateResult:
+        if not takes_shape(subject):
+            return self.skipped("the inputs factory takes no `shape` keyword, so only its default shape exists "
+                                "(the oracle gate judges it); give make_inputs a `shape` parameter and the "
+                                "kernel `shapes:` to sweep shapes")
+        seed = subject.cases[0].seed
+        dtypes = list(dict.fromkeys(c.dtype for c in subject.cases))
+        declared = list(dict.fromkeys(c.shape for c in subject.cases if c.shape is not None))
+        if not declared:
+            derived = self._derive_shape(subject, dtypes[0], seed)
+            if derived is None:
+                return self.skipped("no `shapes:` declared and the factory's default inputs do not tell which "
+                                    "shape produced them; declare `shapes:` to sweep shapes")
+            declared = [derived]
+        evidence: list[dict] = []
+        sizes = []
+        for shape in declared:  # the declared shapes must work: factory or reference errors are errors
+            for dtype in dtypes:
+                case = Case(shape, dtype, seed)
+                base = subject.baseline(case)
+                sizes.append(input_elements(base.args))
+                finding = self._judge(subject, case, base, evidence)
+                if finding is not None:
+                    return self._fail(subject, case, "declared", finding, evidence)
+        input_cap = max(INPUT_FACTOR * max(sizes), MIN_INPUT_CAP)
+        generated = edge_shapes(declared, max(CAP_FACTOR * max(numel(s) for s in declared), MIN_CAP))
+        rejected: list[str] = []
+        too_big: list[str] = []
+        for shape, why in generated:
+            for dtype in dtypes:
+                case = Case(shape, dtype, seed)
+                try:
+                    base = subject.baseline(case)
+                except UserCodeError as exc:
+                    rejected.append(f"{_fmt(shape)} ({exc.role} raised {type(exc.exc).__name__})")
+                    break
+                if input_elements(base.args) > input_cap:
+                    too_big.append(_fmt(shape))
+                    break
+                finding = self._judge(subject, case, base, evidence)
+                if finding is not None:
+                    return self._fail(subject, case, why, finding, evidence)
+        notes = []
+        if rejected:
+            notes.append(f"skipped {len(rejected)} the reference or factory rejects: {', '.join(rejected[:6])}")
+        if too_big:
+            notes.append(f"skipped {len(too_big)} whose inputs are too large for the sweep: {', '.join(too_big)}")
+        message = (f"contract and oracle bound held on {len(declared)} declared and "
+                   f"{len(generated) - len(rejected) - len(too_big)} generated shape(s) x {len(dtypes)} dtype(s)")
+        return self.passed(message + ("; " + "; ".join(notes) if notes else ""), evidence=evidence,
+                           details={"generated": [list(s) for s, _ in generated], "rejected": rejected,
+                                    "too_large": too_big})
+
+    @staticmethod
+    def _judge(subject: Subject, case: Case, base, evidence: list) -> Finding | None:
+        finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle)
+        evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
+        return finding
+
+    def _derive_shape(self, subject: Subject, dtype: str, seed: int) -> tuple[int, ...] | None:
+        """The shape of the default inputs' first tensor, if asking the factory for it reproduces them."""
+        default = subject.inputs(Case(None, dtype, seed))
+        tensors = [a for a in default if isinstance(a, torch.Tensor)]
+        if not tensors:
+            return None
+        shape = tuple(tensors[0].shape)
+        try:
+            again = subject.inputs(Case(shape, dtype, seed))
+        except UserCodeError:
+            return None
+        same = [tuple(a.shape) for a in again if isinstance(a, torch.Tensor)] == [tuple(t.shape) for t in tensors]
+        return shape if same else None
+
+    def _fail(self, subject: Subject, case: Case, why: str, finding: Finding, evidence: list) -> GateResult:
+        found: dict[tuple[int, ...], Finding] = {case.shape: finding}
+
+        def fails(shape: tuple[int, ...]) -> bool:
+            probe = Case(shape, case.dtype, case.seed)
+            try:
+                base = subject.baseline(probe)
+            except UserCodeError:
+                return False  # the reference or the factory rejects this shape: not a counterexample
+            result, _ = judge_probe(subject, base.args, base.reference, base.oracle)
+            if result is not None and result.kind == finding.kind:
+                found[shape] = result
+                return True
+            return False
+
+        shrunk = shrink_shape(case.shape, fails)
+        smallest = shrunk.value
+        final = found[smallest]
+        minimal = Case(smallest, case.dtype, case.seed)
+        origin = f"found at shape {_fmt(case.shape)} ({why})"
+        if smallest != case.shape:
+            origin += f", shrunk to {_fmt(smallest)} ({shrunk.note()})"
+        result = self.failed(subject, f"shape {_fmt(smallest)}: {final.message}; {origin}", case=minimal,
+                             expected=final.expected, got=final.got, where=final.where, broken=final.broken,
+                             evidence=evidence,
+                             details={**final.details, "kind": final.kind, "found_at": list(case.shape),
+                                      "why": why, "smallest": list(smallest)})
+        result.tolerance_free = final.tolerance_free
+        return result
+
+
+def _fmt(shape: tuple[int, ...] | None) -> str:
+    if shape is None:
+        return "default"
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+GATE = Shapes

@@ -1,0 +1,189 @@
+"""Minimal counterexamples: shrink a failing probe before reporting it, as Hypothesis does.
+
+Two shrinkers, both driven by a predicate `fails(candidate) -> bool` that re-runs the probe:
+
+- `shrink_shape`: the failing shape with the fewest elements that a greedy search finds (all sizes
+  to 1 at once, then per dimension 1, 2, 3 and a bisection between the smallest tried size and the
+  failing one, repeated until nothing shrinks);
+- `shrink_subset`: the smallest set of changed items (arguments, element positions) that still
+  fails, by removing chunks of halving size (delta debugging): the fewest special values.
+
+A shrinker only ever moves to a candidate on which `fails` holds, so what it returns still fails.
+Each call costs a kernel run, so both stop after `budget` calls and say whether they finished.
+
+`judge_probe` is what the gates' predicates re-run: one kernel call on given inputs, judged like the
+contract and oracle gates (a crash, a wrong shape or dtype, a miss of the oracle bound), returning a
+`Finding` whose `kind` lets a shrinker keep to the same failure instead of drifting to another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from kgate.compare import clone_tree, flatten
+from kgate.gates.oracle import Incomparable, measure_outputs
+from kgate.oracle import BROKEN_FACTOR, LeafError
+from kgate.subject import Subject, UserCodeError
+
+T = TypeVar("T")
+
+SHAPE_BUDGET = 32
+SUBSET_BUDGET = 48
+
+
+@dataclass
+class Shrunk(Generic[T]):
+    """The smallest failing candidate found, the calls spent and whether the search ran to its end."""
+
+    value: T
+    calls: int
+    complete: bool
+
+    def note(self) -> str:
+        return f"{self.calls} shrink {'try' if self.calls == 1 else 'tries'}" + ("" if self.complete else ", budget spent: smaller may exist")
+
+
+class _Counter:
+    def __init__(self, fails: Callable[[Any], bool], budget: int):
+        self.fails = fails
+        self.budget = budget
+        self.calls = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.calls >= self.budget
+
+    def __call__(self, candidate: Any) -> bool:
+        if self.spent:
+            return False
+        self.calls += 1
+        return bool(self.fails(candidate))
+
+
+def numel(shape: Sequence[int]) -> int:
+    total = 1
+    for size in shape:
+        total *= size
+    return total
+
+
+def shrink_shape(shape: Sequence[int], fails: Callable[[tuple[int, ...]], bool], *,
+                 budget: int = SHAPE_BUDGET) -> Shrunk[tuple[int, ...]]:
+    """The failing shape with the fewest elements reachable from `shape` (which must fail)."""
+    attempt = _Counter(fails, budget)
+    current = tuple(int(s) for s in shape)
+    ones = tuple(min(s, 1) for s in current)
+    if ones != current and attempt(ones):
+        return Shrunk(ones, attempt.calls, True)
+    improved = True
+    while improved and not attempt.spent:
+        improved = False
+        for dim, size in enumerate(current):
+            smaller = _shrink_size(current, dim, size, attempt)
+            if smaller < size:
+                current = current[:dim] + (smaller,) + current[dim + 1:]
+                improved = True
+    return Shrunk(current, attempt.calls, not attempt.spent)
+
+
+def _shrink_size(shape: tuple[int, ...], dim: int, size: int, attempt: _Counter) -> int:
+    """The smallest size of `dim` (< size where possible) at which the shape still fails."""
+    if size <= 1:
+        return size
+
+    def at(value: int) -> tuple[int, ...]:
+        return shape[:dim] + (value,) + shape[dim + 1:]
+
+    small = [v for v in (1, 2, 3) if v < size]
+    for value in small:
+        if attempt(at(value)):
+            return value
+    # Bisect between the largest small size tried (passes) and `size` (fails); a failure that is not
+    # monotone in the size still ends on a failing size, only maybe not the least one.
+    lo, hi = (small[-1] if small else 0), size
+    while hi - lo > 1 and not attempt.spent:
+        mid = (lo + hi) // 2
+        if attempt(at(mid)):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def shrink_subset(items: Sequence[T], fails: Callable[[list[T]], bool], *,
+                  budget: int = SUBSET_BUDGET) -> Shrunk[list[T]]:
+    """The smallest non-empty sub-list of `items` (which must fail) on which `fails` still holds."""
+    attempt = _Counter(fails, budget)
+    current = list(items)
+    chunk = max(1, len(current) // 2)
+    while not attempt.spent:
+        removed = False
+        start = 0
+        while start < len(current) and not attempt.spent:
+            candidate = current[:start] + current[start + chunk:]
+            if candidate and attempt(candidate):
+                current = candidate
+                removed = True
+            else:
+                start += chunk
+        if chunk == 1 and not removed:
+            return Shrunk(current, attempt.calls, True)
+        chunk = max(1, min(chunk if removed else chunk // 2, len(current) // 2))
+    return Shrunk(current, attempt.calls, False)
+
+
+# -- judging one probe ------------------------------------------------------------------------------------
+
+CRASH, CONTRACT, ORACLE = "crash", "contract", "oracle"
+
+
+@dataclass
+class Finding:
+    """Why one probe failed. `kind` is crash, contract (structure/shape/dtype) or oracle (bound missed)."""
+
+    kind: str
+    message: str
+    where: str | None = None
+    expected: str | None = None
+    got: str | None = None
+    broken: bool = True
+    tolerance_free: bool = True
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any) -> tuple[Finding | None, list[LeafError]]:
+    """Run the kernel on a copy of `args` and judge it against the reference's metadata and the oracle.
+
+    A crash of the kernel is a finding (the reference accepted these inputs); the reference's and the
+    factory's exceptions are left to the caller, which usually skips such a probe.
+    """
+    try:
+        out = subject.run_kernel(clone_tree(args))
+    except UserCodeError as exc:
+        if exc.role != "kernel":
+            raise
+        return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc}",
+                       details={"traceback": exc.trace}), []
+    leaves = measure_outputs(out, reference, oracle, subject.tolerance)
+    if isinstance(leaves, Incomparable):
+        return Finding(CONTRACT, leaves.message, expected=leaves.expected, got=leaves.got), []
+    refs = dict(flatten(reference))
+    for path, got in flatten(out):
+        want = refs.get(path)
+        if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+            for attr in ("dtype", "device"):
+                if getattr(got, attr) != getattr(want, attr):
+                    return Finding(CONTRACT, f"{path} has {attr} {getattr(got, attr)}, the reference's has "
+                                   f"{getattr(want, attr)}", where=path, expected=str(getattr(want, attr)),
+                                   got=str(getattr(got, attr))), leaves
+    worst = max(leaves, key=lambda leaf: leaf.ratio, default=None)
+    if worst is None or worst.passed:
+        return None, leaves
+    where = f"{worst.path}{worst.index}" if worst.index is not None else worst.path
+    return Finding(ORACLE, worst.describe(), where=where, expected=f"{worst.expected!r} (float64 oracle)",
+                   got=repr(worst.got), broken=worst.ratio > BROKEN_FACTOR, tolerance_free=False,
+                   details={"ratio": worst.ratio}), leaves
