@@ -130,6 +130,9 @@ class KernelEntry(_Strict):
     backward: bool = Field(False, description="also judge gradients against float64 autograd of the reference")
     inplace: list[int] = Field(default_factory=list, description="indices of arguments the kernel may modify")
     nondeterministic: bool = Field(False, description="declare run-to-run differences as intended")
+    bitwise_layouts: bool = Field(
+        False, description="layouts gate: results on strided inputs must be bitwise equal to those on contiguous "
+        "copies (tolerance-free), not only within the oracle bound")
     special_values_match: Literal["exact", "nonfinite"] = Field(
         "exact", description="exact: NaN, +Inf and -Inf where the oracle has each; nonfinite: any non-finite "
         "value where the oracle is non-finite (for re-associated sums, where inf - inf order decides)")
