@@ -9,7 +9,8 @@ Two shrinkers, both driven by a predicate `fails(candidate) -> bool` that re-run
   fails, by removing chunks of halving size (delta debugging): the fewest special values.
 
 A shrinker only ever moves to a candidate on which `fails` holds, so what it returns still fails.
-Each call costs a kernel run, so both stop after `budget` calls and say whether they finished.
+Each call costs a kernel run, so both stop after `budget` calls or `seconds` and say whether they
+finished.
 
 `judge_probe` is what the gates' predicates re-run: one kernel call on given inputs, judged like the
 contract and oracle gates (a crash, a wrong shape or dtype, a miss of the oracle bound), returning a
@@ -18,6 +19,7 @@ contract and oracle gates (a crash, a wrong shape or dtype, a miss of the oracle
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -33,6 +35,7 @@ T = TypeVar("T")
 
 SHAPE_BUDGET = 32
 SUBSET_BUDGET = 48
+SHRINK_SECONDS = 60.0
 
 
 @dataclass
@@ -48,14 +51,15 @@ class Shrunk(Generic[T]):
 
 
 class _Counter:
-    def __init__(self, fails: Callable[[Any], bool], budget: int):
+    def __init__(self, fails: Callable[[Any], bool], budget: int, seconds: float):
         self.fails = fails
         self.budget = budget
         self.calls = 0
+        self.deadline = time.monotonic() + seconds
 
     @property
     def spent(self) -> bool:
-        return self.calls >= self.budget
+        return self.calls >= self.budget or time.monotonic() > self.deadline
 
     def __call__(self, candidate: Any) -> bool:
         if self.spent:
@@ -72,9 +76,9 @@ def numel(shape: Sequence[int]) -> int:
 
 
 def shrink_shape(shape: Sequence[int], fails: Callable[[tuple[int, ...]], bool], *,
-                 budget: int = SHAPE_BUDGET) -> Shrunk[tuple[int, ...]]:
+                 budget: int = SHAPE_BUDGET, seconds: float = SHRINK_SECONDS) -> Shrunk[tuple[int, ...]]:
     """The failing shape with the fewest elements reachable from `shape` (which must fail)."""
-    attempt = _Counter(fails, budget)
+    attempt = _Counter(fails, budget, seconds)
     current = tuple(int(s) for s in shape)
     ones = tuple(min(s, 1) for s in current)
     if ones != current and attempt(ones):
@@ -115,9 +119,9 @@ def _shrink_size(shape: tuple[int, ...], dim: int, size: int, attempt: _Counter)
 
 
 def shrink_subset(items: Sequence[T], fails: Callable[[list[T]], bool], *,
-                  budget: int = SUBSET_BUDGET) -> Shrunk[list[T]]:
+                  budget: int = SUBSET_BUDGET, seconds: float = SHRINK_SECONDS) -> Shrunk[list[T]]:
     """The smallest non-empty sub-list of `items` (which must fail) on which `fails` still holds."""
-    attempt = _Counter(fails, budget)
+    attempt = _Counter(fails, budget, seconds)
     current = list(items)
     chunk = max(1, len(current) // 2)
     while not attempt.spent:

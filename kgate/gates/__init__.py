@@ -13,6 +13,7 @@ _MODULES = {
     "special_values": "special_values",
     "determinism": "determinism",
     "shapes": "shapes",
+    "layouts": "layouts",
     "input_integrity": "input_integrity",
 }
 GATE_NAMES: list[str] = list(_MODULES)

@@ -1,0 +1,248 @@
+"""layouts: strided inputs give the result of their contiguous copy.
+
+Each tensor input (one dimension or more, not empty) is rebuilt with the same logical values in
+other memory layouts: transposed (the last two dimensions swapped in memory), every other element
+(a stride-2 view, as torch.testing.make_tensor(noncontiguous=True) makes), sliced (a view into a
+larger buffer: row strides and an offset), storage offset (contiguous strides, offset start), and
+channels-last for 4-D and 5-D tensors. The buffers' unused elements hold NaN (integers: their
+maximum), so a kernel that reads the raw storage as if it were contiguous gets visibly wrong values.
+
+A layout the reference rejects (raises on) is outside the kernel's contract and skipped. On the
+others the kernel must not raise, and its result must be bitwise equal to its result on the
+contiguous copy or else, unless the manifest declares `bitwise_layouts: true`, within the oracle bound
+(no worse than on the contiguous copy): torch's own reductions may sum in another order when strides
+change, which is correct rounding, not a layout bug. Failing probes are shrunk to the fewest strided
+arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from kgate.compare import bitwise_mismatch, clone_tree, flatten
+from kgate.gates.base import Gate, GateResult
+from kgate.gates.oracle import Incomparable, measure_outputs
+from kgate.inputs import Case
+from kgate.oracle import BROKEN_FACTOR
+from kgate.shrink import CONTRACT, CRASH, ORACLE, Finding, shrink_subset
+from kgate.subject import Subject, UserCodeError
+
+
+def _poison(dtype: torch.dtype) -> float | int | bool:
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).max
+
+
+def _buffer(size: tuple[int, ...] | int, like: torch.Tensor) -> torch.Tensor:
+    return torch.full(size if isinstance(size, tuple) else (size,), _poison(like.dtype), dtype=like.dtype,
+                      device=like.device)
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor | None:
+    if t.dim() < 2:
+        return None
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def every_other(t: torch.Tensor) -> torch.Tensor | None:
+    if t.dim() < 1:
+        return None
+    view = _buffer(tuple(t.shape[:-1]) + (2 * t.shape[-1],), t)[..., ::2]
+    return view.copy_(t)
+
+
+def sliced(t: torch.Tensor) -> torch.Tensor | None:
+    if t.dim() < 1:
+        return None
+    buf = _buffer(tuple(s + 3 for s in t.shape), t)
+    view = buf[tuple(slice(1, 1 + s) for s in t.shape)]
+    return view.copy_(t)
+
+
+def storage_offset(t: torch.Tensor) -> torch.Tensor | None:
+    view = _buffer(t.numel() + 17, t)[17:].view(t.shape)
+    return view.copy_(t)
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor | None:
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    if t.dim() not in formats:
+        return None
+    return t.contiguous(memory_format=formats[t.dim()])
+
+
+LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor | None]] = {
+    "transposed": transposed,
+    "every other element": every_other,
+    "sliced": sliced,
+    "storage offset": storage_offset,
+    "channels-last": channels_last,
+}
+
+
+def relayout(t: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """`t`'s values in the layout `kind`, or None when that layout is the contiguous one for `t`."""
+    if t.numel() == 0:
+        return None
+    out = LAYOUTS[kind](t)
+    if out is None or (out.stride() == t.contiguous().stride() and out.storage_offset() == 0):
+        return None
+    return out
+
+
+def fresh_copy(template: torch.Tensor) -> torch.Tensor:
+    """A new buffer holding `template`'s whole storage, viewed with its shape, strides and offset."""
+    flat = torch.empty(0, dtype=template.dtype, device=template.device)
+    flat.set_(template.untyped_storage(), 0, (template.untyped_storage().nbytes() // template.element_size(),))
+    return flat.clone().as_strided(template.shape, template.stride(), template.storage_offset())
+
+
+def describe_layout(t: torch.Tensor) -> str:
+    return f"strides {tuple(t.stride())}, offset {t.storage_offset()}"
+
+
+class Layouts(Gate):
+    name = "layouts"
+    summary = ("transposed, strided, sliced, offset and channels-last inputs give the contiguous copy's result "
+               "(bitwise where declared, else within the oracle bound)")
+    tolerance_free = False
+
+    def check(self, subject: Subject) -> GateResult:
+        bitwise = bool(getattr(subject.entry.entry, "bitwise_layouts", False))
+        probes, equal, rejected = 0, 0, []
+        evidence: list[dict] = []
+        for case in subject.first_seed_cases():
+            base = subject.baseline(case)
+            contiguous = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in base.args)
+            expected = self._outputs(subject, clone_tree(contiguous))
+            for kind in LAYOUTS:
+                strided = {i: v for i, a in enumerate(contiguous) if isinstance(a, torch.Tensor)
+                           and (v := relayout(a, kind)) is not None}
+                if not strided:
+                    continue
+                try:
+                    subject.run_reference(self._apply(contiguous, strided))
+                except UserCodeError as exc:
+                    if exc.role != "reference":
+                        raise
+                    rejected.append(f"{kind} ({case.label()})")
+                    continue
+                probes += 1
+                finding, same = self._judge(subject, base, contiguous, expected, strided, bitwise, evidence, case)
+                equal += same
+                if finding is not None:
+                    return self._fail(subject, case, base, contiguous, expected, strided, bitwise, kind, finding,
+                                      evidence)
+        if probes == 0:
+            reason = "no tensor input has a non-contiguous layout to try"
+            if rejected:
+                reason = f"the reference rejects every strided layout tried: {', '.join(rejected[:4])}"
+            return self.skipped(reason)
+        mode = "bitwise equal required" if bitwise else "bitwise equal or within the oracle bound"
+        message = f"{probes} strided probe(s) gave the contiguous copy's result ({mode}; {equal} bitwise equal)"
+        if rejected:
+            message += f"; skipped {len(rejected)} the reference rejects"
+        result = self.passed(message, evidence=evidence)
+        result.tolerance_free = bitwise
+        return result
+
+    @staticmethod
+    def _apply(args: tuple, strided: dict[int, torch.Tensor]) -> tuple:
+        """Copies of `args` with the chosen arguments in their strided layout (fresh buffers each time)."""
+        out = []
+        for i, a in enumerate(args):
+            if i in strided:
+                a = fresh_copy(strided[i])
+            elif isinstance(a, torch.Tensor):
+                a = a.clone()
+            out.append(a)
+        return tuple(out)
+
+    @staticmethod
+    def _outputs(subject: Subject, args: tuple) -> list:
+        """The outputs, plus the in-place arguments (their final values are results too)."""
+        out = subject.run_kernel(args)
+        return [out, [args[i] for i in sorted(subject.inplace) if i < len(args)]]
+
+    def _judge(self, subject: Subject, base, contiguous: tuple, expected: list, strided: dict[int, torch.Tensor],
+               bitwise: bool, evidence: list | None, case: Case) -> tuple[Finding | None, bool]:
+        """(why this probe fails or None, whether its result was bitwise equal to the contiguous one)."""
+        try:
+            got = self._outputs(subject, self._apply(contiguous, strided))
+        except UserCodeError as exc:
+            if exc.role != "kernel":
+                raise
+            return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc}",
+                           details={"traceback": exc.trace}), False
+        got_leaves = [(p, t) for p, t in flatten(got) if isinstance(t, torch.Tensor)]
+        want_leaves = [(p, t) for p, t in flatten(expected) if isinstance(t, torch.Tensor)]
+        if [p for p, _ in got_leaves] != [p for p, _ in want_leaves]:
+            return Finding(CONTRACT, "output structure differs from the contiguous copy's"), False
+        first = None
+        for (path, g), (_, w) in zip(got_leaves, want_leaves):
+            mismatch = bitwise_mismatch(w, g)
+            if mismatch is not None:
+                first = (path, mismatch)
+                break
+        if first is None:
+            return None, True
+        path, mismatch = first
+        label = f"{path}{list(mismatch.index)}"
+        if bitwise or g.shape != w.shape or g.dtype != w.dtype:
+            return Finding(CONTRACT if g.shape != w.shape or g.dtype != w.dtype else ORACLE,
+                           f"{path} differs from the contiguous copy's result: {mismatch.describe()}",
+                           where=label, expected=repr(mismatch.expected), got=repr(mismatch.got),
+                           tolerance_free=True, details={"differing": mismatch.count}), False
+        # Not bitwise: hold the strided result to the oracle bound, and no worse than the contiguous one.
+        out_strided, out_contig = got[0], expected[0]
+        leaves = measure_outputs(out_strided, base.reference, base.oracle, subject.tolerance)
+        contig = measure_outputs(out_contig, base.reference, base.oracle, subject.tolerance)
+        if isinstance(leaves, Incomparable) or isinstance(contig, Incomparable):
+            return Finding(CONTRACT, "output cannot be compared with the oracle"), False
+        for leaf, ref_leaf in zip(leaves, contig):
+            if evidence is not None:
+                evidence.append({"case": case.to_json(), **leaf.to_json()})
+            allowed = max(leaf.bound, ref_leaf.err)
+            if leaf.err > allowed:
+                where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
+                ratio = leaf.err / allowed if allowed > 0 else float("inf")
+                return Finding(ORACLE, f"differs from the contiguous copy's result beyond the oracle bound: "
+                               f"{leaf.describe()}", where=where, expected=f"{leaf.expected!r} (float64 oracle)",
+                               got=repr(leaf.got), broken=ratio > BROKEN_FACTOR, tolerance_free=False,
+                               details={"ratio": ratio}), False
+        return None, False
+
+    def _fail(self, subject: Subject, case: Case, base, contiguous: tuple, expected: list,
+              strided: dict[int, torch.Tensor], bitwise: bool, kind: str, finding: Finding,
+              evidence: list) -> GateResult:
+        found = {tuple(strided): finding}
+
+        def fails(indices: list[int]) -> bool:
+            result, _ = self._judge(subject, base, contiguous, expected, {i: strided[i] for i in indices},
+                                    bitwise, None, case)
+            if result is not None and result.kind == finding.kind:
+                found[tuple(indices)] = result
+                return True
+            return False
+
+        shrunk = shrink_subset(sorted(strided), fails)
+        final = found[tuple(shrunk.value)]
+        which = "; ".join(f"argument {i} {kind} ({describe_layout(strided[i])})" for i in shrunk.value)
+        note = ""
+        if len(shrunk.value) < len(strided):
+            note = f" (shrunk from {len(strided)} strided arguments, {shrunk.note()})"
+        result = self.failed(subject, f"{which}: {final.message}{note}", case=case, expected=final.expected,
+                             got=final.got, where=final.where, broken=final.broken, evidence=evidence,
+                             details={**final.details, "kind": final.kind, "layout": kind,
+                                      "arguments": list(shrunk.value),
+                                      "strides": {str(i): list(strided[i].stride()) for i in shrunk.value}})
+        result.tolerance_free = final.tolerance_free
+        return result
+
+
+GATE = Layouts
