@@ -14,6 +14,7 @@ _MODULES = {
     "determinism": "determinism",
     "shapes": "shapes",
     "layouts": "layouts",
+    "distributions": "distributions",
     "input_integrity": "input_integrity",
 }
 GATE_NAMES: list[str] = list(_MODULES)

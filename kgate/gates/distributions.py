@@ -1,0 +1,192 @@
+"""distributions: correct (within the oracle bound, finite where the oracle is) on value distributions
+that random normal inputs never produce.
+
+Every floating-point input is replaced, in turn, by: zeros; a constant; all-negative values; huge
+magnitudes (peak min(1e6, max/16) of the dtype); tiny magnitudes (peak sqrt of the smallest normal);
+subnormals (every magnitude below the smallest normal); heavy tails (Cauchy, lognormal with sigma 2,
+clipped to the huge magnitude); and the factory's inputs at fresh seeds that the manifest does not
+list. Integer inputs are left alone. Judged like the oracle gate (bound calibrated from the
+reference's own error on the same inputs); a kernel that raises where the reference accepts the
+inputs fails; a distribution the reference rejects (raises on) is skipped.
+
+A failure is shrunk to the fewest values drawn from the failing distribution (the others keep the
+factory's values) that still fail, and reported with their positions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from kgate.compare import clone_tree, index_of
+from kgate.gates.base import Gate, GateResult
+from kgate.inputs import Case
+from kgate.shrink import Finding, judge_probe, shrink_subset
+from kgate.subject import Subject, UserCodeError
+
+FRESH_SEEDS = (104729, 1299709)
+SHRINK_MAX_ELEMENTS = 1 << 18
+
+
+def huge(dtype: torch.dtype) -> float:
+    return min(1e6, torch.finfo(dtype).max / 16)
+
+
+def tiny(dtype: torch.dtype) -> float:
+    return math.sqrt(torch.finfo(dtype).tiny)
+
+
+def _peak(t: torch.Tensor, to: float) -> torch.Tensor:
+    peak = t.abs().max()
+    return t / peak * to if peak > 0 else torch.full_like(t, to)
+
+
+def _uniform(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return torch.rand(t.shape, generator=gen, dtype=torch.float64)
+
+
+def _clip(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return values.clamp(-huge(dtype), huge(dtype))
+
+
+# name -> (description, values in float64 from the original tensor (float64) and a generator)
+DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, torch.dtype], torch.Tensor]]] = {
+    "zeros": ("all zeros", lambda t, g, d: torch.zeros_like(t)),
+    "constant": ("every value 1.5", lambda t, g, d: torch.full_like(t, 1.5)),
+    "all-negative": ("-(|x| + 0.5)", lambda t, g, d: -(t.abs() + 0.5)),
+    "huge": ("magnitudes up to min(1e6, max/16)", lambda t, g, d: _peak(t, huge(d))),
+    "tiny": ("magnitudes up to sqrt(smallest normal)", lambda t, g, d: _peak(t, tiny(d))),
+    "subnormal": ("every magnitude below the smallest normal",
+                  lambda t, g, d: _peak(t, torch.finfo(d).tiny / 2)),
+    "cauchy": ("Cauchy (heavy tails), clipped to the huge magnitude",
+               lambda t, g, d: _clip(torch.tan(math.pi * (_uniform(t, g) - 0.5)), d)),
+    "lognormal": ("lognormal, sigma 2 (heavy right tail)",
+                  lambda t, g, d: _clip(torch.exp(2 * torch.randn(t.shape, generator=g, dtype=torch.float64)), d)),
+}
+
+
+def transform(args: tuple, name: str, seed: int) -> tuple:
+    """Copies of `args` with every non-empty floating-point tensor drawn from distribution `name`."""
+    gen = torch.Generator().manual_seed(seed)
+    make = DISTRIBUTIONS[name][1]
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 0:
+            values = make(a.detach().double().cpu(), gen, a.dtype)
+            a = values.to(dtype=a.dtype, device=a.device)
+        elif isinstance(a, torch.Tensor):
+            a = a.clone()
+        out.append(a)
+    return tuple(out)
+
+
+class Distributions(Gate):
+    name = "distributions"
+    summary = "oracle bound holds on zeros, constants, negatives, huge/tiny/subnormal values, heavy tails, fresh seeds"
+    tolerance_free = False
+
+    def check(self, subject: Subject) -> GateResult:
+        evidence: list[dict] = []
+        probes, rejected = 0, []
+        cases = subject.first_seed_cases()
+        for case in cases:
+            base = subject.baseline(case)
+            floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                      and a.numel() > 0]
+            if not floats:
+                continue
+            for name in DISTRIBUTIONS:
+                probe = transform(base.args, name, case.seed)
+                outcome = self._judge(subject, probe, case, evidence)
+                if outcome is None:
+                    rejected.append(f"{name} ({case.label()})")
+                    continue
+                probes += 1
+                if outcome is not False:
+                    return self._fail(subject, case, name, base.args, probe, outcome, evidence)
+        declared = {c.seed for c in subject.cases}
+        for case in cases:
+            # The factory's own inputs first (so a reproducer run with a fresh seed finds it), then fresh seeds.
+            for seed in (case.seed,) + tuple(s for s in FRESH_SEEDS if s not in declared):
+                fresh = Case(case.shape, case.dtype, seed)
+                base = subject.baseline(fresh)
+                finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle)
+                evidence.extend({"case": fresh.to_json(), **leaf.to_json()} for leaf in leaves)
+                probes += 1
+                if finding is not None:
+                    label = "the factory's inputs" if seed == case.seed else "fresh seed"
+                    return self._report(subject, fresh, f"{label} (seed {seed})", finding, evidence, "")
+        if probes == 0:
+            return self.skipped("no floating-point inputs to draw from other distributions, and no cases")
+        message = f"oracle bound held on {probes} probe(s): {len(DISTRIBUTIONS)} distributions and " \
+                  f"{len(FRESH_SEEDS)} fresh seeds x {len(cases)} case(s)"
+        if rejected:
+            message += f"; skipped {len(rejected)} the reference rejects: {', '.join(rejected[:4])}"
+        return self.passed(message, evidence=evidence)
+
+    @staticmethod
+    def _judge(subject: Subject, probe: tuple, case: Case, evidence: list | None) -> Finding | bool | None:
+        """A Finding if the kernel fails on `probe`, False if it passes, None if the reference rejects it."""
+        try:
+            reference = subject.run_reference(clone_tree(probe))
+            oracle = subject.oracle(probe)
+        except UserCodeError as exc:
+            if exc.role == "kernel":
+                raise
+            return None
+        finding, leaves = judge_probe(subject, probe, reference, oracle)
+        if evidence is not None:
+            evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
+        return finding if finding is not None else False
+
+    def _fail(self, subject: Subject, case: Case, name: str, original: tuple, probe: tuple, finding: Finding,
+              evidence: list) -> GateResult:
+        """Shrink to the fewest values drawn from the distribution, the rest as the factory made them."""
+        positions = [(i, j) for i, a in enumerate(probe) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                     and a.numel() > 0 for j in range(a.numel())]
+        found = {len(positions): (finding, positions)}
+
+        def mixed(chosen: list[tuple[int, int]]) -> tuple:
+            args = list(clone_tree(original))
+            for i in {i for i, _ in chosen}:
+                flat = torch.tensor([j for k, j in chosen if k == i], device=args[i].device)
+                view = args[i].reshape(-1)
+                view[flat] = probe[i].reshape(-1)[flat]
+                args[i] = view.reshape(args[i].shape)
+            return tuple(args)
+
+        def fails(chosen: list[tuple[int, int]]) -> bool:
+            result = self._judge(subject, mixed(chosen), case, None)
+            if isinstance(result, Finding) and result.kind == finding.kind:
+                found[len(chosen)] = (result, chosen)
+                return True
+            return False
+
+        note = ""
+        if len(positions) <= SHRINK_MAX_ELEMENTS:
+            shrunk = shrink_subset(positions, fails)
+            final, chosen = found[len(shrunk.value)]
+            if len(chosen) < len(positions):
+                shown = ", ".join(f"argument {i} at {list(index_of(j, tuple(probe[i].shape)))} = "
+                                  f"{float(probe[i].reshape(-1)[j]):.6g}" for i, j in chosen[:5])
+                more = f" and {len(chosen) - 5} more" if len(chosen) > 5 else ""
+                note = (f"; shrunk to {len(chosen)} of {len(positions)} values from it, the rest as the factory "
+                        f"made them: {shown}{more} ({shrunk.note()})")
+            elif shrunk.complete:
+                note = f"; all {len(positions)} values needed (no smaller set of them fails; {shrunk.note()})"
+            finding = final
+        description = DISTRIBUTIONS[name][0]
+        return self._report(subject, case, f"distribution {name!r} ({description})", finding, evidence, note)
+
+    def _report(self, subject: Subject, case: Case, label: str, finding: Finding, evidence: list,
+                note: str) -> GateResult:
+        result = self.failed(subject, f"{label}: {finding.message}{note}", case=case, expected=finding.expected,
+                             got=finding.got, where=finding.where, broken=finding.broken, evidence=evidence,
+                             details={**finding.details, "kind": finding.kind, "distribution": label})
+        result.tolerance_free = finding.tolerance_free
+        return result
+
+
+GATE = Distributions
