@@ -215,11 +215,13 @@ class WorkerExit:
 
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
-              on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None) -> WorkerExit:
+              on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None,
+              cancel: threading.Event | None = None) -> WorkerExit:
     """Run `python -m MODULE JOB.json` under a time and a memory limit, passing each event it sends to
     `on_event`. The job gets `event_fd`, the pipe the worker writes its JSON lines to; stdout and
     stderr go to `log_path`. `on_event` returns a stage name when a timed stage begins (the clock
-    restarts), "" when the stage ends, None otherwise. Killed workers take their whole process group."""
+    restarts), "" when the stage ends, None otherwise. Killed workers take their whole process group;
+    setting `cancel` (from another thread) kills the worker too."""
     read_fd, write_fd = os.pipe()
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
         json.dump({**job, "event_fd": write_fd}, jf)
@@ -266,6 +268,10 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                 break
             if time.monotonic() > deadline:
                 error = f"timed out after {timeout:g} s " + (f"in {stage}" if stage else "while loading")
+                _kill(proc)
+                break
+            if cancel is not None and cancel.is_set():
+                error = "cancelled (the run was interrupted)"
                 _kill(proc)
                 break
             if proc.poll() is not None and not ready:

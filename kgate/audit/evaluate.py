@@ -1,0 +1,222 @@
+"""Judging one KernelBench pair from the parent side: the compile stage and the evaluation stage, each
+in a worker process under the runner's limits (`kgate.runner.supervise`).
+
+The evaluation of a pair survives its own hostility: a crash (segfault, os._exit) or a sticky CUDA
+error (illegal address, which poisons the process's CUDA context) ends that worker, and a fresh one
+runs the gates not yet judged (up to `max_restarts` times); the gate it died in keeps the cause as
+its `error`. A hang or memory blow-up is killed and not retried. The result is one JSON record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kgate import gates as registry
+from kgate.gates.base import GateResult
+from kgate.kernelbench import Pair, source_digest
+from kgate.runner import _exit_cause, _tail, supervise
+from kgate.standard_test import StandardResult, not_loaded
+
+GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
+                     re.IGNORECASE)
+COMPILE_MARKERS = ("load_inline", "cpp_extension", "load(")
+
+
+@dataclass
+class AuditOptions:
+    gates: list[str]
+    out_dir: Path
+    timeout: float = 300.0  # per stage (loading + standard test, each gate)
+    memory: int = 32 * 2**30  # resident memory of one worker
+    compile_timeout: float = 900.0
+    compile_memory: int = 16 * 2**30
+    seed: int = 42
+    gate_seeds: list[int] = field(default_factory=lambda: [0, 1])
+    repro_args: list[str] = field(default_factory=list)
+    threads: int | None = None  # torch threads per worker (CPU)
+    arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST shared by both stages
+    max_restarts: int = 2
+    standard: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "out_dir": str(self.out_dir)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AuditOptions:
+        return cls(**{**data, "out_dir": Path(data["out_dir"])})
+
+
+def needs_compile(pair: Pair) -> bool:
+    """Whether the candidate builds a C++/CUDA extension when imported (so the compile stage helps)."""
+    try:
+        text = pair.candidate.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(marker in text for marker in COMPILE_MARKERS[:2])
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)
+
+
+def worker_env(pair: Pair, options: AuditOptions, *, gpu: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    # One extension folder per candidate source: no two candidates' same-named extensions collide, and a
+    # candidate compiled once (compile stage, an earlier run) is loaded, not rebuilt.
+    env["TORCH_EXTENSIONS_DIR"] = str((options.out_dir / "torch_extensions" / source_digest(pair.candidate)).resolve())
+    env.setdefault("TRITON_CACHE_DIR", str((options.out_dir / "triton_cache").resolve()))
+    if options.arch_list and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        env["TORCH_CUDA_ARCH_LIST"] = options.arch_list
+    if not gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.setdefault("MAX_JOBS", "2")
+    return env
+
+
+def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event | None = None) -> dict[str, Any]:
+    """Import the candidate with no GPU visible so load_inline builds its extension on the CPU."""
+    outcome: dict[str, Any] = {"ok": False, "seconds": 0.0, "build_failed": False, "message": ""}
+    job = {"stage": "compile", "id": pair.id, "candidate": str(pair.candidate.resolve()), "device": "cpu",
+           "memory": options.compile_memory}
+
+    def on_event(event: dict[str, Any]) -> str | None:
+        if event.get("event") == "compiled":
+            outcome.update({k: event.get(k) for k in ("ok", "seconds", "build_failed", "message")})
+        return None
+
+    log = options.out_dir / "logs" / f"{_safe(pair.id)}.compile.log"
+    start = time.perf_counter()
+    exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
+                      timeout=options.compile_timeout, memory=options.compile_memory, on_event=on_event,
+                      env=worker_env(pair, options, gpu=False), cancel=cancel)
+    outcome["wall_s"] = round(time.perf_counter() - start, 3)
+    if exit_.error:
+        outcome.update(ok=False, build_failed=True, message=f"compile stage {exit_.error}")
+    elif exit_.returncode not in (0, None) and not outcome["seconds"]:
+        outcome.update(ok=False, message=f"compile stage: {_exit_cause(exit_.returncode)}")
+    return outcome
+
+
+def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_fraction: float | None = None,
+                  compiled: dict[str, Any] | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
+    """The standard test and the gates for one pair; returns the audit record (never raises for user code)."""
+    started = time.perf_counter()
+    names = list(options.gates)
+    record: dict[str, Any] = {"id": pair.id, "candidate": str(pair.candidate), "problem": str(pair.problem or ""),
+                              "problem_name": pair.problem_name, "level": pair.level, "labels": pair.labels,
+                              "device": device, "compile": compiled, "standard": None, "gates": [], "error": None,
+                              "problem_error": None, "tamper": None, "free_dims": None, "notes": {},
+                              "load_s": None, "restarts": 0, "oom": False, "complete": True}
+    results: dict[str, GateResult] = {}
+    if pair.problem is None:
+        record["problem_error"] = pair.problem_error or "no problem"
+        return _finish(record, names, results, None, started)
+    if compiled and compiled.get("build_failed"):
+        message = f"compile failed: {compiled.get('message', '')[-1500:]}"
+        record["standard"] = not_loaded(message, compiled=False).to_json()
+        record["error"] = message
+        return _finish(record, names, results, message, started)
+
+    log = options.out_dir / "logs" / f"{_safe(pair.id)}.log"
+    remaining = list(names)
+    fatal: str | None = None
+    attempt = 0
+    while remaining:
+        state = {"current": None, "poisoned": None, "done": False}
+        job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
+               "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,
+               "memory": options.memory, "seed": options.seed, "gate_seeds": options.gate_seeds,
+               "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
+               "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads}
+
+        def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining
+                     ) -> str | None:
+            kind = event.get("event")
+            if kind == "loaded":
+                record["load_s"] = event.get("seconds")
+                record["free_dims"] = dict(zip(event.get("free_dims") or [], event.get("defaults") or [],
+                                               strict=False))
+                record["notes"].update(event.get("notes") or {})
+                return "the standard test"
+            if kind == "standard" and isinstance(event.get("result"), dict):
+                record["standard"] = StandardResult.from_json(event["result"]).to_json()
+                return ""
+            if kind == "gate_start" and event.get("gate") in remaining:
+                state["current"] = event["gate"]
+                return f"gate {event['gate']}"
+            if kind == "result":
+                data = event.get("result")
+                if isinstance(data, dict) and data.get("gate") in remaining and data["gate"] not in results:
+                    try:
+                        results[data["gate"]] = GateResult.from_json(data)
+                    except TypeError:
+                        pass
+                state["current"] = None
+                return ""
+            if kind == "tamper":
+                record["tamper"] = record["tamper"] or str(event.get("message"))
+            elif kind == "poisoned":
+                state["poisoned"] = str(event.get("message"))
+            elif kind == "problem_error":
+                record["problem_error"] = str(event.get("message"))
+            elif kind == "done":
+                state["done"] = True
+            return None
+
+        exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
+                          timeout=options.timeout, memory=options.memory, on_event=on_event,
+                          env=worker_env(pair, options, gpu=device.startswith("cuda")), cancel=cancel)
+        if record["problem_error"]:
+            break
+        remaining = [n for n in remaining if n not in results]
+        cause = exit_.error or (None if state["done"] else _exit_cause(exit_.returncode))
+        if state["poisoned"]:
+            cause = f"CUDA context poisoned: {state['poisoned'][:300]}"
+        if cause is None:
+            break
+        if options.standard and record["standard"] is None:
+            record["standard"] = not_loaded(f"the worker ended during the standard test: {cause}",
+                                            compiled=record["load_s"] is not None).to_json()
+            record["standard"]["verdict"] = "error"
+        current = state["current"]
+        if current in remaining:
+            results[current] = GateResult(current, "error", cause, registry.get(current).tolerance_free,
+                                          broken=True, details={"log_tail": _tail(log)})
+            remaining.remove(current)
+        retry = not exit_.error and attempt < options.max_restarts and remaining and not (cancel and cancel.is_set())
+        if not retry:
+            fatal = cause
+            break
+        attempt += 1
+        record["restarts"] = attempt
+        record["error"] = record["error"] or cause
+    if record["problem_error"]:
+        return _finish(record, names, {}, None, started)
+    record["error"] = record["error"] or fatal
+    record["log"] = str(log)
+    return _finish(record, names, results, fatal, started)
+
+
+def _finish(record: dict[str, Any], names: list[str], results: dict[str, GateResult], cause: str | None,
+            started: float) -> dict[str, Any]:
+    for name in names:
+        if name in results:
+            continue
+        if record["problem_error"]:
+            message = f"not judged: {record['problem_error']}"
+        elif cause:
+            message = f"not run: {cause} earlier"
+        else:
+            message = "not run: the worker sent no result"
+        results[name] = GateResult(name, "error", message, registry.get(name).tolerance_free, broken=True)
+    record["gates"] = [results[n].to_json() for n in names]
+    texts = [g.message for g in results.values()] + [str((record.get("standard") or {}).get("message", ""))]
+    record["oom"] = any(GPU_OOM.search(t or "") for t in texts) and record["device"].startswith("cuda")
+    record["duration_s"] = round(time.perf_counter() - started, 3)
+    return record

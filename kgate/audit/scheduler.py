@@ -1,0 +1,220 @@
+"""The local backend: compile on the CPU cores, evaluate on the devices, one record per candidate.
+
+Two pools. The compile pool imports candidates that build extensions (`load_inline`) with no GPU
+visible, `compile_jobs` at a time; a candidate is handed to the evaluation pool as soon as its build
+is done (candidates that build nothing go at once). The evaluation pool has `slots` workers per
+device; with more than one slot on a GPU each worker may use only its share of the GPU's memory
+(`torch.cuda.set_per_process_memory_fraction`). A candidate that runs out of GPU memory while it
+shared the device is judged again alone, with the whole device, so a neighbour's appetite never
+becomes its verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile
+from kgate.errors import InfrastructureError, UsageError
+from kgate.kernelbench import Pair
+
+
+@dataclass
+class Plan:
+    devices: list[str]
+    slots: int  # evaluation workers per device
+    compile_jobs: int
+    compile_stage: bool = True
+
+    def describe(self) -> str:
+        return (f"{len(self.devices)} device(s) ({', '.join(self.devices)}) x {self.slots} worker(s), "
+                f"{self.compile_jobs} compile job(s)")
+
+
+def cuda_devices() -> list[int]:
+    """Visible CUDA devices, counted without creating a CUDA context in this process."""
+    import torch
+
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def arch_list(devices: list[str]) -> str | None:
+    """TORCH_CUDA_ARCH_LIST for these devices (asked of a short-lived process: it creates a context)."""
+    indices = sorted({int(d.split(":")[1]) for d in devices if d.startswith("cuda:")})
+    if not indices:
+        return None
+    code = ("import torch,sys; print(';'.join(sorted({'%d.%d' % torch.cuda.get_device_capability(i) "
+            f"for i in {indices}}})))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return out.stdout.strip() or None
+
+
+def make_plan(device: str, jobs: int | None, compile_jobs: int | None) -> Plan:
+    cpus = os.cpu_count() or 1
+    if device == "auto":
+        device = "cuda" if cuda_devices() else "cpu"
+    if device == "cpu":
+        devices = ["cpu"]
+        default_jobs = max(1, min(4, cpus // 2))
+    elif device == "cuda":
+        found = cuda_devices()
+        if not found:
+            raise InfrastructureError("--device cuda: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the "
+                                      "driver), or use --device cpu")
+        devices = [f"cuda:{i}" for i in found]
+        default_jobs = len(devices)
+    elif device.startswith("cuda:"):
+        found = cuda_devices()
+        index = int(device.split(":")[1])
+        if index not in found:
+            raise InfrastructureError(f"--device {device}: not visible (visible: {found or 'none'})")
+        devices = [device]
+        default_jobs = 1
+    else:
+        raise UsageError(f"--device {device}: use auto, cpu, cuda or cuda:N")
+    jobs = jobs or default_jobs
+    slots = max(1, math.ceil(jobs / len(devices)))
+    return Plan(devices, slots, compile_jobs or max(1, cpus // 2))
+
+
+class DeviceLease:
+    """Shared slots on one device, or the whole device for one candidate (waiters for it go first)."""
+
+    def __init__(self, slots: int):
+        self.slots = slots
+        self.active = 0
+        self.exclusive = False
+        self.waiting_exclusive = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, exclusive: bool = False) -> None:
+        with self._cond:
+            if exclusive:
+                self.waiting_exclusive += 1
+                self._cond.wait_for(lambda: self.active == 0 and not self.exclusive)
+                self.waiting_exclusive -= 1
+                self.exclusive = True
+            else:
+                self._cond.wait_for(lambda: not self.exclusive and not self.waiting_exclusive
+                                    and self.active < self.slots)
+            self.active += 1
+
+    def release(self, exclusive: bool = False) -> None:
+        with self._cond:
+            self.active -= 1
+            if exclusive:
+                self.exclusive = False
+            self._cond.notify_all()
+
+
+class Progress:
+    """What the scheduler tells the console; all optional."""
+
+    def started(self, pair: Pair, device: str) -> None: ...
+    def compiled(self, pair: Pair, outcome: dict[str, Any]) -> None: ...
+    def finished(self, record: dict[str, Any]) -> None: ...
+
+
+def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callable[[dict[str, Any]], None],
+              progress: Progress | None = None, stop_at: float | None = None,
+              cancel: threading.Event | None = None) -> int:
+    """Judge every pair; each record goes to `sink` as it is done. Returns how many were judged
+    (fewer than len(pairs) when `stop_at`, a time.monotonic() deadline, passed first)."""
+    progress = progress or Progress()
+    cancel = cancel or threading.Event()
+    ready: queue.Queue[tuple[Pair, dict[str, Any] | None]] = queue.Queue()
+    compile_pool = ThreadPoolExecutor(max_workers=plan.compile_jobs, thread_name_prefix="kgate-compile")
+
+    def compiled(pair: Pair, future: Future) -> None:
+        try:
+            outcome = future.result()
+        except BaseException as exc:  # noqa: BLE001 - a kgate failure to compile: evaluate anyway
+            outcome = {"ok": False, "build_failed": False, "message": f"compile stage failed: {exc}"}
+        progress.compiled(pair, outcome)
+        ready.put((pair, outcome))
+
+    for pair in pairs:
+        if plan.compile_stage and pair.problem is not None and needs_compile(pair):
+            future = compile_pool.submit(compile_pair, pair, options, cancel=cancel)
+            future.add_done_callback(lambda f, pair=pair: compiled(pair, f))
+        else:
+            ready.put((pair, None))
+
+    leases = {d: DeviceLease(plan.slots) for d in plan.devices}
+    lock = threading.Lock()
+    taken = [0]
+    judged = [0]
+    errors: list[BaseException] = []
+
+    def loop(device: str) -> None:
+        lease = leases[device]
+        gpu = device.startswith("cuda")
+        fraction = round(0.95 / plan.slots, 4) if gpu and plan.slots > 1 else None
+        while not cancel.is_set():
+            with lock:
+                if taken[0] >= len(pairs) or (stop_at is not None and time.monotonic() > stop_at):
+                    return
+                taken[0] += 1
+            while True:
+                try:
+                    pair, outcome = ready.get(timeout=0.2)
+                    break
+                except queue.Empty:
+                    if cancel.is_set():
+                        return
+            lease.acquire()
+            try:
+                progress.started(pair, device)
+                record = evaluate_pair(pair, options, device, gpu_memory_fraction=fraction, compiled=outcome,
+                                       cancel=cancel)
+            finally:
+                lease.release()
+            if record.get("oom") and gpu and plan.slots > 1 and not cancel.is_set():
+                lease.acquire(exclusive=True)
+                try:
+                    record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel)
+                    record["retried_alone"] = True
+                finally:
+                    lease.release(exclusive=True)
+            if cancel.is_set():
+                return  # an interrupted candidate is not recorded: --resume judges it again
+            sink(record)
+            with lock:
+                judged[0] += 1
+            progress.finished(record)
+
+    def guarded(device: str) -> None:
+        try:
+            loop(device)
+        except BaseException as exc:  # noqa: BLE001 - surfaced in the main thread
+            errors.append(exc)
+            cancel.set()
+
+    threads = [threading.Thread(target=guarded, args=(d,), name=f"kgate-eval-{d}-{s}", daemon=True)
+               for d in plan.devices for s in range(plan.slots)]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=0.2)
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        compile_pool.shutdown(wait=False, cancel_futures=True)
+    if errors:
+        raise errors[0]
+    return judged[0]

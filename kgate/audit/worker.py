@@ -1,0 +1,191 @@
+"""The audit's worker process: one KernelBench pair, one stage, events as JSON lines.
+
+Started by `kgate.audit.evaluate` as `python -m kgate.audit.worker JOB.json` under the runner's
+time and memory limits (`kgate.runner.supervise`). Two stages:
+
+- `compile`: import the candidate with no GPU visible, so `load_inline` builds its extension on the
+  CPU into the candidate's own TORCH_EXTENSIONS_DIR (the evaluation then finds it built). Events:
+  `compiled` {ok, seconds, build_failed, message}.
+- `evaluate`: load the problem twice and the candidate once (see kgate.kernelbench), build the models,
+  run the standard test, then the gates. Events: `loaded` {seconds, free_dims, notes}, `standard`
+  {result}, `gate_start`/`result` (as kgate.worker), `tamper` {message}, `poisoned` {message} (a
+  sticky CUDA error: this process can run nothing more), `done`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from kgate.worker import Channel, _error_result, _limit_memory, run_gates
+
+# Errors after which the CUDA context is unusable: the worker stops and a fresh one takes over.
+STICKY_CUDA_ERRORS = ("illegal memory access", "illegal address", "misaligned address", "illegal instruction",
+                      "unspecified launch failure", "device-side assert", "an illegal", "cudaErrorLaunchFailure",
+                      "CUDA error: unknown error", "context is destroyed")
+
+
+def sticky_cuda_error(message: str | None) -> bool:
+    return bool(message) and any(s.lower() in message.lower() for s in STICKY_CUDA_ERRORS)
+
+
+def _compile(channel: Channel, job: dict[str, Any]) -> None:
+    from kgate.kernelbench import exec_candidate
+
+    start = time.perf_counter()
+    try:
+        exec_candidate(Path(job["candidate"]))
+        channel.send("compiled", ok=True, seconds=round(time.perf_counter() - start, 3), build_failed=False,
+                     message="")
+    except BaseException as exc:  # noqa: BLE001 - user code at import time may raise anything
+        text = f"{type(exc).__name__}: {exc}"
+        build_failed = "Error building extension" in text or "CalledProcessError" in text
+        channel.send("compiled", ok=False, seconds=round(time.perf_counter() - start, 3), build_failed=build_failed,
+                     message=text[-4000:])
+
+
+def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
+    import torch
+
+    from kgate import gates as registry
+    from kgate import kernelbench as kb
+    from kgate import standard_test
+    from kgate.inputs import Case, InputFactory
+    from kgate.subject import Subject
+
+    names: list[str] = job["gates"]
+    device = torch.device(job["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        if job.get("gpu_memory_fraction"):
+            torch.cuda.set_per_process_memory_fraction(float(job["gpu_memory_fraction"]), device)
+
+    def all_error(message: str, trace: str | None = None) -> None:
+        for name in names:
+            channel.send("result", result=_error_result(name, registry.get(name).tolerance_free, message,
+                                                        {"traceback": trace} if trace else None))
+
+    channel.send("loading")
+    problem_path, candidate_path = Path(job["problem"]), Path(job["candidate"])
+    try:
+        reference_module = kb.exec_problem(problem_path, "reference")
+        inputs_module = kb.exec_problem(problem_path, "inputs")
+        dims = kb.free_dims(inputs_module)
+    except kb.ProblemError as exc:
+        channel.send("problem_error", message=str(exc))
+        return
+    before = {"reference": kb.fingerprint(reference_module), "inputs": kb.fingerprint(inputs_module)}
+
+    def tampered() -> str | None:
+        for label, module in (("reference", reference_module), ("inputs", inputs_module)):
+            found = kb.tampering(before[label], module)
+            if found:
+                return found
+        return None
+
+    run_standard = job.get("standard", True)
+    start = time.perf_counter()
+    try:
+        candidate_module = kb.exec_candidate(candidate_path)
+        model_new = getattr(candidate_module, "ModelNew", None)
+        if model_new is None:
+            raise AttributeError(f"{candidate_path.name} defines no ModelNew")
+    except BaseException as exc:  # noqa: BLE001 - import-time user code (load_inline builds here)
+        message = f"could not load the candidate: {type(exc).__name__}: {str(exc)[-2000:]}"
+        if run_standard:
+            channel.send("standard", result=standard_test.not_loaded(message, compiled=False).to_json())
+        all_error(message, traceback.format_exc())
+        return
+    channel.send("loaded", seconds=round(time.perf_counter() - start, 3), free_dims=dims.names,
+                 defaults=dims.defaults, notes={"shapes": dims.note} if dims.note else {})
+    try:
+        reference, candidate = kb.build_models(reference_module, model_new, device, job.get("seed", kb.DEFAULT_SEED))
+    except kb.ProblemError as exc:
+        channel.send("problem_error", message=str(exc))
+        return
+    except BaseException as exc:  # noqa: BLE001
+        message = f"ModelNew could not be built: {type(exc).__name__}: {exc}"
+        if run_standard:
+            channel.send("standard", result=standard_test.not_loaded(message, compiled=True).to_json())
+        all_error(message, traceback.format_exc())
+        if sticky_cuda_error(message):
+            channel.send("poisoned", message=message)
+        return
+    found = tampered()
+    if found:
+        channel.send("tamper", message=found)
+    if run_standard:
+        try:
+            verdict = standard_test.run(reference, candidate, inputs_module.get_inputs, device,
+                                        seed=job.get("seed", kb.DEFAULT_SEED))
+        except BaseException as exc:  # noqa: BLE001 - the reference raised: the problem's fault
+            channel.send("problem_error", message=f"the problem's Model raised in the standard test: "
+                                                  f"{type(exc).__name__}: {exc}")
+            return
+        channel.send("standard", result=verdict.to_json())
+        if sticky_cuda_error(verdict.message) and verdict.verdict == standard_test.ERROR:
+            channel.send("poisoned", message=verdict.message)
+            return
+        found = tampered()
+        if found:
+            channel.send("tamper", message=found)
+
+    shape = tuple(dims.defaults) if dims.names else None
+    seeds = job.get("gate_seeds") or [0, 1]
+    entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"])
+    cases = [Case(shape, "float32", s) for s in seeds]
+    audit_args = job.get("repro_args") or []
+
+    class PairSubject(Subject):
+        def repro(self, gate: str, case: Case | None = None) -> str:
+            return kb.repro_command(audit_args, job["id"], gate)
+
+    subject = PairSubject(entry, kb.NoGrad(candidate), kb.DtypeDispatch(reference),
+                          InputFactory(kb.ProblemInputs(inputs_module, dims)), device, cases,
+                          repro_manifest=str(problem_path))
+    poisoned: list[str] = []
+
+    def stop(result: dict[str, Any]) -> bool:
+        if device.type == "cuda" and result.get("verdict") == "error" and sticky_cuda_error(result.get("message")):
+            poisoned.append(result["message"])
+            return True
+        return False
+
+    run_gates(channel, subject, names, job.get("memory"), stop=stop)
+    if poisoned:
+        channel.send("poisoned", message=poisoned[0])
+        return
+    found = tampered()
+    if found:
+        channel.send("tamper", message=found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job = json.loads(Path(argv[0]).read_text())
+    channel = Channel(int(job["event_fd"]))
+    _limit_memory(job.get("memory"), job.get("device", "cpu").split(":")[0])
+    if job.get("device") == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if job.get("threads"):
+        import torch
+
+        torch.set_num_threads(int(job["threads"]))
+    if job["stage"] == "compile":
+        _compile(channel, job)
+    else:
+        _evaluate(channel, job)
+    channel.send("done")
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip teardown: extensions and CUDA contexts sometimes crash there

@@ -1,0 +1,486 @@
+"""The KernelBench format: problems (`Model`, `get_inputs()`, `get_init_inputs()`) and candidates
+(`ModelNew`), how they pair, and how one pair becomes a gate `Subject` inside a worker.
+
+Pairing: candidate `X.py` or `X__anything.py` goes with problem `X.py`. A candidate in a subfolder
+first looks for the problem under the same relative folder (`level1/X.py`), then anywhere under the
+problems folder; an index file (JSON or CSV with `candidate` and `problem` columns) overrides both.
+
+Loading (in the worker only: it runs untrusted code). The problem file is executed twice, as two
+module objects that are not left in `sys.modules`: one copy builds the reference `Model` (and its
+float64 oracle twin), the other makes the inputs. Both are fingerprinted before the candidate is
+imported and checked again after every stage, so a candidate that rewrites the problem's constants,
+functions or `get_inputs()` is caught rather than believed. Weights match KernelBench's way: seed,
+build `Model`, seed again with the same seed, build `ModelNew`.
+
+Shapes. A KernelBench problem has one shape: whatever `get_inputs()` makes. Its *free size
+parameters* are the module-level integers that change the shapes `get_inputs()` makes while leaving
+`get_init_inputs()` (so the weights) unchanged, typically `batch_size`, sequence lengths or spatial
+sizes. For the gates, a problem's "shape" is the tuple of those parameters' values, in the order the
+module defines them; a gate that sweeps shapes sets them (on the inputs copy only) and calls
+`get_inputs()` again. A problem without free size parameters cannot be swept, and the report says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import importlib.util
+import json
+import re
+import secrets
+import shlex
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kgate.errors import UsageError
+
+PAIR_SEP = "__"
+DEFAULT_SEED = 42  # KernelBench's seed_num default
+_LEVEL_RE = re.compile(r"level[_\-]?(\d+)", re.IGNORECASE)
+
+
+# --------------------------------------------------------------------------------------------------
+# Discovery and pairing (parent process: reads files, runs nothing).
+
+
+@dataclass
+class Pair:
+    """One candidate and the problem it is judged against (None: unpaired, `problem_error` says why)."""
+
+    id: str
+    candidate: Path
+    problem: Path | None
+    level: int | None = None
+    problem_error: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # extra index columns (e.g. a harness's verdict)
+
+    @property
+    def problem_name(self) -> str | None:
+        return self.problem.stem if self.problem else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "candidate": str(self.candidate), "problem": str(self.problem) if self.problem else None,
+                "level": self.level, "problem_error": self.problem_error, "labels": self.labels}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Pair:
+        return cls(data["id"], Path(data["candidate"]), Path(data["problem"]) if data.get("problem") else None,
+                   data.get("level"), data.get("problem_error"), dict(data.get("labels") or {}))
+
+
+def level_of(*paths: Path | str | None) -> int | None:
+    """The KernelBench level named in a path (`level1/`, `level_2/`, `level-3`), if any."""
+    for path in paths:
+        if path is None:
+            continue
+        for part in reversed(Path(path).parts):
+            match = _LEVEL_RE.fullmatch(part) or _LEVEL_RE.match(part)
+            if match:
+                return int(match.group(1))
+    return None
+
+
+def problem_key(candidate: Path) -> str:
+    """`X__sample3.py` -> `X`; `X.py` -> `X`."""
+    stem = candidate.stem
+    return stem.split(PAIR_SEP, 1)[0] if PAIR_SEP in stem else stem
+
+
+def _python_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.py") if p.is_file() and "__pycache__" not in p.parts
+                  and not p.name.startswith("."))
+
+
+def _candidate_id(path: Path, root: Path) -> str:
+    return path.relative_to(root).with_suffix("").as_posix()
+
+
+def discover(problems: Path, candidates: Path, index: Path | None = None) -> list[Pair]:
+    """Every candidate under `candidates` (or listed in `index`), paired with its problem."""
+    problems, candidates = Path(problems), Path(candidates)
+    for label, folder in (("--problems", problems), ("--candidates", candidates)):
+        if not folder.is_dir():
+            raise UsageError(f"{label} {folder}: not a folder (it must hold KernelBench .py files)")
+    if index is not None:
+        return _pairs_from_index(Path(index), problems, candidates)
+    by_relpath = {p.relative_to(problems).with_suffix("").as_posix(): p for p in _python_files(problems)}
+    by_stem: dict[str, list[Path]] = {}
+    for p in by_relpath.values():
+        by_stem.setdefault(p.stem, []).append(p)
+    pairs = []
+    for cand in _python_files(candidates):
+        rel = cand.relative_to(candidates)
+        key = problem_key(cand)
+        problem: Path | None = by_relpath.get((rel.parent / key).as_posix())
+        error = None
+        if problem is None:
+            found = by_stem.get(key, [])
+            if len(found) == 1:
+                problem = found[0]
+            elif len(found) > 1:
+                error = (f"problem name {key!r} is ambiguous: {', '.join(str(f) for f in found)}; put the candidate "
+                         f"in the same subfolder as its problem or pair them with --index")
+            else:
+                error = (f"no problem {key}.py under {problems} (a candidate X.py or X__anything.py goes with "
+                         f"problem X.py; use --index to pair other names)")
+        pairs.append(Pair(_candidate_id(cand, candidates), cand, problem, level_of(problem, rel), error))
+    if not pairs:
+        raise UsageError(f"--candidates {candidates}: no .py files found")
+    return pairs
+
+
+def read_index(path: Path) -> list[dict[str, str]]:
+    """Rows of an index file: JSON (a list of objects, or {candidate: problem}) or CSV with a header."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--index {path}: cannot read: {exc}") from None
+    rows: list[dict[str, str]]
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"--index {path}: not valid JSON: {exc}") from None
+        if isinstance(data, dict):
+            rows = [{"candidate": str(k), "problem": str(v)} for k, v in data.items()]
+        elif isinstance(data, list) and all(isinstance(r, dict) for r in data):
+            rows = [{str(k): "" if v is None else str(v) for k, v in r.items()} for r in data]
+        else:
+            raise UsageError(f"--index {path}: expected a list of {{\"candidate\": ..., \"problem\": ...}} objects "
+                             "or one {candidate: problem} object")
+    else:
+        rows = [dict(r) for r in csv.DictReader(text.splitlines())]
+    for i, row in enumerate(rows):
+        if not row.get("candidate") or not row.get("problem"):
+            where = f"row {i + 1}" if path.suffix.lower() == ".json" else f"line {i + 2}"
+            raise UsageError(f"--index {path}: {where} needs both 'candidate' and 'problem' (got {row})")
+    return rows
+
+
+def _locate(text: str, bases: list[Path]) -> Path | None:
+    candidate = Path(text)
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    for base in bases:
+        for option in (base / text, base / f"{text}.py"):
+            if option.is_file():
+                return option
+    return None
+
+
+def _pairs_from_index(path: Path, problems: Path, candidates: Path) -> list[Pair]:
+    rows = read_index(path)
+    pairs: list[Pair] = []
+    seen: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        cand = _locate(row["candidate"], [candidates, path.parent])
+        if cand is None:
+            raise UsageError(f"--index {path}: entry {i + 1}: candidate {row['candidate']!r} not found under "
+                             f"{candidates} or {path.parent}")
+        problem = _locate(row["problem"], [problems, path.parent])
+        error = None if problem else f"problem {row['problem']!r} (from {path}) not found under {problems}"
+        try:
+            ident = _candidate_id(cand.resolve(), candidates.resolve())
+        except ValueError:
+            ident = Path(row["candidate"]).with_suffix("").as_posix()
+        if ident in seen:
+            raise UsageError(f"--index {path}: candidate {ident!r} listed twice (entries {seen[ident] + 1} and {i + 1})")
+        seen[ident] = i
+        labels = {k: v for k, v in row.items() if k not in ("candidate", "problem") and v is not None}
+        level = int(labels["level"]) if labels.get("level", "").isdigit() else level_of(problem, row["candidate"])
+        pairs.append(Pair(ident, cand, problem, level, error, labels))
+    if not pairs:
+        raise UsageError(f"--index {path}: no entries")
+    return pairs
+
+
+def source_digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(p.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading inside the worker.
+
+
+class ProblemError(Exception):
+    """The problem file itself is unusable (not the candidate's fault)."""
+
+
+def exec_problem(path: Path, role: str) -> types.ModuleType:
+    """A fresh copy of the problem module, under a random name, not left in sys.modules."""
+    name = f"_kgate_kb_problem_{role}_{secrets.token_hex(6)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ProblemError(f"cannot import problem {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # some code (dataclasses, typing) looks itself up while it executes
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # noqa: BLE001 - reported as the problem's fault, with the cause
+        raise ProblemError(f"problem {path.name} failed to import: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.modules.pop(name, None)
+    for attr in ("Model", "get_inputs", "get_init_inputs"):
+        if not callable(getattr(module, attr, None)):
+            raise ProblemError(f"problem {path.name} defines no callable {attr!r} (KernelBench problems define "
+                               "Model, get_inputs and get_init_inputs)")
+    return module
+
+
+def exec_candidate(path: Path) -> types.ModuleType:
+    """Import the candidate as a real module (Triton and inspect need its file); may raise anything."""
+    name = f"kgate_kb_candidate_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import candidate {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def fingerprint(module: types.ModuleType) -> dict[str, str]:
+    """What a candidate must not change in a problem module: every global's value or code."""
+    out: dict[str, str] = {}
+    for key, value in sorted(vars(module).items()):
+        if key.startswith("__") and key not in ("__dict__",):
+            continue
+        out[key] = _describe(value)
+    return out
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, types.FunctionType):
+        code = value.__code__
+        return f"function {id(value)} {id(code)} {hashlib.sha1(code.co_code).hexdigest()} {value.__defaults__!r}"
+    if isinstance(value, type):
+        members = []
+        for k, v in sorted(vars(value).items()):
+            if isinstance(v, types.FunctionType):
+                members.append(f"{k}:{id(v)}:{hashlib.sha1(v.__code__.co_code).hexdigest()}")
+        return f"class {id(value)} {' '.join(members)}"
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__} {id(value)}"
+    if isinstance(value, (int, float, str, bytes, bool, tuple, type(None), list, dict)):
+        return f"{type(value).__name__} {value!r}"[:2000]
+    return f"{type(value).__name__} {id(value)}"
+
+
+def tampering(before: dict[str, str], module: types.ModuleType) -> str | None:
+    """A one-line account of what changed in a problem module since `before`, or None."""
+    after = fingerprint(module)
+    changed = [k for k in before if after.get(k) != before[k]]
+    added = [k for k in after if k not in before]
+    if not changed and not added:
+        return None
+    parts = []
+    if changed:
+        parts.append("changed " + ", ".join(changed[:6]))
+    if added:
+        parts.append("added " + ", ".join(added[:6]))
+    return "the candidate modified the problem module: " + "; ".join(parts)
+
+
+def _meta_signature(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return ("tensor", tuple(obj.shape), str(obj.dtype))
+    if isinstance(obj, (list, tuple)):
+        return tuple(_meta_signature(o) for o in obj)
+    return repr(obj)
+
+
+def _call_on_meta(fn: Callable[[], Any]) -> Any:
+    import torch
+
+    with torch.device("meta"):
+        return _meta_signature(fn())
+
+
+@dataclass
+class FreeDims:
+    names: list[str]
+    defaults: list[int]
+    note: str | None = None  # why there are none, when there are none
+
+
+def free_dims(module: types.ModuleType) -> FreeDims:
+    """The module-level ints that change get_inputs() shapes but not get_init_inputs(), found by
+    perturbing each one and calling both on the meta device (no memory is allocated)."""
+    try:
+        base_inputs = _call_on_meta(module.get_inputs)
+        base_init = _call_on_meta(module.get_init_inputs)
+    except Exception as exc:  # noqa: BLE001
+        return FreeDims([], [], f"get_inputs()/get_init_inputs() cannot run on the meta device "
+                                f"({type(exc).__name__}: {exc}); the problem's own shape only")
+    names, defaults = [], []
+    g = vars(module)
+    for key, value in list(g.items()):
+        if key.startswith("_") or type(value) is not int or value < 2:
+            continue
+        changed = False
+        for trial in (value + 1, value * 2):
+            g[key] = trial
+            try:
+                changed = _call_on_meta(module.get_inputs) != base_inputs and \
+                    _call_on_meta(module.get_init_inputs) == base_init
+                break
+            except Exception:  # noqa: BLE001 - that value is not legal for this problem: try another
+                continue
+            finally:
+                g[key] = value
+        if changed:
+            names.append(key)
+            defaults.append(value)
+    note = None if names else ("no module-level size parameter changes get_inputs() without changing "
+                               "get_init_inputs() (the weights): the problem's own shape only")
+    return FreeDims(names, defaults, note)
+
+
+class ProblemInputs:
+    """The problem's get_inputs() as a kgate inputs factory: `shape` sets the free size parameters."""
+
+    def __init__(self, module: types.ModuleType, dims: FreeDims):
+        self.module = module
+        self.dims = dims
+
+    def __call__(self, seed: int, shape: tuple[int, ...] | None = None) -> Any:
+        g = vars(self.module)
+        if shape is None or list(shape) == self.dims.defaults:
+            return self.module.get_inputs()
+        if len(shape) != len(self.dims.names):
+            names = ", ".join(self.dims.names) or "none"
+            raise ValueError(f"shape {tuple(shape)} has {len(shape)} size(s); this KernelBench problem has "
+                             f"{len(self.dims.names)} free size parameter(s) ({names})")
+        saved = {k: g[k] for k in self.dims.names}
+        try:
+            g.update(dict(zip(self.dims.names, (int(s) for s in shape), strict=True)))
+            return self.module.get_inputs()
+        finally:
+            g.update(saved)
+
+
+class DtypeDispatch:
+    """A module called with the dtype/device of its first floating-point tensor argument: the float64
+    oracle gets a float64 deep copy of the reference model (made once per dtype and device)."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self._copies: dict[tuple[str, str], Any] = {}
+
+    def _for(self, args: tuple) -> Any:
+        import torch
+
+        first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+        params = [p for p in self.model.parameters()] + [b for b in self.model.buffers()]
+        floating = [p for p in params if p.is_floating_point()]
+        if first is None or not floating:
+            return self.model
+        if first.dtype == floating[0].dtype and first.device == floating[0].device:
+            return self.model
+        key = (str(first.dtype), str(first.device))
+        if key not in self._copies:
+            self._copies[key] = copy.deepcopy(self.model).to(device=first.device, dtype=first.dtype)
+        return self._copies[key]
+
+    def __call__(self, *args: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self._for(args)(*args)
+
+
+class NoGrad:
+    """ModelNew called as KernelBench calls it: under torch.no_grad()."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def __call__(self, *args: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self.model(*args)
+
+
+def set_seed(seed: int) -> None:
+    """KernelBench's set_seed: the CPU generator and the current CUDA device's."""
+    import torch
+
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed(seed)
+
+
+def to_device(values: Any, device: Any, dtype: Any = None) -> list[Any]:
+    """KernelBench's input processing: every tensor cast to the precision (when given), then moved."""
+    import torch
+
+    out = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            v = (v.to(dtype=dtype) if dtype is not None else v).to(device=device)
+        out.append(v)
+    return out
+
+
+def build_models(reference_module: types.ModuleType, model_new: type, device: Any, seed: int = DEFAULT_SEED,
+                 precision: Any = None) -> tuple[Any, Any]:
+    """KernelBench's construction: seed, init inputs; seed, Model; seed, ModelNew; both moved to
+    `device` (and `precision`, float32 by default). Raises ProblemError when the reference cannot be
+    built; an exception from ModelNew propagates (it is the candidate's)."""
+    import torch
+
+    precision = precision or torch.float32
+    try:
+        set_seed(seed)
+        init_inputs = to_device(reference_module.get_init_inputs(), device, precision)
+        with torch.no_grad():
+            set_seed(seed)
+            reference = reference_module.Model(*init_inputs)
+            reference = reference.to(device=device, dtype=precision)
+    except Exception as exc:  # noqa: BLE001
+        raise ProblemError(f"the problem's Model could not be built: {type(exc).__name__}: {exc}") from exc
+    with torch.no_grad():
+        set_seed(seed)
+        candidate = model_new(*init_inputs)
+        candidate = candidate.to(device=device, dtype=precision)
+    return reference, candidate
+
+
+# --------------------------------------------------------------------------------------------------
+# The manifest-shaped view of a pair that Subject and the gates read.
+
+
+class PairEntry:
+    """Duck-types `ResolvedKernel` for one KernelBench pair: name, entry (a KernelEntry with defaults),
+    tolerance, shapes, dtypes, seeds."""
+
+    def __init__(self, pair_id: str, candidate: Path, problem: Path, shapes: list[tuple[int, ...] | None],
+                 seeds: list[int], dtypes: list[str]):
+        from kgate.manifest import KernelEntry, Tolerance
+
+        safe = re.sub(r"[^A-Za-z0-9_.\-/]", "_", pair_id) or "candidate"
+        self.name = pair_id
+        self.entry = KernelEntry(name=safe, kernel=f"{candidate.name}:ModelNew", reference=f"{problem.name}:Model")
+        self.tolerance = Tolerance()
+        self.shapes = shapes
+        self.seeds = seeds
+        self.dtypes = dtypes
+
+
+def repro_command(audit_args: list[str], pair_id: str, gate: str | None) -> str:
+    parts = ["kgate", "audit", *audit_args, "-k", pair_id]
+    if gate:
+        parts += ["--gate", gate]
+    return shlex.join(parts)
