@@ -169,3 +169,14 @@ def main(args: argparse.Namespace) -> int:
     console.print(f"kgate hook: {len(results) - len(bad)} passed, {len(bad)} with violations "
                   f"in {time.monotonic() - started:.1f}s")
     return 1 if bad else 0
+
+
+def read_list(path: str) -> list[str]:
+    """Paths one a line from a file, or from stdin for '-'; blank lines ignored."""
+    import sys
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--changed {path}: cannot read the list of changed files: {exc}") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]

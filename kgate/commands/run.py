@@ -44,7 +44,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", default="kgate-out",
                    help="folder for the streamed results.jsonl, report.json and worker logs (default kgate-out)")
     p.add_argument("--container", metavar="IMAGE",
-                   help="run the gates inside this container image (docker SDK; GPUs passed through)")
+                   help="run the gates inside this container image (docker SDK): no network, the current folder "
+                   "mounted read-only, --out writable, GPUs passed through (see --gpus)")
+    p.add_argument("--gpus", metavar="WHICH", default="all",
+                   help="with --container: all (default), none, a count (2) or device ids (0,1); "
+                   "--device cpu requests none")
+    p.add_argument("--container-timeout", type=float, default=3600.0, metavar="SECONDS",
+                   help="with --container: wall-clock limit of the whole container (default 3600)")
+    p.add_argument("--container-memory", metavar="SIZE",
+                   help="with --container: memory limit of the container (default: 80%% of the host's memory)")
+    p.add_argument("--changed", metavar="LIST",
+                   help="only kernels that use a file listed in LIST (one path a line, relative to the current "
+                   "folder; '-' reads stdin): kernel, reference, inputs and `files:` globs; a listed manifest "
+                   "selects all")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the table and findings")
     p.set_defaults(func=main)
 
@@ -96,6 +108,13 @@ def main(args: argparse.Namespace) -> int:
         if not kernels:
             raise UsageError(f"-k {args.select!r} selects no kernel of {args.manifest}; "
                              f"names: {', '.join(k.name for k in manifest.kernels)}")
+    if args.changed:
+        from kgate.commands.hook import kernels_for_files, read_list
+
+        touched = kernels_for_files(manifest, read_list(args.changed))
+        kernels = [k for k in kernels if k in touched]
+        if not kernels:
+            console.print(f"kgate: no selected kernel of {args.manifest} uses a changed file; nothing to gate")
     report = run_kernels(manifest, kernels, options, console, quiet=args.quiet)
     report.write(options.out_dir / "report.json")
     if args.json:
