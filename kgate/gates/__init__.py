@@ -15,6 +15,7 @@ _MODULES = {
     "shapes": "shapes",
     "layouts": "layouts",
     "distributions": "distributions",
+    "accumulation": "accumulation",
     "input_integrity": "input_integrity",
 }
 GATE_NAMES: list[str] = list(_MODULES)

@@ -1,0 +1,405 @@
+"""accumulation: the kernel's error is that of the reference's accumulator, not of an fp16/bf16 one.
+
+The probe runs the reference three ways on inputs crafted so that sums grow (the factory's inputs,
+positive values uniform in [0.5, 1.5), positive lognormal values): in float64 (the oracle), in the
+kernel's dtype (the reference as written: its own accumulator), and in float64 with every reduction
+it performs carried out by an emulated low-precision accumulator (float16 and bfloat16; float32 too
+for float64 kernels), once in pairwise order (the most favourable a kernel can use) and once
+sequentially (a running sum). The emulation is a TorchDispatchMode that replaces the reductions
+torch dispatches (sum, mean, mm, bmm, addmm, baddbmm, mv, addmv, dot, softmax, log_softmax,
+logsumexp, cumsum, var, std, var_mean, layer_norm, vector 2-norm) by the same computation whose
+partial sums are rounded to the accumulator's dtype after every addition.
+
+Where the emulated low-precision error is at least `SEPARATION` x the oracle bound (the inputs make
+the two accumulators measurably different), the kernel's error decides: above the bound and at least
+the geometric mean of the bound and the smallest emulated low-precision error, the kernel fails, and
+the verdict names the accumulator whose emulated error range its error is nearest to. The verdict is
+relative: it compares against fp32-vs-fp16 accumulation of the same op on the same inputs, so it
+needs no tolerance of its own beyond the oracle bound. Where no probe separates the accumulators (no
+floating inputs, no reduction the emulator knows, reductions too short), the gate is skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kgate.compare import clone_tree, flatten, map_tensors
+from kgate.gates.base import Gate, GateResult
+from kgate.inputs import Case, dtype_name
+from kgate.oracle import BROKEN_FACTOR, measure
+from kgate.shrink import ORACLE, judge_probe
+from kgate.subject import Subject, UserCodeError
+
+SEPARATION = 4.0
+PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
+SEQUENTIAL_MAX_STEPS = 16384  # longer running sums add pairwise-summed blocks, to bound the Python loop
+PRODUCT_CHUNK = 1 << 22  # float64 elements of matmul products materialised at once (pairwise order)
+
+aten = torch.ops.aten
+
+
+class LowPrecisionAccumulation(TorchDispatchMode):
+    """Run the reductions that torch dispatches with a running sum rounded to `acc` after each addition.
+
+    Everything else runs as usual (in the inputs' dtype: float64 under the oracle). A reduction whose
+    arguments the emulation does not handle runs as usual too; `emulated` counts what was replaced.
+    """
+
+    def __init__(self, acc: torch.dtype, order: str):
+        super().__init__()
+        self.acc = acc
+        self.order = order
+        self.emulated: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        real = func(*args, **kwargs)
+        handler = _HANDLERS.get(func.overloadpacket)
+        floating = any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
+        if handler is None or not floating:
+            return real
+        try:
+            emulated = handler(self, *args, **kwargs)
+            result = _like(emulated, real)
+        except (TypeError, ValueError, RuntimeError, NotImplementedError, IndexError):
+            return real
+        self.emulated[str(func.overloadpacket).removeprefix("aten.")] += 1
+        return result
+
+    # -- the low-precision building blocks ----------------------------------------------------------
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.acc).to(torch.float64)
+
+    def reduce_last(self, y: torch.Tensor) -> torch.Tensor:
+        """Sum over the last dimension of float64 `y` with the accumulator in `self.acc`."""
+        n = y.shape[-1]
+        if n == 0:
+            return torch.zeros(y.shape[:-1], dtype=torch.float64, device=y.device)
+        if self.order == SEQUENTIAL and n > SEQUENTIAL_MAX_STEPS:
+            block = math.ceil(n / SEQUENTIAL_MAX_STEPS)
+            y = torch.nn.functional.pad(y, (0, (-n) % block)).unflatten(-1, (-1, block))
+            y = self._pairwise(y)
+            n = y.shape[-1]
+        if self.order == PAIRWISE:
+            return self._pairwise(y)
+        acc = self.round(y[..., 0])
+        for k in range(1, n):
+            acc = self.round(acc + y[..., k])
+        return acc
+
+    def _pairwise(self, y: torch.Tensor) -> torch.Tensor:
+        y = self.round(y)
+        while y.shape[-1] > 1:
+            if y.shape[-1] % 2:
+                y = torch.nn.functional.pad(y, (0, 1))
+            y = self.round(y[..., 0::2] + y[..., 1::2])
+        return y[..., 0]
+
+    def lp_sum(self, x: torch.Tensor, dims: Any = None, keepdim: bool = False) -> torch.Tensor:
+        x = x.to(torch.float64)
+        nd = x.dim()
+        if nd == 0:
+            return self.round(x)
+        dims = list(range(nd)) if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0) \
+            else sorted({d % nd for d in ([dims] if isinstance(dims, int) else dims)})
+        keep = [d for d in range(nd) if d not in dims]
+        y = x.permute(keep + dims).reshape([x.shape[d] for d in keep] + [-1])
+        out = self.reduce_last(y)
+        if keepdim:
+            out = out.reshape([1 if d in dims else x.shape[d] for d in range(nd)])
+        return out
+
+    def lp_matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """a (..., M, K) @ b (..., K, N) with the K-sum in the low-precision accumulator."""
+        a, b = a.to(torch.float64), b.to(torch.float64)
+        k = a.shape[-1]
+        if self.order == SEQUENTIAL and k <= SEQUENTIAL_MAX_STEPS:
+            acc = self.round(a[..., :, 0:1] * b[..., 0:1, :])
+            for i in range(1, k):
+                acc = self.round(acc + a[..., :, i:i + 1] * b[..., i:i + 1, :])
+            return acc
+        m, n = a.shape[-2], b.shape[-1]
+        batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        rows = max(1, PRODUCT_CHUNK // max(1, batch * k * n))
+        parts = []
+        for start in range(0, m, rows):
+            prods = a[..., start:start + rows, :].unsqueeze(-1) * b.unsqueeze(-3)  # (..., r, K, N)
+            parts.append(self.reduce_last(prods.transpose(-1, -2)))
+        return torch.cat(parts, dim=-2) if parts else a.new_zeros(a.shape[:-1] + (n,))
+
+    def _count(self, x: torch.Tensor, dims: Any) -> int:
+        if isinstance(dims, bool):
+            raise TypeError("an `unbiased` flag, not dimensions")
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            return x.numel()
+        dims = [dims] if isinstance(dims, int) else dims
+        return math.prod(x.shape[d] for d in dims)
+
+    def _var(self, x: torch.Tensor, dim: Any = None, *, correction: Any = None, keepdim: bool = False):
+        n = self._count(x, dim)
+        mean = self.lp_sum(x, dim, keepdim=True) / n
+        c = 1 if correction is None else correction
+        var = self.lp_sum((x.to(torch.float64) - mean) ** 2, dim, keepdim) / max(n - c, 0)
+        return var, (mean if keepdim else mean.reshape(var.shape))
+
+
+def _like(emulated: Any, real: Any) -> Any:
+    """`emulated` with `real`'s dtypes; a different structure or shape is an error (the caller falls back)."""
+    if isinstance(real, torch.Tensor):
+        if not isinstance(emulated, torch.Tensor) or tuple(emulated.shape) != tuple(real.shape):
+            raise ValueError("emulation does not match the real result")
+        return emulated.to(real.dtype)
+    if isinstance(real, (tuple, list)) and isinstance(emulated, (tuple, list)) and len(real) == len(emulated):
+        return type(real)(_like(e, r) for e, r in zip(emulated, real))
+    raise ValueError("emulation does not match the real result")
+
+
+def _sum(m, x, dim=None, keepdim=False, *, dtype=None):
+    return m.lp_sum(x, dim, keepdim)
+
+
+def _mean(m, x, dim=None, keepdim=False, *, dtype=None):
+    return m.lp_sum(x, dim, keepdim) / m._count(x, dim)
+
+
+def _mm(m, a, b):
+    return m.lp_matmul(a, b)
+
+
+def _addmm(m, bias, a, b, *, beta=1, alpha=1):
+    return beta * bias.to(torch.float64) + alpha * m.lp_matmul(a, b)
+
+
+def _mv(m, a, v):
+    return m.lp_matmul(a, v.unsqueeze(-1)).squeeze(-1)
+
+
+def _addmv(m, bias, a, v, *, beta=1, alpha=1):
+    return beta * bias.to(torch.float64) + alpha * _mv(m, a, v)
+
+
+def _dot(m, a, b):
+    return m.lp_sum(a.to(torch.float64) * b.to(torch.float64))
+
+
+def _softmax(m, x, dim, half_to_float=False):
+    x = x.to(torch.float64)
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / m.lp_sum(e, dim, keepdim=True)
+
+
+def _log_softmax(m, x, dim, half_to_float=False):
+    x = x.to(torch.float64)
+    shifted = x - x.amax(dim, keepdim=True)
+    return shifted - torch.log(m.lp_sum(torch.exp(shifted), dim, keepdim=True))
+
+
+def _logsumexp(m, x, dim, keepdim=False):
+    x = x.to(torch.float64)
+    top = x.amax(dim, keepdim=True)
+    out = top + torch.log(m.lp_sum(torch.exp(x - top), dim, keepdim=True))
+    return out if keepdim else out.squeeze(dim)
+
+
+def _cumsum(m, x, dim, *, dtype=None):
+    y = x.to(torch.float64).movedim(dim, -1)
+    outs = []
+    acc = torch.zeros(y.shape[:-1], dtype=torch.float64, device=y.device)
+    for k in range(y.shape[-1]):
+        acc = m.round(acc + y[..., k])
+        outs.append(acc)
+    return torch.stack(outs, -1).movedim(-1, dim) if outs else y.movedim(-1, dim)
+
+
+def _var(m, x, dim=None, *, correction=None, keepdim=False):
+    return m._var(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
+def _std(m, x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(_var(m, x, dim, correction=correction, keepdim=keepdim))
+
+
+def _var_mean(m, x, dim=None, *, correction=None, keepdim=False):
+    return m._var(x, dim, correction=correction, keepdim=keepdim)
+
+
+def _layer_norm(m, x, normalized_shape, weight, bias, eps):
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    var, mean = m._var(x, dims, correction=0, keepdim=True)
+    rstd = 1 / torch.sqrt(var + eps)
+    out = (x.to(torch.float64) - mean) * rstd
+    if weight is not None:
+        out = out * weight.to(torch.float64)
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    return out, mean, rstd
+
+
+def _vector_norm(m, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if ord != 2:
+        raise NotImplementedError("only the 2-norm is emulated")
+    return torch.sqrt(m.lp_sum(x.to(torch.float64).abs() ** 2, dim, keepdim))
+
+
+_HANDLERS = {
+    aten.sum: _sum, aten.mean: _mean, aten.mm: _mm, aten.bmm: _mm, aten.addmm: _addmm, aten.baddbmm: _addmm,
+    aten.mv: _mv, aten.addmv: _addmv, aten.dot: _dot, aten._softmax: _softmax, aten._log_softmax: _log_softmax,
+    aten.logsumexp: _logsumexp, aten.cumsum: _cumsum, aten.var: _var, aten.std: _std, aten.var_mean: _var_mean,
+    aten.native_layer_norm: _layer_norm, aten.linalg_vector_norm: _vector_norm,
+}
+
+
+# -- the gate ------------------------------------------------------------------------------------------------
+
+def crafted_inputs(args: tuple, seed: int) -> list[tuple[str, tuple]]:
+    """The factory's inputs, then copies whose floating-point tensors make sums grow without cancelling."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def remake(draw) -> tuple:
+        return map_tensors(args, lambda t: draw(t).to(dtype=t.dtype, device=t.device)
+                           if t.is_floating_point() else t.clone())
+
+    return [
+        ("the factory's inputs", clone_tree(args)),
+        ("positive values uniform in [0.5, 1.5)",
+         remake(lambda t: 0.5 + torch.rand(t.shape, generator=gen, dtype=torch.float64))),
+        ("positive lognormal values (sigma 1)",
+         remake(lambda t: torch.exp(torch.randn(t.shape, generator=gen, dtype=torch.float64)))),
+    ]
+
+
+def accumulators(dtype: str) -> list[torch.dtype]:
+    lows = [torch.float16, torch.bfloat16]
+    return lows + [torch.float32] if dtype == "float64" else lows
+
+
+def _log_distance(err: float, lo: float, hi: float) -> float:
+    lo, hi = min(lo, hi), max(lo, hi)
+    if lo <= err <= hi:
+        return 0.0
+    if math.isinf(err) or err <= 0 or lo <= 0:
+        return 0.0 if math.isinf(err) and math.isinf(hi) else math.inf
+    edges = [abs(math.log(err) - math.log(e)) for e in (lo, hi) if math.isfinite(e) and e > 0]
+    return min(edges, default=math.inf)
+
+
+class Accumulation(Gate):
+    name = "accumulation"
+    summary = "error consistent with the reference's accumulator, not with fp16/bf16 accumulation (relative)"
+    tolerance_free = False
+
+    def check(self, subject: Subject) -> GateResult:
+        judged, covered, power = 0, Counter(), []
+        for case in subject.first_seed_cases():
+            base = subject.baseline(case)
+            if not any(isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 0 for a in base.args):
+                continue
+            for label, crafted in crafted_inputs(base.args, case.seed):
+                outcome = self._probe(subject, case, label, crafted, covered)
+                if isinstance(outcome, GateResult):
+                    return outcome
+                if outcome is not None:
+                    judged += 1
+                    power.append(outcome)
+        if judged == 0:
+            if not covered:
+                return self.skipped("the reference performs no reduction that kgate emulates with a low-precision "
+                                    "accumulator (or has no floating-point inputs): nothing to separate")
+            return self.skipped(f"the crafted inputs never made fp16/bf16 accumulation of the reference measurably "
+                                f"worse than its own error ({_ops(covered)} emulated; reductions may be too short "
+                                f"for the dtype): nothing to judge")
+        weakest = min(power)
+        return self.passed(f"error consistent with the reference's accumulator in {judged} separating probe(s) "
+                           f"({_ops(covered)}); low-precision accumulation would err at least {weakest:.3g} x "
+                           f"the bound there")
+
+    def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,
+               covered: Counter) -> GateResult | float | None:
+        """A failure, the separation power of a passing probe, or None when the probe cannot judge."""
+        try:
+            reference = subject.run_reference(clone_tree(crafted))
+            oracle = subject.oracle(crafted)
+            emulated = {}
+            here: Counter = Counter()
+            for acc in accumulators(case.dtype):
+                for order in (PAIRWISE, SEQUENTIAL):
+                    mode = LowPrecisionAccumulation(acc, order)
+                    with mode:
+                        emulated[(acc, order)] = subject.oracle(crafted)
+                    here.update(mode.emulated)
+        except UserCodeError as exc:
+            if exc.role == "kernel":
+                raise
+            return None
+        covered.update(here)
+        if not here:
+            return None
+        finding, leaves = judge_probe(subject, crafted, reference, oracle)
+        if finding is not None and finding.kind != ORACLE:
+            result = self.failed(subject, f"on {label}: {finding.message}", case=case, expected=finding.expected,
+                                 got=finding.got, where=finding.where, broken=True,
+                                 details={**finding.details, "kind": finding.kind})
+            result.tolerance_free = True
+            return result
+        refs = dict(flatten(reference))
+        emus = {key: dict(flatten(tree)) for key, tree in emulated.items()}
+        powers = []
+        for leaf in leaves:
+            want = dict(flatten(oracle))[leaf.path]
+            ref = refs.get(leaf.path)
+            if not isinstance(ref, torch.Tensor) or not ref.is_floating_point():
+                continue
+            low: dict[torch.dtype, tuple[float, float]] = {}
+            for acc in accumulators(case.dtype):
+                errs = []
+                for order in (PAIRWISE, SEQUENTIAL):
+                    emu = emus[(acc, order)].get(leaf.path)
+                    errs.append(measure(emu.to(ref.dtype), None, want, path=leaf.path, factor=1, ulps=0,
+                                        atol=0).err if isinstance(emu, torch.Tensor) else 0.0)
+                low[acc] = (errs[0], errs[1])
+            # An accumulator separates when one of its orders errs SEPARATION x the bound; the threshold
+            # uses its smallest separating error (pairwise where that separates, else sequential).
+            separating = {acc: e for acc, e in low.items() if max(e) >= SEPARATION * leaf.bound}
+            if not separating or leaf.bound <= 0:
+                continue
+            smallest = min(min(x for x in e if x >= SEPARATION * leaf.bound) for e in separating.values())
+            threshold = math.sqrt(leaf.bound * smallest) if math.isfinite(smallest) else math.inf
+            if leaf.err > leaf.bound and (leaf.err >= threshold or math.isinf(leaf.err)):
+                return self._fail(subject, case, label, leaf, low, separating, covered)
+            powers.append(smallest / leaf.bound if leaf.bound > 0 else math.inf)
+        return min(powers) if powers else None
+
+    def _fail(self, subject: Subject, case: Case, label: str, leaf, low: dict, separating: dict,
+              covered: Counter) -> GateResult:
+        nearest = min(separating, key=lambda acc: _log_distance(leaf.err, *separating[acc]))
+        lo, hi = separating[nearest]
+        ranges = "; ".join(f"{dtype_name(acc)} accumulator {e[0]:.3g} (pairwise) to {e[1]:.3g} (sequential)"
+                           for acc, e in low.items())
+        if leaf.err > SEPARATION * max(hi, lo) and math.isfinite(max(hi, lo)):
+            verdict = (f"larger than even {dtype_name(nearest)} accumulation explains "
+                       f"({leaf.err / max(hi, lo):.3g} x its sequential error)")
+        else:
+            verdict = f"consistent with {dtype_name(nearest)} accumulation"
+        where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
+        ref = "unknown" if leaf.ref_err is None else f"{leaf.ref_err:.3g}"
+        message = (f"{where}: kernel error {leaf.err:.3g} is {verdict}, while the reference in {case.dtype} errs "
+                   f"{ref} (bound {leaf.bound:.3g}); the reference emulated with a low-precision accumulator "
+                   f"errs: {ranges}; inputs: {label} ({_ops(covered)} emulated)")
+        return self.failed(subject, message, case=case, expected=f"{leaf.expected!r} (float64 oracle)",
+                           got=repr(leaf.got), where=where, broken=leaf.ratio > BROKEN_FACTOR,
+                           details={"consistent_with": dtype_name(nearest), "kernel_err": leaf.err,
+                                    "bound": leaf.bound, "inputs": label,
+                                    "emulated": {dtype_name(a): list(e) for a, e in low.items()}})
+
+
+def _ops(covered: Counter) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in sorted(covered.items())) or "nothing"
+
+
+GATE = Accumulation
