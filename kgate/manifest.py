@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from kgate.errors import ManifestError, Problem
 
@@ -157,10 +166,32 @@ class KernelEntry(_Strict):
         return value
 
 
+class KernelBenchEntry(_Strict):
+    """A corpus in KernelBench format (problems with Model/get_inputs/get_init_inputs, candidates with
+    ModelNew), judged by `kgate audit --manifest` rather than by `kgate run`."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$", description="unique name, used for the output subfolder")
+    format: Literal["kernelbench"] = Field(description="the corpus format")
+    problems: str = Field(description="folder of problem files, relative to the manifest")
+    candidates: str = Field(description="folder of candidate files, relative to the manifest")
+    index: str | None = Field(None, description="JSON or CSV file pairing candidate -> problem")
+    description: str | None = None
+
+
+def _entry_kind(value: Any) -> str:
+    if isinstance(value, KernelBenchEntry) or (isinstance(value, dict) and value.get("format") == "kernelbench"):
+        return "KernelBenchEntry"
+    return "KernelEntry"
+
+
+AnyEntry = Annotated[Annotated[KernelEntry, Tag("KernelEntry")] | Annotated[KernelBenchEntry, Tag("KernelBenchEntry")],
+                     Discriminator(_entry_kind)]
+
+
 class Manifest(_Strict):
     version: int = Field(description="manifest format version; this kgate reads version 1")
     defaults: Defaults = Field(default_factory=Defaults)
-    kernels: list[KernelEntry] = Field(min_length=1)
+    kernels: list[AnyEntry] = Field(min_length=1)
 
 
 def _check_ref_syntax(value: str) -> str:
@@ -239,13 +270,26 @@ class ResolvedKernel:
         return str(path), _definition_line(path, self.kernel.attr)
 
 
+class ResolvedCorpus:
+    """A `format: kernelbench` entry with its paths resolved against the manifest's folder."""
+
+    def __init__(self, entry: KernelBenchEntry, base: Path):
+        self.entry = entry
+        self.name = entry.name
+        self.problems = base / entry.problems
+        self.candidates = base / entry.candidates
+        self.index = base / entry.index if entry.index else None
+
+
 class LoadedManifest:
     def __init__(self, path: Path, model: Manifest, marks: dict[tuple, tuple[int, int]]):
         self.path = path
         self.base = path.parent
         self.model = model
         self._marks = marks
-        self.kernels = [ResolvedKernel(e, model.defaults, self, i) for i, e in enumerate(model.kernels)]
+        self.kernels = [ResolvedKernel(e, model.defaults, self, i) for i, e in enumerate(model.kernels)
+                        if isinstance(e, KernelEntry)]
+        self.kernelbench = [ResolvedCorpus(e, self.base) for e in model.kernels if isinstance(e, KernelBenchEntry)]
 
     def line_of(self, loc: tuple) -> int | None:
         mark = _nearest_mark(self._marks, loc)
@@ -478,6 +522,17 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
             if problem:
                 message, hint = problem
                 problems.append(Problem(file, line, col, f"kernels[{i}].{key}", message, hint))
+    for i, entry in enumerate(loaded.model.kernels):
+        if not isinstance(entry, KernelBenchEntry) or not check_files:
+            continue
+        for key in ("problems", "candidates", "index"):
+            value = getattr(entry, key)
+            target = loaded.base / value if value else None
+            if target is not None and not (target.is_file() if key == "index" else target.is_dir()):
+                line, col = at(("kernels", i, key))
+                problems.append(Problem(file, line, col, f"kernels[{i}].{key}",
+                                        f"{'file' if key == 'index' else 'folder'} not found: {target}",
+                                        "paths are relative to the manifest's folder"))
     return problems
 
 

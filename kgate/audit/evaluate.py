@@ -19,7 +19,7 @@ from typing import Any
 
 from kgate import gates as registry
 from kgate.gates.base import GateResult
-from kgate.kernelbench import Pair, source_digest
+from kgate.kernelbench import Pair, repro_command, source_digest
 from kgate.runner import _exit_cause, _tail, supervise
 from kgate.standard_test import StandardResult, not_loaded
 
@@ -112,7 +112,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                               "problem_name": pair.problem_name, "level": pair.level, "labels": pair.labels,
                               "device": device, "compile": compiled, "standard": None, "gates": [], "error": None,
                               "problem_error": None, "tamper": None, "free_dims": None, "notes": {},
-                              "load_s": None, "restarts": 0, "oom": False, "complete": True}
+                              "load_s": None, "restarts": 0, "oom": False, "complete": True,
+                              "repro": repro_command(options.repro_args, pair.id, None)}
     results: dict[str, GateResult] = {}
     if pair.problem is None:
         record["problem_error"] = pair.problem_error or "no problem"

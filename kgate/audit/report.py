@@ -1,0 +1,373 @@
+"""What an audit found: the summary (numbers), the console table, the markdown report with plots,
+the stratified sample for hand audit, and the kgate JSON/JUnit reports.
+
+Definitions (the DESIGN notes' vocabulary, per candidate):
+- *judged*: the problem itself loaded and built (a broken or unpaired problem is not the candidate's
+  fault and is counted apart);
+- *violation*: at least one gate `fail` or `error` (a crash, hang or load failure is an error), or the
+  candidate modified the problem module; an `error` that is kgate's own ("kgate internal error") is
+  counted apart and is not a violation;
+- *broken*: a violation that no tolerance explains: a tolerance-free gate failed, the candidate
+  crashed or could not load, or it missed the float64 oracle by more than 10x the calibrated bound;
+- *standard accepts*: KernelBench's own check (kgate.standard_test) accepted it at atol=rtol=1e-2.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from kgate.gates.base import GateResult
+from kgate.report import KernelResult, Report, environment, now
+
+INTERNAL = "kgate internal error"
+NOT_RUN = ("not run:", "could not load the candidate", "compile failed", "not judged")
+
+
+def _not_run(gate: dict[str, Any]) -> bool:
+    return gate["verdict"] == "error" and gate["message"].startswith(NOT_RUN)
+
+
+def _violations(record: dict[str, Any]) -> list[dict[str, Any]]:
+    return [g for g in record["gates"] if g["verdict"] in ("fail", "error") and INTERNAL not in g["message"]]
+
+
+def classify(record: dict[str, Any]) -> dict[str, Any]:
+    judged = not record.get("problem_error")
+    violations = _violations(record)
+    standard = record.get("standard") or {}
+    crashed = bool(record.get("error")) or standard.get("compiled") is False
+    tamper = bool(record.get("tamper"))
+    return {
+        "judged": judged,
+        "standard_accepts": standard.get("verdict") == "pass",
+        "standard_accepts_1e-4": bool((standard.get("accepted_at") or {}).get("0.0001")),
+        "violation": judged and (bool(violations) or tamper),
+        "broken": judged and (any(g.get("broken") for g in violations) or tamper or crashed),
+        "internal": [g["gate"] for g in record["gates"] if INTERNAL in g["message"]],
+        "violated_gates": [g["gate"] for g in violations],
+    }
+
+
+def _pct(n: int, d: int) -> float:
+    return round(100.0 * n / d, 1) if d else 0.0
+
+
+def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str, Any]:
+    classes = [(r, classify(r)) for r in records]
+    judged = [(r, c) for r, c in classes if c["judged"]]
+    n = len(judged)
+    accept = sum(c["standard_accepts"] for _, c in judged)
+    violation = sum(c["violation"] for _, c in judged)
+    broken = sum(c["broken"] for _, c in judged)
+    confusion = {
+        "standard_accepts_gates_pass": sum(c["standard_accepts"] and not c["violation"] for _, c in judged),
+        "standard_accepts_gates_reject": sum(c["standard_accepts"] and c["violation"] for _, c in judged),
+        "standard_rejects_gates_pass": sum(not c["standard_accepts"] and not c["violation"] for _, c in judged),
+        "standard_rejects_gates_reject": sum(not c["standard_accepts"] and c["violation"] for _, c in judged),
+    }
+    per_gate: dict[str, dict[str, Any]] = {}
+    for name in gate_names:
+        counts = Counter()
+        for r, _ in judged:
+            for g in r["gates"]:
+                if g["gate"] == name:
+                    kind = "internal" if INTERNAL in g["message"] else "not_run" if _not_run(g) else g["verdict"]
+                    counts[kind] += 1
+        failing = counts["fail"] + counts["error"]
+        per_gate[name] = {"pass": counts["pass"], "fail": counts["fail"], "error": counts["error"],
+                          "not_run": counts["not_run"], "skip": counts["skip"], "internal": counts["internal"],
+                          "failure_rate": _pct(failing, n)}
+    per_level: dict[str, dict[str, int]] = defaultdict(lambda: Counter())
+    for r, c in judged:
+        row = per_level[str(r.get("level") or "?")]
+        row["candidates"] += 1
+        row["standard_accepts"] += c["standard_accepts"]
+        row["violation"] += c["violation"]
+        row["broken"] += c["broken"]
+        row["all_gates_pass"] += not c["violation"]
+    not_applied: dict[str, dict[str, str]] = defaultdict(dict)
+    for r, _ in judged:
+        problem = r.get("problem_name") or "?"
+        for gate, note in (r.get("notes") or {}).items():
+            not_applied[problem].setdefault(gate, note)
+        for g in r["gates"]:
+            if g["verdict"] == "skip":
+                not_applied[problem].setdefault(g["gate"], g["message"])
+    harness = [(r, c) for r, c in judged if "harness_correct" in (r.get("labels") or {})]
+    harness_summary = None
+    if harness:
+        accepted = [(r, c) for r, c in harness if str(r["labels"]["harness_correct"]).lower() in ("true", "1")]
+        harness_summary = {
+            "labelled": len(harness), "harness_accepted": len(accepted),
+            "standard_1e-2_agrees": sum(c["standard_accepts"] for _, c in accepted),
+            "standard_1e-4_agrees": sum(c["standard_accepts_1e-4"] for _, c in accepted),
+            "violation_among_accepted": sum(c["violation"] for _, c in accepted),
+            "broken_among_accepted": sum(c["broken"] for _, c in accepted),
+        }
+    durations = sorted(float(r.get("duration_s") or 0) for r, _ in judged)
+    compile_s = sorted(float((r.get("compile") or {}).get("wall_s") or 0) for r, _ in judged if r.get("compile"))
+    return {
+        "candidates": len(records), "judged": n, "not_judged": len(records) - n,
+        "not_judged_reasons": dict(Counter((r.get("problem_error") or "")[:120] for r, c in classes
+                                           if not c["judged"]).most_common(10)),
+        "standard_accepts": accept, "standard_accepts_pct": _pct(accept, n),
+        "violation": violation, "violation_pct": _pct(violation, n),
+        "broken": broken, "broken_pct": _pct(broken, n),
+        "all_gates_pass": n - violation, "all_gates_pass_pct": _pct(n - violation, n),
+        "tampered": sum(bool(r.get("tamper")) for r, _ in judged),
+        "internal_errors": sum(bool(c["internal"]) for _, c in judged),
+        "retried_alone_after_oom": sum(bool(r.get("retried_alone")) for r, _ in judged),
+        "confusion": confusion, "per_gate": per_gate, "per_level": {k: dict(v) for k, v in sorted(per_level.items())},
+        "not_applied": {k: v for k, v in sorted(not_applied.items()) if v},
+        "harness": harness_summary,
+        "seconds_per_candidate_median": durations[len(durations) // 2] if durations else None,
+        "compile_seconds_median": compile_s[len(compile_s) // 2] if compile_s else None,
+    }
+
+
+# -- kgate's own report formats ---------------------------------------------------------------------
+
+def to_report(records: list[dict[str, Any]], label: str) -> Report:
+    kernels = []
+    for r in records:
+        kernels.append(KernelResult(name=r["id"], kernel=r["candidate"], reference=r.get("problem") or "",
+                                    device=r.get("device", ""), gates=[GateResult.from_json(g) for g in r["gates"]],
+                                    source_file=r["candidate"], error=r.get("error") or r.get("problem_error"),
+                                    log=r.get("log"), duration_s=float(r.get("duration_s") or 0)))
+    return Report(manifest=label, kernels=kernels, environment=environment(), finished=now())
+
+
+def write_json(path: Path, records: list[dict[str, Any]], summary: dict[str, Any], label: str) -> None:
+    data = to_report(records, label).to_json()
+    data["audit"] = {"summary": summary, "records": records}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+# -- console ------------------------------------------------------------------------------------------
+
+def render(console: Any, summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    n = summary["judged"]
+    t = Table(title=f"kgate audit: {n} candidate(s) judged", header_style="bold")
+    t.add_column("measure")
+    t.add_column("count", justify="right")
+    t.add_column("%", justify="right")
+    rows = [("standard test accepts (atol=rtol=1e-2)", summary["standard_accepts"], summary["standard_accepts_pct"]),
+            (">= 1 gate violation", summary["violation"], summary["violation_pct"]),
+            ("broken (tolerance-free, crash, > 10x bound)", summary["broken"], summary["broken_pct"]),
+            ("every gate passes", summary["all_gates_pass"], summary["all_gates_pass_pct"])]
+    c = summary["confusion"]
+    rows += [("standard accepts, gates reject", c["standard_accepts_gates_reject"],
+              _pct(c["standard_accepts_gates_reject"], n)),
+             ("standard rejects, gates pass", c["standard_rejects_gates_pass"], _pct(c["standard_rejects_gates_pass"], n))]
+    for label, count, pct in rows:
+        t.add_row(label, str(count), f"{pct:.1f}")
+    console.print(t)
+    g = Table(title="per gate", header_style="bold")
+    for col in ("gate", "fail", "error", "not run", "skip", "failure rate %"):
+        g.add_column(col, justify="left" if col == "gate" else "right")
+    for name, row in summary["per_gate"].items():
+        g.add_row(name, str(row["fail"]), str(row["error"]), str(row["not_run"]), str(row["skip"]),
+                  f"{row['failure_rate']:.1f}")
+    console.print(g)
+    if summary["not_judged"]:
+        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired)[/]")
+    if summary["internal_errors"]:
+        console.print(f"[yellow]{summary['internal_errors']} candidate(s) hit a kgate internal error in some gate "
+                      "(not counted as violations; see the JSON report)[/]")
+
+
+# -- markdown, plots, sample ----------------------------------------------------------------------------
+
+def stratified_sample(records: list[dict[str, Any]], per_stratum: int = 5, seed: int = 0) -> list[dict[str, Any]]:
+    """Up to `per_stratum` candidates per (gate, verdict) stratum and per agreement cell, drawn with a
+    fixed seed, each with the failing gate's message and a command that reproduces it."""
+    strata: dict[str, list[tuple[dict[str, Any], dict[str, Any] | None]]] = defaultdict(list)
+    for r in records:
+        c = classify(r)
+        if not c["judged"]:
+            continue
+        for g in r["gates"]:
+            if g["verdict"] in ("fail", "error") and INTERNAL not in g["message"] and not _not_run(g):
+                strata[f"{g['gate']}:{g['verdict']}"].append((r, g))
+        cell = ("standard accepts" if c["standard_accepts"] else "standard rejects") + \
+               (", gates reject" if c["violation"] else ", gates pass")
+        strata[cell].append((r, None))
+    rng = random.Random(seed)
+    rows = []
+    for name in sorted(strata):
+        items = strata[name]
+        for r, g in rng.sample(items, min(per_stratum, len(items))):
+            c = classify(r)
+            rows.append({"stratum": name, "id": r["id"], "level": r.get("level"), "problem": r.get("problem"),
+                         "candidate": r["candidate"], "standard": (r.get("standard") or {}).get("verdict"),
+                         "violation": c["violation"], "broken": c["broken"],
+                         "gate": g["gate"] if g else ";".join(c["violated_gates"]),
+                         "message": (g["message"] if g else (r.get("standard") or {}).get("message", ""))[:500],
+                         "repro": (g or {}).get("repro") or _repro(r, g)})
+    return rows
+
+
+def _repro(record: dict[str, Any], gate: dict[str, Any] | None) -> str:
+    base = record.get("repro") or ""
+    return f"{base} --gate {gate['gate']}" if base and gate else base
+
+
+def write_sample(path: Path, rows: list[dict[str, Any]]) -> None:
+    fields = ["stratum", "id", "level", "problem", "candidate", "standard", "violation", "broken", "gate", "message",
+              "repro"]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plots(folder: Path, summary: dict[str, Any]) -> list[str]:
+    """PNG plots; returns their file names (none, with a note in the markdown, without matplotlib)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    made = []
+    gates = list(summary["per_gate"])
+    rates = [summary["per_gate"][g]["failure_rate"] for g in gates]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(gates) + 1.2))
+    bars = ax.barh(gates[::-1], rates[::-1], color="#c0392b")
+    ax.bar_label(bars, fmt="%.1f%%", padding=3)
+    ax.set_xlabel("candidates failing the gate (fail or error), % of judged")
+    ax.set_xlim(0, max(rates + [1]) * 1.2)
+    ax.set_title("Failure rate per gate")
+    fig.tight_layout()
+    fig.savefig(folder / "gate_failure_rates.png", dpi=120)
+    plt.close(fig)
+    made.append("gate_failure_rates.png")
+
+    c = summary["confusion"]
+    grid = [[c["standard_accepts_gates_pass"], c["standard_accepts_gates_reject"]],
+            [c["standard_rejects_gates_pass"], c["standard_rejects_gates_reject"]]]
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    ax.imshow(grid, cmap="Blues")
+    for i in range(2):
+        for j in range(2):
+            ax.text(j, i, str(grid[i][j]), ha="center", va="center", fontsize=16,
+                    color="white" if grid[i][j] > max(max(grid)) / 2 else "black")
+    ax.set_xticks([0, 1], ["gates pass", "gates reject"])
+    ax.set_yticks([0, 1], ["standard\naccepts", "standard\nrejects"])
+    ax.set_title("Standard test vs kgate gates")
+    fig.tight_layout()
+    fig.savefig(folder / "confusion_matrix.png", dpi=120)
+    plt.close(fig)
+    made.append("confusion_matrix.png")
+
+    levels = list(summary["per_level"])
+    if levels:
+        rows = summary["per_level"]
+        passing = [rows[lv].get("all_gates_pass", 0) for lv in levels]
+        broken = [rows[lv].get("broken", 0) for lv in levels]
+        other = [rows[lv].get("violation", 0) - rows[lv].get("broken", 0) for lv in levels]
+        names = [f"level {lv}" for lv in levels]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.bar(names, passing, color="#27ae60", label="every gate passes")
+        ax.bar(names, other, bottom=passing, color="#f39c12", label="violation (within 10x bound)")
+        ax.bar(names, broken, bottom=[a + b for a, b in zip(passing, other, strict=True)], color="#c0392b",
+               label="broken")
+        ax.set_ylabel("candidates")
+        ax.set_title("Verdict by problem level")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / "verdict_by_level.png", dpi=120)
+        plt.close(fig)
+        made.append("verdict_by_level.png")
+    return made
+
+
+def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str, Any]], *, command: str,
+                   per_stratum: int = 5) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    images = plots(folder, summary)
+    sample = stratified_sample(records, per_stratum)
+    write_sample(folder / "sample.csv", sample)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    n = summary["judged"]
+    c = summary["confusion"]
+    lines = ["# kgate audit", "", f"Command: `{command}`", "",
+             f"{summary['candidates']} candidate(s); {n} judged"
+             + (f", {summary['not_judged']} not judged (problem unusable or unpaired)" if summary["not_judged"] else "")
+             + ".", "",
+             "| measure | count | % of judged |", "|---|---:|---:|",
+             f"| standard test accepts (5 trials, atol=rtol=1e-2) | {summary['standard_accepts']} | "
+             f"{summary['standard_accepts_pct']} |",
+             f"| >= 1 gate violation | {summary['violation']} | {summary['violation_pct']} |",
+             f"| broken (tolerance-free failure, crash, or > 10x the bound) | {summary['broken']} | "
+             f"{summary['broken_pct']} |",
+             f"| every gate passes | {summary['all_gates_pass']} | {summary['all_gates_pass_pct']} |",
+             f"| candidate modified the problem module | {summary['tampered']} | {_pct(summary['tampered'], n)} |",
+             "", "## Standard test vs gates", "",
+             "| | gates pass | gates reject |", "|---|---:|---:|",
+             f"| standard accepts | {c['standard_accepts_gates_pass']} | {c['standard_accepts_gates_reject']} |",
+             f"| standard rejects | {c['standard_rejects_gates_pass']} | {c['standard_rejects_gates_reject']} |", ""]
+    if "confusion_matrix.png" in images:
+        lines += ["![confusion matrix](confusion_matrix.png)", ""]
+    lines += ["## Per gate", "",
+              "`fail`: the gate found a violation; `error`: the candidate crashed, hung or raised inside this gate; "
+              "`not run`: the candidate never got to this gate (it did not load, or crashed earlier); the failure "
+              "rate counts fail + error over the judged candidates.", "",
+              "| gate | fail | error | not run | skip | failure rate % |", "|---|---:|---:|---:|---:|---:|"]
+    for name, row in summary["per_gate"].items():
+        lines.append(f"| {name} | {row['fail']} | {row['error']} | {row['not_run']} | {row['skip']} | "
+                     f"{row['failure_rate']} |")
+    lines.append("")
+    if "gate_failure_rates.png" in images:
+        lines += ["![failure rate per gate](gate_failure_rates.png)", ""]
+    lines += ["## By level", "", "| level | candidates | standard accepts | violation | broken | every gate passes |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for level, row in summary["per_level"].items():
+        lines.append(f"| {level} | {row.get('candidates', 0)} | {row.get('standard_accepts', 0)} | "
+                     f"{row.get('violation', 0)} | {row.get('broken', 0)} | {row.get('all_gates_pass', 0)} |")
+    lines.append("")
+    if "verdict_by_level.png" in images:
+        lines += ["![verdict by level](verdict_by_level.png)", ""]
+    if not images:
+        lines += ["(No plots: matplotlib is not installed; `pip install 'kgate[audit]'`.)", ""]
+    h = summary.get("harness")
+    if h:
+        lines += ["## Against the corpus's own harness labels", "",
+                  f"{h['labelled']} candidate(s) carry the generating harness's label; it accepted "
+                  f"{h['harness_accepted']}. Of those, this replica of the standard test accepts "
+                  f"{h['standard_1e-2_agrees']} at atol=rtol=1e-2 and {h['standard_1e-4_agrees']} at 1e-4; the gates "
+                  f"find a violation in {h['violation_among_accepted']} "
+                  f"({_pct(h['violation_among_accepted'], h['harness_accepted'])}%) and "
+                  f"{h['broken_among_accepted']} ({_pct(h['broken_among_accepted'], h['harness_accepted'])}%) broken.",
+                  ""]
+    if summary["not_applied"]:
+        lines += ["## Gates that could not apply", "", "| problem | gate | why |", "|---|---|---|"]
+        for problem, gates in summary["not_applied"].items():
+            for gate, why in gates.items():
+                lines.append(f"| {problem} | {gate} | {str(why).replace('|', '/')[:200]} |")
+        lines.append("")
+    lines += ["## Hand audit", "",
+              f"`sample.csv` holds up to {per_stratum} candidates per stratum (each gate x fail/error, each cell of "
+              f"the matrix above), drawn with a fixed seed, each with its message and a reproducing command "
+              f"({len(sample)} rows).", ""]
+    if summary["internal_errors"] or summary["not_judged"]:
+        lines += ["## Not counted", "",
+                  f"- kgate internal errors (a gate's own failure, not the candidate's): {summary['internal_errors']}",
+                  f"- not judged (problem unusable or unpaired): {summary['not_judged']}", ""]
+        for reason, count in summary["not_judged_reasons"].items():
+            lines.append(f"  - {count} x {reason}")
+        lines.append("")
+    path = folder / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

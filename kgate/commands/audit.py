@@ -1,0 +1,270 @@
+"""`kgate audit`: judge a corpus of KernelBench-format candidates with the gates and the standard test."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from kgate import gates as registry
+from kgate.audit import report as audit_report
+from kgate.audit.evaluate import AuditOptions
+from kgate.audit.results import ResultsFile, parse_shard, shard
+from kgate.audit.scheduler import Progress as SchedulerProgress
+from kgate.audit.scheduler import arch_list, make_plan, run_local
+from kgate.errors import UsageError
+from kgate.kernelbench import discover
+from kgate.manifest import parse_memory
+from kgate.reports import junit
+from kgate.selection import matcher
+
+EXIT_INCOMPLETE = 3
+
+DESCRIPTION = """Judge every candidate of a KernelBench-format corpus with kgate's gates and, beside them,
+KernelBench's own correctness check (5 seeded trials at the problem's shape, allclose atol=rtol=1e-2),
+then report how the two disagree.
+
+A problem file defines Model, get_inputs() and get_init_inputs(); a candidate defines ModelNew. Candidate
+X.py or X__anything.py pairs with problem X.py (same subfolder first, then anywhere under --problems);
+--index FILE (JSON or CSV with candidate,problem columns; other columns are kept as labels, e.g.
+harness_correct) pairs them explicitly.
+
+Every candidate runs in its own worker process with time and memory limits: a compile failure, crash,
+segfault, hang, out-of-memory or os._exit is that candidate's `error` and the audit goes on. Candidates that
+build extensions (load_inline) are compiled first on the CPU cores, in parallel, into a cache under --out.
+Each finished candidate is appended to OUT/results.jsonl; --resume skips those already there."""
+
+EPILOG = """exit codes: 0 every judged candidate passed every gate, 1 some violation, 2 usage or infrastructure
+error, 3 stopped by --max-time before every candidate was judged (run again with --resume).
+
+examples:
+  kgate audit --format kernelbench --problems KernelBench --candidates runs/ --report audit-report
+  kgate audit --format kernelbench --problems P --candidates C --shard 2/8 --out shard2   # CI matrix
+  kgate audit --format kernelbench --problems P --candidates C --resume --max-time 480   # in slices"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("audit", help="judge a corpus of KernelBench-format kernels beside the standard test",
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--format", choices=["kernelbench"], default="kernelbench",
+                   help="corpus format (only kernelbench so far)")
+    p.add_argument("--problems", metavar="DIR", help="folder of problem files (searched recursively)")
+    p.add_argument("--candidates", metavar="DIR", help="folder of candidate files (searched recursively)")
+    p.add_argument("--index", metavar="FILE", help="JSON or CSV pairing candidate -> problem (overrides names)")
+    p.add_argument("--manifest", metavar="FILE",
+                   help="take --problems/--candidates/--index from the `format: kernelbench` entries of this kgate.yaml")
+    p.add_argument("-k", dest="select", metavar="EXPR", help="only candidates whose id matches EXPR (like pytest -k)")
+    p.add_argument("--gate", "-g", action="append", default=[], metavar="GATE",
+                   help="run only this gate (repeat or comma-separate; default all: `kgate gates`)")
+    p.add_argument("--device", default="auto", metavar="D",
+                   help="auto, cpu, cuda (every visible GPU) or cuda:N (default auto)")
+    p.add_argument("--jobs", "-j", type=int, metavar="N",
+                   help="candidates evaluated at once (default: one per GPU; on the CPU half the cores, at most 4); "
+                        "several per GPU share its memory in equal parts")
+    p.add_argument("--compile-jobs", type=int, metavar="N", help="extension builds at once (default half the cores)")
+    p.add_argument("--no-compile-stage", action="store_true",
+                   help="build extensions inside the evaluation instead of in a separate CPU stage")
+    p.add_argument("--shard", metavar="I/N", help="judge only shard I of N (every candidate is in exactly one shard)")
+    p.add_argument("--resume", action="store_true", help="keep OUT/results.jsonl and skip the candidates it holds")
+    p.add_argument("--max-time", type=float, metavar="SECONDS",
+                   help="start no new candidate after this long; exit 3 if some are left (then --resume)")
+    p.add_argument("--backend", choices=["local", "ray"], default="local", help="where candidates run (default local)")
+    p.add_argument("--address", metavar="A", help="Ray cluster address for --backend ray (default: a local instance)")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="time limit per stage of one candidate: loading + standard test, and each gate (default 300)")
+    p.add_argument("--compile-timeout", type=float, default=900.0, metavar="SECONDS",
+                   help="time limit for building one candidate's extension (default 900)")
+    p.add_argument("--memory", default="32GiB", metavar="SIZE", help="resident memory limit per worker (default 32GiB)")
+    p.add_argument("--seed", type=int, default=42, help="the standard test's seed (KernelBench's default 42)")
+    p.add_argument("--out", default="kgate-audit", metavar="DIR",
+                   help="results.jsonl, logs and the extension cache (default kgate-audit)")
+    p.add_argument("--json", metavar="PATH", help="write the JSON report (kgate report + audit records) here")
+    p.add_argument("--junit", metavar="PATH", help="write JUnit XML here (one suite per candidate)")
+    p.add_argument("--report", metavar="DIR", help="write report.md, PNG plots and the stratified sample.csv here")
+    p.add_argument("--sample", type=int, default=5, metavar="N", help="candidates per stratum in sample.csv (default 5)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the summary")
+    p.set_defaults(func=main)
+
+
+def _gates(values: list[str]) -> list[str]:
+    chosen = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    for g in chosen:
+        if g not in registry.GATE_NAMES:
+            raise UsageError(f"--gate {g}: unknown gate; known: {', '.join(registry.GATE_NAMES)}")
+    return [g for g in registry.GATE_NAMES if g in chosen] if chosen else list(registry.GATE_NAMES)
+
+
+def _sources(args: argparse.Namespace) -> list[tuple[str, Path, Path, Path | None]]:
+    """(label, problems, candidates, index) per corpus: from the flags or the manifest's entries."""
+    if args.manifest:
+        from kgate.manifest import load
+
+        manifest = load(args.manifest)
+        entries = manifest.kernelbench
+        if not entries:
+            raise UsageError(f"{args.manifest}: no entry with `format: kernelbench` (give --problems/--candidates)")
+        return [(e.name, e.problems, e.candidates, e.index) for e in entries]
+    if not args.problems or not args.candidates:
+        raise UsageError("give --problems DIR and --candidates DIR (or --manifest with a `format: kernelbench` entry)")
+    return [("", Path(args.problems), Path(args.candidates), Path(args.index) if args.index else None)]
+
+
+def repro_args(args: argparse.Namespace, problems: Path, candidates: Path, index: Path | None) -> list[str]:
+    out = ["--format", "kernelbench", "--problems", str(problems), "--candidates", str(candidates)]
+    if index:
+        out += ["--index", str(index)]
+    if args.device != "auto":
+        out += ["--device", args.device]
+    return out + ["--out", "kgate-repro"]
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    try:
+        memory = parse_memory(args.memory)
+    except ValueError as exc:
+        raise UsageError(f"--memory: {exc}") from None
+    gate_names = _gates(args.gate)
+    spec = parse_shard(args.shard)
+    if args.address and args.backend != "ray":
+        raise UsageError("--address is for --backend ray")
+    console = _console()
+    code = 0
+    for label, problems, candidates, index in _sources(args):
+        out = Path(args.out) / label if label else Path(args.out)
+        code = max(code, _audit(args, console, problems, candidates, index, out, gate_names, memory, spec))
+    return code
+
+
+def _audit(args: argparse.Namespace, console: Console, problems: Path, candidates: Path, index: Path | None,
+           out: Path, gate_names: list[str], memory: int, spec: tuple[int, int] | None) -> int:
+    pairs = discover(problems, candidates, index)
+    if args.select:
+        keep = matcher(args.select, [p.id for p in pairs])
+        pairs = [p for p in pairs if keep(p.id)]
+        if not pairs:
+            raise UsageError(f"-k {args.select!r} selects no candidate")
+    pairs = shard(pairs, spec)
+    results = ResultsFile(out / "results.jsonl")
+    try:
+        done = results.start(resume=args.resume)
+    except OSError as exc:
+        raise UsageError(f"cannot write to --out {out}: {exc}") from None
+    ids = {p.id for p in pairs}
+    todo = [p for p in pairs if p.id not in done]
+    plan = make_plan(args.device, args.jobs, args.compile_jobs)
+    plan.compile_stage = not args.no_compile_stage
+    options = AuditOptions(gates=gate_names, out_dir=out, timeout=args.timeout, memory=memory,
+                           compile_timeout=args.compile_timeout, seed=args.seed,
+                           repro_args=repro_args(args, problems, candidates, index),
+                           threads=max(1, (_cpus() // (plan.slots * len(plan.devices)))) if plan.devices == ["cpu"]
+                           else None,
+                           arch_list=arch_list(plan.devices))
+    if not args.quiet:
+        where = "Ray" + (f" at {args.address}" if args.address else " (local instance)") if args.backend == "ray" \
+            else plan.describe()
+        console.print(f"kgate audit: {len(pairs)} candidate(s)" + (f" (shard {spec[0]}/{spec[1]})" if spec else "")
+                      + (f", {len(pairs) - len(todo)} already judged" if args.resume else "")
+                      + f"; {len(gate_names)} gates + the standard test; {where}", highlight=False)
+    stop_at = time.monotonic() + args.max_time if args.max_time else None
+    cancel = threading.Event()
+    with _progress(console, len(todo), quiet=args.quiet) as progress:
+        try:
+            if args.backend == "ray":
+                from kgate.audit.ray_backend import run_ray
+
+                run_ray(todo, options, address=args.address, device=plan.devices[0], slots=plan.slots,
+                        sink=results.append, progress=progress, stop_at=stop_at, cancel=cancel)
+            else:
+                run_local(todo, options, plan, results.append, progress, stop_at=stop_at, cancel=cancel)
+        except KeyboardInterrupt:
+            cancel.set()
+            raise
+    records = [r for r in results.read().values() if r["id"] in ids]
+    summary = audit_report.summarize(records, gate_names)
+    audit_report.render(console, summary)
+    label = f"kernelbench audit of {candidates} against {problems}"
+    if args.json:
+        audit_report.write_json(Path(args.json), records, summary, label)
+    if args.junit:
+        junit.write(audit_report.to_report(records, label), args.junit)
+    if args.report:
+        command = shlex.join(["kgate", "audit", *sys.argv[2:]]) if sys.argv[1:2] == ["audit"] else "kgate audit"
+        path = audit_report.write_markdown(Path(args.report), summary, records, command=command,
+                                           per_stratum=args.sample)
+        console.print(f"report: {path}", highlight=False)
+    left = len(pairs) - len(records)
+    if left:
+        console.print(f"[yellow]{left} candidate(s) not judged yet; run the same command with --resume[/]")
+        return EXIT_INCOMPLETE
+    return 1 if summary["violation"] else 0
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 1
+
+
+def _console() -> Console:
+    probe = Console(highlight=False)
+    return probe if probe.is_terminal else Console(highlight=False, width=160)
+
+
+class _ConsoleProgress(SchedulerProgress):
+    """A live bar with ETA on a terminal; one line per finished candidate elsewhere."""
+
+    def __init__(self, console: Console, total: int, quiet: bool):
+        self.console = console
+        self.quiet = quiet
+        self.counts = {"pass": 0, "violation": 0, "not judged": 0}
+        self.live = console.is_terminal and not quiet
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=console,
+                            transient=True)
+        self.task = self.bar.add_task("audit", total=total)
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> _ConsoleProgress:
+        if self.live:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.bar.stop()
+
+    def finished(self, record: dict[str, Any]) -> None:
+        c = audit_report.classify(record)
+        key = "not judged" if not c["judged"] else ("violation" if c["violation"] else "pass")
+        with self._lock:
+            self.counts[key] += 1
+            text = " · ".join(f"{k} {v}" for k, v in self.counts.items())
+        if self.live:
+            self.bar.update(self.task, advance=1, description=text)
+        elif not self.quiet:
+            std = (record.get("standard") or {}).get("verdict", "-")
+            gates = ",".join(c["violated_gates"]) or "-"
+            self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; violated: {gates}; "
+                               f"{record.get('duration_s', 0):.1f}s)", highlight=False)
+
+
+def _progress(console: Console, total: int, quiet: bool) -> _ConsoleProgress:
+    return _ConsoleProgress(console, total, quiet)
