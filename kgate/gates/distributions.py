@@ -5,7 +5,8 @@ Every floating-point input is replaced, in turn, by: zeros; a constant; all-nega
 magnitudes (peak min(1e6, max/16) of the dtype); tiny magnitudes (peak sqrt of the smallest normal);
 subnormals (every magnitude below the smallest normal); heavy tails (Cauchy, lognormal with sigma 2,
 clipped to the huge magnitude); and the factory's inputs at fresh seeds that the manifest does not
-list. Integer inputs are left alone. Judged like the oracle gate (bound calibrated from the
+list (the factory's own inputs are judged first: a kernel that fails there is not failing because of
+a distribution). Integer inputs are left alone. Judged like the oracle gate (bound calibrated from the
 reference's own error on the same inputs); a kernel that raises where the reference accepts the
 inputs fails; a distribution the reference rejects (raises on) is skipped.
 
@@ -91,6 +92,19 @@ class Distributions(Gate):
         evidence: list[dict] = []
         probes, rejected = 0, []
         cases = subject.first_seed_cases()
+        declared = {c.seed for c in subject.cases}
+        for case in cases:
+            # The factory's own inputs first: a kernel that fails there fails whatever the distribution
+            # (and a reproducer run with a fresh seed finds it); then the distributions and fresh seeds.
+            for seed in (case.seed,) + tuple(s for s in FRESH_SEEDS if s not in declared):
+                fresh = Case(case.shape, case.dtype, seed)
+                base = subject.baseline(fresh)
+                finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle)
+                evidence.extend({"case": fresh.to_json(), **leaf.to_json()} for leaf in leaves)
+                probes += 1
+                if finding is not None:
+                    label = "the factory's inputs" if seed == case.seed else "fresh seed"
+                    return self._report(subject, fresh, f"{label} (seed {seed})", finding, evidence, "")
         for case in cases:
             base = subject.baseline(case)
             floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
@@ -106,18 +120,6 @@ class Distributions(Gate):
                 probes += 1
                 if outcome is not False:
                     return self._fail(subject, case, name, base.args, probe, outcome, evidence)
-        declared = {c.seed for c in subject.cases}
-        for case in cases:
-            # The factory's own inputs first (so a reproducer run with a fresh seed finds it), then fresh seeds.
-            for seed in (case.seed,) + tuple(s for s in FRESH_SEEDS if s not in declared):
-                fresh = Case(case.shape, case.dtype, seed)
-                base = subject.baseline(fresh)
-                finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle)
-                evidence.extend({"case": fresh.to_json(), **leaf.to_json()} for leaf in leaves)
-                probes += 1
-                if finding is not None:
-                    label = "the factory's inputs" if seed == case.seed else "fresh seed"
-                    return self._report(subject, fresh, f"{label} (seed {seed})", finding, evidence, "")
         if probes == 0:
             return self.skipped("no floating-point inputs to draw from other distributions, and no cases")
         message = f"oracle bound held on {probes} probe(s): {len(DISTRIBUTIONS)} distributions and " \
