@@ -62,6 +62,9 @@ class Subject:
         self.nondeterministic = kernel.entry.nondeterministic
         self.backward = kernel.entry.backward
         self.repro_manifest = repro_manifest
+        # Set by the worker: a kgate.gates.isolation.Snapshot taken before the kernel's module was
+        # imported, which the isolation gate compares against (None in-process: the gate takes its own).
+        self.pristine_state: Any = None
         self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
 
     # -- calling user code -------------------------------------------------------------------------

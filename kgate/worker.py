@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         reference_fn = resolve(kernel.reference, "reference", manifest.base)
         factory_source = resolve(kernel.inputs, "inputs", manifest.base) if isinstance(kernel.inputs, Ref) \
             else kernel.inputs
+        # What torch, kgate and the reference look like before any kernel code runs (isolation gate).
+        from kgate.gates.isolation import Snapshot
+
+        pristine = Snapshot.take(reference_fn)
         kernel_fn = resolve(kernel.kernel, "kernel", manifest.base)
     except BaseException as exc:  # noqa: BLE001 - user code at import time may raise anything, SystemExit too
         trace = traceback.format_exc()
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [Case(shape, dtype, seed) for shape in shapes for dtype in dtypes for seed in seeds]
     subject = Subject(kernel, kernel_fn, reference_fn, InputFactory(factory_source), device, cases,
                       repro_manifest=job.get("repro_manifest", job["manifest"]))
+    subject.pristine_state = pristine
 
     run_gates(channel, subject, names, job.get("memory"))
     channel.send("done")
@@ -104,12 +109,21 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     from kgate import gates as registry
     from kgate.subject import UserCodeError
 
+    backward_subject = None
     for i, name in enumerate(names):
         gate = registry.get(name)
         channel.send("gate_start", gate=name)
         start = time.perf_counter()
         try:
-            result = gate.check(subject).to_json()
+            target = subject
+            if registry.is_backward(name):  # the same gate, judging the gradients (kgate/backward.py)
+                if backward_subject is None:
+                    from kgate.backward import BackwardSubject
+
+                    backward_subject = BackwardSubject(subject)
+                target = backward_subject
+            result = gate.check(target).to_json()
+            result["gate"] = name
         except UserCodeError as exc:
             hint = ""
             if isinstance(exc.exc, MemoryError):

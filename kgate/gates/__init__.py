@@ -17,12 +17,35 @@ _MODULES = {
     "distributions": "distributions",
     "accumulation": "accumulation",
     "input_integrity": "input_integrity",
+    "initialization": "initialization",
+    "bounds": "bounds",
+    "isolation": "isolation",
 }
 GATE_NAMES: list[str] = list(_MODULES)
 _cache: dict[str, Gate] = {}
 
 
+# A gate's result on the gradients (`backward: true`) has the gate's name plus this suffix.
+BACKWARD_SUFFIX = "[backward]"
+
+
+def base_name(gate_id: str) -> str:
+    """'oracle[backward]' -> 'oracle'."""
+    return gate_id.removesuffix(BACKWARD_SUFFIX)
+
+
+def is_backward(gate_id: str) -> bool:
+    return gate_id.endswith(BACKWARD_SUFFIX)
+
+
+def phase_ids(names: list[str], backward: bool) -> list[str]:
+    """The gate ids a kernel gets: its gates, then (backward: true) the same gates on the gradients."""
+    return list(names) + ([n + BACKWARD_SUFFIX for n in names] if backward else [])
+
+
 def get(name: str) -> Gate:
+    """The gate of a name or gate id (a `[backward]` id gives the same gate)."""
+    name = base_name(name)
     if name not in _cache:
         module = importlib.import_module(f"kgate.gates.{_MODULES[name]}")
         _cache[name] = module.GATE()
@@ -33,4 +56,5 @@ def all_gates() -> list[Gate]:
     return [get(n) for n in GATE_NAMES]
 
 
-__all__ = ["ERROR", "FAIL", "GATE_NAMES", "PASS", "SKIP", "Gate", "GateResult", "all_gates", "get"]
+__all__ = ["BACKWARD_SUFFIX", "ERROR", "FAIL", "GATE_NAMES", "PASS", "SKIP", "Gate", "GateResult", "all_gates",
+           "base_name", "get", "is_backward", "phase_ids"]

@@ -1,0 +1,201 @@
+"""bounds: the kernel reads and writes only the tensors it is given and the ones it allocates.
+Tolerance-free.
+
+Every tensor argument is copied into the middle of a larger buffer (same shape and strides) whose
+other bytes, the guard bands, hold a known byte; every tensor the kernel allocates through the
+dispatcher during the call gets the same treatment (`AllocationHook` of the initialization gate). The
+kernel runs twice, with guard bytes 0xFF (NaN) and 0xA5. It fails when
+- a guard band changed (a write before, after or between the strided elements of a tensor), or
+- its outputs differ between the two runs (it read guard bytes: an out-of-bounds read), unless the
+  manifest declares it `nondeterministic`.
+Writes are caught only where they land in a guard band (4 KiB on each side), and allocations that
+bypass the dispatcher are not guarded.
+
+On a GPU, when `compute-sanitizer` is on PATH, the kernel is also run once under each tool of
+`KGATE_SANITIZER_TOOLS` (default memcheck,racecheck,synccheck; initcheck is opt-in because library
+kernels such as cuBLAS report benign uninitialized reads) in a subprocess that loads this kernel the
+way the worker does; any error the tool reports fails the gate. `KGATE_SANITIZER=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kgate.compare import bitwise_mismatch, clone_tree, flatten
+from kgate.gates.base import Gate, GateResult
+from kgate.gates.initialization import NAN_BYTE, SENTINEL_BYTE, AllocationHook, Guarded
+from kgate.inputs import Case
+from kgate.subject import Subject, synchronize
+
+GUARD_BYTES = 4096
+SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
+SANITIZER_TIMEOUT_S = 240.0
+_ERRORS_RE = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error", re.IGNORECASE)
+
+
+def guard_args(args: tuple, byte: int, inplace: set[int]) -> tuple[tuple, list[tuple[int, Guarded]]]:
+    """Copies of `args` whose tensors sit inside guarded buffers; returns (args, [(index, guard)])."""
+    out: list[Any] = []
+    guards: list[tuple[int, Guarded]] = []
+    for i, arg in enumerate(args):
+        if not isinstance(arg, torch.Tensor) or arg.layout != torch.strided or arg.numel() == 0:
+            out.append(clone_tree(arg))
+            continue
+        try:
+            label = f"argument {i}" + (" (declared in-place)" if i in inplace else "")
+            guarded = Guarded(arg, GUARD_BYTES, byte, label)
+            guarded.view.copy_(arg)
+        except RuntimeError:  # overlapping strides (expanded inputs) cannot be copied into: left unguarded
+            out.append(clone_tree(arg))
+            continue
+        out.append(guarded.view)
+        guards.append((i, guarded))
+    return tuple(out), guards
+
+
+class Bounds(Gate):
+    name = "bounds"
+    summary = "no read or write outside the given and allocated tensors (guard bands; compute-sanitizer on GPU)"
+    tolerance_free = True
+
+    def check(self, subject: Subject) -> GateResult:
+        cases = subject.first_seed_cases()
+        notes: list[str] = []
+        for case in cases:
+            base = subject.baseline(case)
+            runs = []
+            for byte in (NAN_BYTE, SENTINEL_BYTE):
+                args, guards = guard_args(base.args, byte, subject.inplace)
+                hook = AllocationHook(guard_bytes=GUARD_BYTES, guard_byte=byte)
+                with hook:
+                    out = subject.run_kernel(args)
+                synchronize(subject.device)
+                problems = [(g.label, msg) for g in [g for _, g in guards] + hook.guarded if (msg := g.check())]
+                if problems:
+                    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                    return self.failed(subject, f"out-of-bounds write: {problems[0][1]}{more}", case=case,
+                                       expected="guard bands untouched", got="guard bytes changed",
+                                       where=problems[0][0], details={"writes": [m for _, m in problems],
+                                                                      "guard_byte": f"0x{byte:02X}"})
+                leaves = [(p, t.detach().clone()) for p, t in flatten(out) if isinstance(t, torch.Tensor)]
+                leaves += [(f"args[{i}]", args[i].detach().clone()) for i in sorted(subject.inplace)
+                           if i < len(args) and isinstance(args[i], torch.Tensor)]
+                runs.append(leaves)
+            if not subject.nondeterministic:
+                for (path, a), (_, b) in zip(*runs):
+                    mismatch = bitwise_mismatch(a, b)
+                    if mismatch:
+                        return self.failed(
+                            subject, f"out-of-bounds read: {path} depends on the bytes around the tensors "
+                            f"(guard 0x{NAN_BYTE:02X} vs 0x{SENTINEL_BYTE:02X}): {mismatch.describe()}",
+                            case=case, expected=repr(mismatch.expected), got=repr(mismatch.got),
+                            where=f"{path}{list(mismatch.index)}", details={"differing": mismatch.count})
+            else:
+                notes.append("nondeterministic: reads not judged")
+        sanitizer = self.sanitize(subject, cases[0]) if cases else None
+        if sanitizer is not None and sanitizer.get("errors"):
+            tool = sanitizer["errors"][0]
+            return self.failed(subject, f"compute-sanitizer {tool['tool']} reported {tool['count']} error(s): "
+                               f"{tool['first']}", case=cases[0], expected="0 errors",
+                               got=f"{tool['count']} error(s)", where=tool["tool"], details={"sanitizer": sanitizer})
+        if sanitizer is not None:
+            notes.append(sanitizer["note"])
+        extra = f"; {'; '.join(dict.fromkeys(notes))}" if notes else ""
+        return self.passed(f"guard bands of inputs and kernel allocations untouched and outputs independent "
+                           f"of them in {len(cases)} case(s){extra}",
+                           details={"sanitizer": sanitizer} if sanitizer else {})
+
+    # -- compute-sanitizer ---------------------------------------------------------------------------
+
+    def sanitize(self, subject: Subject, case: Case) -> dict[str, Any] | None:
+        """Run the kernel once per tool under compute-sanitizer; None when not applicable."""
+        if subject.device.type != "cuda":
+            return {"note": "compute-sanitizer: skipped (not a CUDA run)", "errors": [], "ran": []}
+        if os.environ.get("KGATE_SANITIZER", "1") == "0":
+            return {"note": "compute-sanitizer: skipped (KGATE_SANITIZER=0)", "errors": [], "ran": []}
+        exe = shutil.which("compute-sanitizer") or _cuda_home_sanitizer()
+        if exe is None:
+            return {"note": "compute-sanitizer: skipped (not installed: put it on PATH to run it)",
+                    "errors": [], "ran": []}
+        manifest = getattr(subject.entry.manifest, "path", None)
+        if manifest is None or not Path(manifest).exists():
+            return {"note": "compute-sanitizer: skipped (no manifest file to reload the kernel from)",
+                    "errors": [], "ran": []}
+        tools = [t.strip() for t in os.environ.get("KGATE_SANITIZER_TOOLS", ",".join(SANITIZER_TOOLS)).split(",")
+                 if t.strip()]
+        job = {"manifest": str(Path(manifest).resolve()), "kernel": subject.name, "device": str(subject.device),
+               "case": case.to_json()}
+        errors, ran, notes = [], [], []
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-sanitize-", delete=False) as f:
+            json.dump(job, f)
+            job_path = f.name
+        try:
+            for tool in tools:
+                cmd = [exe, "--tool", tool, "--error-exitcode", "86", "--print-limit", "5",
+                       sys.executable, "-m", "kgate.gates.bounds", job_path]
+                try:
+                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SANITIZER_TIMEOUT_S,
+                                          cwd=str(Path(job["manifest"]).parent), stdin=subprocess.DEVNULL)
+                except subprocess.TimeoutExpired:
+                    notes.append(f"{tool} timed out after {SANITIZER_TIMEOUT_S:g} s (not judged)")
+                    continue
+                ran.append(tool)
+                text = proc.stdout + proc.stderr
+                match = _ERRORS_RE.search(text)
+                count = int(match.group(1)) if match else (1 if proc.returncode == 86 else 0)
+                if proc.returncode not in (0, 86) and not match:
+                    notes.append(f"{tool} could not run the kernel (exit {proc.returncode}): {text.strip()[-300:]}")
+                    continue
+                if count:
+                    first = next((ln.strip() for ln in text.splitlines() if ln.startswith("=========") and
+                                  ("Invalid" in ln or "Race" in ln or "Error" in ln or "error" in ln)), text[-300:])
+                    errors.append({"tool": tool, "count": count, "first": first.strip("= ").strip(),
+                                   "output": text[-4000:]})
+        finally:
+            os.unlink(job_path)
+        note = f"compute-sanitizer: {', '.join(ran) or 'no tool'} clean" + (f"; {'; '.join(notes)}" if notes else "")
+        return {"note": note, "errors": errors, "ran": ran, "problems": notes}
+
+
+def _cuda_home_sanitizer() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    path = Path(home) / "bin" / "compute-sanitizer"
+    return str(path) if path.exists() else None
+
+
+def _sanitize_main(job_path: str) -> int:
+    """Entry point of the subprocess compute-sanitizer watches: load the kernel as the worker does and
+    call it once on the recorded case."""
+    from kgate.inputs import InputFactory
+    from kgate.loading import resolve
+    from kgate.manifest import Ref, load
+
+    job = json.loads(Path(job_path).read_text())
+    manifest = load(job["manifest"], check_files=False)
+    kernel = manifest.by_name(job["kernel"])
+    resolve(kernel.reference, "reference", manifest.base)
+    source = resolve(kernel.inputs, "inputs", manifest.base) if isinstance(kernel.inputs, Ref) else kernel.inputs
+    kernel_fn = resolve(kernel.kernel, "kernel", manifest.base)
+    c = job["case"]
+    case = Case(tuple(c["shape"]) if c["shape"] is not None else None, c["dtype"], c["seed"])
+    device = torch.device(job["device"])
+    args = InputFactory(source)(case, device)
+    kernel_fn(*args)
+    synchronize(device)
+    return 0
+
+
+GATE = Bounds
+
+if __name__ == "__main__":
+    sys.exit(_sanitize_main(sys.argv[1]))

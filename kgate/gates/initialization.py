@@ -1,0 +1,230 @@
+"""initialization: every output element is written by the kernel. Tolerance-free.
+
+The kernel runs twice on equal inputs: once with every allocation it makes poisoned with NaN bytes
+(0xFF), once with a sentinel byte (0xA5). An element the kernel never writes keeps the poison, so
+the two runs differ there. Outputs must be bitwise identical across the two runs; a kernel declared
+`nondeterministic` must instead be finite wherever the oracle is finite in the NaN-poisoned run.
+
+How memory gets poisoned, on each device:
+- every `empty*` allocation made during the call through the PyTorch dispatcher (`torch.empty`,
+  `empty_like`, `new_empty`, `empty_strided`, also from C++ extensions calling `at::empty`) is
+  filled by `AllocationHook`, a TorchDispatchMode. This is deterministic on the CPU and on the GPU;
+- on CUDA, the caching allocator's free blocks of the outputs' and inputs' sizes are filled too
+  before the call (allocate, fill, free), which reaches allocations that bypass the dispatcher
+  (raw `c10::cuda::CUDACachingAllocator` calls, Inductor's `empty_strided_cuda`). On the CPU, the
+  same is done with malloc's free chunks, which catches such allocations only when malloc happens
+  to hand the same chunk back: best effort.
+What no device can catch: memory a kernel keeps from an earlier call (a persistent buffer; the
+isolation gate sees that one when the first call's result changes under the second call).
+
+`AllocationHook` is also what the bounds gate uses to put guard bands around the kernel's own
+allocations.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of, tensors
+from kgate.gates.base import Gate, GateResult
+from kgate.subject import Subject, synchronize
+
+NAN_BYTE = 0xFF  # all-ones: NaN in every floating dtype, -1 in signed integers
+SENTINEL_BYTE = 0xA5  # finite and negative in every floating dtype (float32 -2.9e-16, float16 -0.022)
+
+# Factories whose result holds whatever the memory held before.
+UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                           "empty_permuted"})
+# Factories whose result is fully written by PyTorch (guarded by the bounds gate, not poisoned).
+INITIALIZED = frozenset({"zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
+                         "new_ones", "new_full"})
+
+
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 tensor over the whole storage of `t` (its own view and anything else in the storage)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def span_elements(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements from the first to the last one a strided view touches (0 for an empty view)."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((s - 1) * abs(st) for s, st in zip(shape, stride))
+
+
+class Guarded:
+    """A tensor placed in the middle of a larger buffer whose other bytes hold a known byte (canaries).
+
+    `view` has the original shape and strides; `check()` names the first byte outside the view's
+    elements that changed (in front of it, inside its stride gaps, or past its end)."""
+
+    def __init__(self, like: torch.Tensor, guard_bytes: int, byte: int, label: str):
+        self.label = label
+        self.byte = byte
+        item = like.element_size()
+        self.guard = max(1, math.ceil(guard_bytes / item))
+        span = span_elements(tuple(like.shape), tuple(like.stride()))
+        self.buffer = torch.empty(self.guard + span + self.guard, dtype=like.dtype, device=like.device)
+        raw_bytes(self.buffer).fill_(byte)
+        self.view = self.buffer.as_strided(like.shape, like.stride(), self.guard)
+
+    def covered(self) -> torch.Tensor:
+        """Per element of the buffer: whether it belongs to the view."""
+        mask = torch.zeros(self.buffer.numel(), dtype=torch.bool)
+        if self.view.numel():
+            idx = torch.arange(self.buffer.numel()).as_strided(self.view.shape, self.view.stride(), self.guard)
+            mask[idx.reshape(-1)] = True
+        return mask
+
+    def check(self) -> str | None:
+        raw = raw_bytes(self.buffer).cpu()[: self.buffer.numel() * self.buffer.element_size()]
+        item = self.buffer.element_size()
+        outside = ~self.covered().repeat_interleave(item)
+        changed = (raw != self.byte) & outside
+        count = int(changed.sum())
+        if count == 0:
+            return None
+        first = int(changed.nonzero()[0, 0]) // item - self.guard
+        last = int(changed.nonzero()[-1, 0]) // item - self.guard
+        span = span_elements(tuple(self.view.shape), tuple(self.view.stride()))
+        if first < 0:
+            where = f"{-first} element(s) before its first element"
+        elif first >= span:
+            where = f"{first - span + 1} element(s) past its last element"
+        else:
+            where = f"in a gap between its strided elements (element offset {first})"
+        return (f"{count} byte(s) outside {self.label} were written, first {where} "
+                f"(changed element offsets {first}..{last} relative to its start, span {span})")
+
+
+class AllocationHook(TorchDispatchMode):
+    """While active, fresh tensors made through the dispatcher are poisoned and/or guarded.
+
+    poison: byte written over every `empty*` result (None: leave it as allocated).
+    guard_bytes: when set, every factory result is moved into a `Guarded` buffer whose guard bands
+    hold `guard_byte`; `empty*` results then start as zeros (or `poison`) so two runs with different
+    guard bytes differ only by what the kernel reads or writes out of bounds.
+    """
+
+    def __init__(self, poison: int | None = None, guard_bytes: int = 0, guard_byte: int = NAN_BYTE):
+        super().__init__()
+        self.poison = poison
+        self.guard_bytes = guard_bytes
+        self.guard_byte = guard_byte
+        self.guarded: list[Guarded] = []
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in UNINITIALIZED and not (self.guard_bytes and name in INITIALIZED):
+            return out
+        if not isinstance(out, torch.Tensor) or out.layout != torch.strided or out.is_meta \
+                or out.is_quantized or out.requires_grad or type(out) is not torch.Tensor:
+            return out
+        self.count += 1
+        if self.guard_bytes:
+            guarded = Guarded(out, self.guard_bytes, self.guard_byte,
+                              f"the {tuple(out.shape)} {str(out.dtype).removeprefix('torch.')} "
+                              f"tensor the kernel allocated with torch.{name} (allocation {self.count})")
+            if name in UNINITIALIZED:
+                _fill_view(guarded.view, 0 if self.poison is None else self.poison)
+            else:
+                guarded.view.copy_(out)
+            self.guarded.append(guarded)
+            return guarded.view
+        raw_bytes(out).fill_(self.poison)
+        return out
+
+
+def _fill_view(view: torch.Tensor, byte: int) -> None:
+    pattern = torch.full((view.element_size(),), byte, dtype=torch.uint8, device=view.device)
+    view.copy_(pattern.view(view.dtype)[0])
+
+
+def prefill_allocator(device: torch.device, sizes: list[int], byte: int) -> None:
+    """Leave free blocks of the given byte sizes filled with `byte` in the allocator's pool.
+
+    CUDA: the caching allocator hands the most recently freed best-fitting block back, so the next
+    allocations of these sizes start poisoned. CPU: malloc often returns a freed chunk of the same
+    size, but not always (and it overwrites a chunk's first bytes with its own bookkeeping)."""
+    blocks = []
+    for size in sizes:
+        if size <= 0:
+            continue
+        for _ in range(2):
+            block = torch.empty(size, dtype=torch.uint8, device=device)
+            block.fill_(byte)
+            blocks.append(block)
+    synchronize(device)
+    del blocks
+
+
+def _nbytes(obj: Any) -> list[int]:
+    return [t.numel() * t.element_size() for t in tensors(obj)]
+
+
+class Initialization(Gate):
+    name = "initialization"
+    summary = "every output element written: outputs equal under NaN- and sentinel-poisoned allocations"
+    tolerance_free = True
+
+    def run_poisoned(self, subject: Subject, args: tuple, sizes: list[int], byte: int) -> tuple[Any, int]:
+        prefill_allocator(subject.device, sizes, byte)
+        hook = AllocationHook(poison=byte)
+        with hook:
+            out = subject.run_kernel(args)
+        return out, hook.count
+
+    def check(self, subject: Subject) -> GateResult:
+        cases = subject.first_seed_cases()
+        allocations = 0
+        for case in cases:
+            base = subject.baseline(case)
+            sizes = sorted(set(_nbytes(base.reference) + _nbytes(base.args)), reverse=True)
+            runs = []
+            for byte in (NAN_BYTE, SENTINEL_BYTE):
+                out, count = self.run_poisoned(subject, clone_tree(base.args), sizes, byte)
+                allocations += count
+                runs.append([(p, t.detach().clone()) for p, t in flatten(out) if isinstance(t, torch.Tensor)])
+            nan_run, sentinel_run = runs
+            if subject.nondeterministic:
+                found = self._nonfinite(subject, case, base.oracle, nan_run)
+                if found:
+                    return found
+                continue
+            for (path, a), (_, b) in zip(nan_run, sentinel_run):
+                mismatch = bitwise_mismatch(a, b)
+                if mismatch:
+                    return self.failed(
+                        subject, f"{path}: {mismatch.count} of {mismatch.total} element(s) depend on what the "
+                        f"memory held before the call (never written?): with NaN-poisoned allocations "
+                        f"{path}{list(mismatch.index)} is {mismatch.expected!r}, with 0x{SENTINEL_BYTE:02X}-"
+                        f"poisoned ones {mismatch.got!r}", case=case, expected="the same value in both runs",
+                        got=f"{mismatch.expected!r} vs {mismatch.got!r}", where=f"{path}{list(mismatch.index)}",
+                        details={"unwritten": mismatch.count, "allocations_poisoned": count})
+        return self.passed(f"outputs identical under NaN- and sentinel-poisoned memory in {len(cases)} case(s) "
+                           f"({allocations} kernel allocation(s) poisoned, allocator pool pre-filled)")
+
+    def _nonfinite(self, subject: Subject, case, oracle: Any, run: list) -> GateResult | None:
+        oracles = dict(flatten(oracle))
+        for path, got in run:
+            want = oracles.get(path)
+            if not isinstance(want, torch.Tensor) or not got.is_floating_point() or want.shape != got.shape:
+                continue
+            bad = torch.isfinite(want.to(got.dtype).cpu()) & ~torch.isfinite(got.cpu())
+            if bad.any():
+                flat = int(bad.reshape(-1).nonzero()[0, 0])
+                index = list(index_of(flat, tuple(got.shape)))
+                return self.failed(
+                    subject, f"{path}: {int(bad.sum())} element(s) are non-finite with NaN-poisoned allocations "
+                    f"where the oracle is finite (never written?); first at {path}{index}", case=case,
+                    expected="finite", got=repr(float(got.reshape(-1)[flat])), where=f"{path}{index}")
+        return None
+
+
+GATE = Initialization

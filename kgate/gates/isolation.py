@@ -1,0 +1,276 @@
+"""isolation: the kernel computes its answer now, from its inputs, and touches nothing else.
+Tolerance-free. Four probes:
+
+- plain results: every output is a plain, strided, materialized `torch.Tensor` (no subclass, no
+  lazy wrapper, no meta tensor, no pending conjugate/negative bit);
+- no work after return: outputs read at once (a device-side copy on the current stream, before any
+  synchronization) equal the outputs after joining the threads the call started and synchronizing
+  the device. Allocations are NaN-poisoned during this probe so unfinished work shows;
+- no memoization: the inputs are overwritten in place with another seed's values (same tensors,
+  same addresses) and the kernel called again; the result must equal a call on fresh copies of
+  the new values (for a `nondeterministic` kernel: it must not be the old result where the oracle
+  changed). The first call's outputs must not change under the second call (a reused buffer);
+- no patching: the callables of torch (functions, Tensor methods, backend flags), of kgate, of
+  time, of builtins and of the reference's module (and its code objects) are the same objects after
+  the calls as before the kernel's module was imported (or, in-process, before this gate's calls).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, overlaps
+from kgate.gates.base import Gate, GateResult
+from kgate.gates.initialization import NAN_BYTE, AllocationHook
+from kgate.inputs import Case
+from kgate.subject import Subject, UserCodeError, synchronize
+
+JOIN_S = 2.0  # how long to wait for threads the kernel started
+PROBES = 3  # calls of the work-after-return probe
+OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
+
+_WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
+_WATCHED_MODULES = ("time", "builtins", "math", "operator", "functools")
+
+
+def _flags() -> dict[str, Any]:
+    """Global numerics switches a kernel could flip to change what the reference computes."""
+    flags: dict[str, Any] = {
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+        "torch.get_default_dtype()": torch.get_default_dtype(),
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled(),
+        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+        "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
+    }
+    matmul = torch.backends.cuda.matmul
+    for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+        try:
+            flags[f"torch.backends.cuda.matmul.{name}"] = getattr(matmul, name)
+        except (AttributeError, RuntimeError):
+            pass
+    return flags
+
+
+def _watched(value: Any) -> bool:
+    return callable(value) or isinstance(value, types.ModuleType)
+
+
+@dataclass
+class Snapshot:
+    """Identity of every watched callable (and code object), plus the numerics flags."""
+
+    objects: dict[tuple[str, str], Any]
+    flags: dict[str, Any]
+
+    @classmethod
+    def take(cls, reference_fn: Any = None) -> Snapshot:
+        with warnings.catch_warnings():  # touching deprecated aliases warns
+            warnings.simplefilter("ignore")
+            return cls(cls._objects(reference_fn), _flags())
+
+    @staticmethod
+    def _objects(reference_fn: Any) -> dict[tuple[str, str], Any]:
+        objects: dict[tuple[str, str], Any] = {}
+        modules = [(n, m) for n, m in list(sys.modules.items()) if isinstance(m, types.ModuleType) and
+                   (n in _WATCHED_MODULES or any(n == p or n.startswith(p + ".") for p in _WATCHED_PREFIXES))]
+        ref_module = sys.modules.get(getattr(reference_fn, "__module__", None) or "")
+        if ref_module is None and reference_fn is not None:
+            ref_module = sys.modules.get(getattr(type(reference_fn), "__module__", "") or "")
+        if ref_module is not None:
+            modules.append(("reference module " + ref_module.__name__, ref_module))
+        for name, module in modules:
+            try:
+                items = list(vars(module).items())
+            except TypeError:
+                continue
+            for key, value in items:
+                if key.startswith("__") or not _watched(value):
+                    continue
+                objects[(name, key)] = value
+                code = getattr(value, "__code__", None)
+                if code is not None and name.startswith("reference module"):
+                    objects[(name, key + ".__code__")] = code
+        for klass in (torch.Tensor, torch._C.TensorBase, torch.nn.Module):
+            for key, value in list(vars(klass).items()):
+                if not key.startswith("__") or key in ("__eq__", "__add__", "__sub__", "__mul__", "__truediv__",
+                                                        "__matmul__", "__getitem__", "__setitem__"):
+                    objects[(f"{klass.__module__}.{klass.__qualname__}", key)] = value
+        if reference_fn is not None:
+            target = reference_fn.forward if isinstance(reference_fn, torch.nn.Module) else reference_fn
+            code = getattr(getattr(target, "__func__", target), "__code__", None)
+            if code is not None:
+                objects[("reference", "__code__")] = code
+        return objects
+
+    def changes(self, later: Snapshot) -> list[str]:
+        found = []
+        for (where, key), value in self.objects.items():
+            now = later.objects.get((where, key), _MISSING)
+            if now is _MISSING:
+                # A module may disappear from sys.modules (reloaded, deleted): that is not patching.
+                if any(w == where for (w, _k) in later.objects):
+                    found.append(f"{where}.{key} was deleted")
+            elif now is not value:
+                found.append(f"{where}.{key} was replaced (by {_describe(now)})")
+        for name, value in self.flags.items():
+            if later.flags.get(name) != value:
+                found.append(f"{name} changed from {value!r} to {later.flags.get(name)!r}")
+        return found
+
+
+_MISSING = object()
+
+
+def _describe(obj: Any) -> str:
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", None) or type(obj).__name__
+    return f"{module}.{name}" if module else name
+
+
+def lazy_problem(t: Any) -> str | None:
+    """Why an output is not a plain materialized tensor, or None."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    if type(t) is not torch.Tensor:
+        return f"is a {type(t).__module__}.{type(t).__qualname__} (a torch.Tensor subclass), not a plain tensor"
+    if t.layout != torch.strided:
+        return f"has layout {t.layout}, not torch.strided"
+    if t.is_meta:
+        return "is a meta tensor (no data)"
+    if t.is_conj() or t.is_neg():
+        return "carries a lazy conjugate/negative bit (call .resolve_conj()/.resolve_neg())"
+    return None
+
+
+def _leaves(out: Any) -> list[tuple[str, torch.Tensor]]:
+    return [(p, t) for p, t in flatten(out) if isinstance(t, torch.Tensor)]
+
+
+class Isolation(Gate):
+    name = "isolation"
+    summary = "no memoization, no work after return, no patching of torch/reference/timers, plain results"
+    tolerance_free = True
+
+    def check(self, subject: Subject) -> GateResult:
+        before = getattr(subject, "pristine_state", None) or Snapshot.take(subject.reference_fn)
+        since = "before the kernel's module was imported" if getattr(subject, "pristine_state", None) \
+            else "before this gate's calls"
+        cases = subject.first_seed_cases()
+        memo_checked = 0
+        try:
+            for case in cases:
+                result = self.plain_and_settled(subject, case)
+                if result is not None:
+                    return result
+                result, checked = self.memoization(subject, case)
+                if result is not None:
+                    return result
+                memo_checked += checked
+        finally:
+            patched = before.changes(Snapshot.take(subject.reference_fn))
+        if patched:
+            return self.failed(subject, f"the kernel patched what it must not touch: {patched[0]}"
+                               + (f" (and {len(patched) - 1} more)" if len(patched) > 1 else ""),
+                               case=cases[0] if cases else None, expected=f"unchanged since {since}",
+                               got=patched[0], where=patched[0].split(" ")[0], details={"patched": patched})
+        memo = f"memoization probed in {memo_checked} case(s)" if memo_checked else \
+            "memoization not probed (inputs of another seed differ in shape or no tensor input)"
+        return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, "
+                           "no patching")
+
+    def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
+        base = subject.baseline(case)
+        for _ in range(PROBES):
+            args = clone_tree(base.args)
+            threads = set(threading.enumerate())
+            with AllocationHook(poison=NAN_BYTE):
+                out = subject.run_kernel(args, sync=False)
+                # Read at once: on a GPU the copies queue on the current stream, ahead of any sync.
+                early = [(p, t.detach().clone()) if lazy_problem(t) is None else (p, None) for p, t in _leaves(out)]
+            for path, t in _leaves(out):
+                problem = lazy_problem(t)
+                if problem:
+                    return self.failed(subject, f"{path} {problem}", case=case, expected="a plain torch.Tensor",
+                                       got=type(t).__qualname__, where=path)
+            started = [t for t in threading.enumerate() if t not in threads]
+            deadline = time.monotonic() + JOIN_S
+            for thread in started:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            try:
+                synchronize(subject.device)
+            except Exception as exc:  # noqa: BLE001 - an asynchronous kernel fault surfaces here
+                raise UserCodeError("kernel", exc) from exc
+            for (path, first), (_, final) in zip(early, _leaves(out)):
+                if first is None:
+                    continue
+                mismatch = bitwise_mismatch(final, first)
+                if mismatch:
+                    running = [t.name for t in started]
+                    cause = (f"{len(running)} thread(s) it started ({', '.join(running)})" if running
+                             else "work on another stream or thread")
+                    return self.failed(
+                        subject, f"{path} was still being written after the kernel returned ({cause}): after join/"
+                        f"synchronize vs read at once, {mismatch.describe()}", case=case,
+                        expected=repr(mismatch.expected), got=repr(mismatch.got),
+                        where=f"{path}{list(mismatch.index)}", details={"threads": running})
+        return None
+
+    def memoization(self, subject: Subject, case: Case) -> tuple[GateResult | None, int]:
+        base = subject.baseline(case)
+        other_case = Case(case.shape, case.dtype, case.seed + OTHER_SEED)
+        other = subject.inputs(other_case)
+        pairs = [(i, a, b) for i, (a, b) in enumerate(zip(base.args, other)) if isinstance(a, torch.Tensor)]
+        if len(other) != len(base.args) or not pairs or any(
+                not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype for _, a, b in pairs):
+            return None, 0
+        args = clone_tree(base.args)
+        first_out = subject.run_kernel(args)
+        first = [(p, t, t.detach().clone()) for p, t in _leaves(first_out)]
+        for i, _, new in pairs:
+            args[i].copy_(new)  # same tensors, same addresses, new values
+        second = [(p, t.detach().clone()) for p, t in _leaves(subject.run_kernel(args))]
+        for path, kept, copy in first:
+            if any(isinstance(a, torch.Tensor) and overlaps(kept, a) for a in args):
+                continue  # an output aliasing an input changes with it; the contract gate judges aliasing
+            mismatch = bitwise_mismatch(copy, kept)
+            if mismatch:
+                return self.failed(
+                    subject, f"{path} of the first call changed when the kernel was called again: it returns a "
+                    f"buffer it reuses ({mismatch.describe()})", case=case, expected=repr(mismatch.expected),
+                    got=repr(mismatch.got), where=f"{path}{list(mismatch.index)}"), 1
+        if subject.nondeterministic:
+            new_oracle = dict(_leaves(subject.oracle(other)))
+            old_oracle = dict(_leaves(base.oracle))
+            for (path, old), (_, now) in zip([(p, c) for p, _, c in first], second):
+                if path in new_oracle and path in old_oracle and not torch.equal(new_oracle[path], old_oracle[path]) \
+                        and bitwise_mismatch(old, now) is None:
+                    return self.failed(
+                        subject, f"{path}: after the inputs were overwritten in place with other values, the "
+                        "kernel returned its previous result again (memoized on the tensors' identity?)",
+                        case=case, expected="a result for the new values", got="the previous result",
+                        where=path), 1
+            return None, 1
+        fresh = [(p, t.detach().clone()) for p, t in _leaves(subject.run_kernel(clone_tree(other)))]
+        for (path, now), (_, want) in zip(second, fresh):
+            mismatch = bitwise_mismatch(want, now)
+            if mismatch:
+                stale = any(bitwise_mismatch(c, now) is None for p, _, c in first if p == path)
+                why = " (it is the previous call's result: memoized on the tensors' identity or address?)" \
+                    if stale else ""
+                return self.failed(
+                    subject, f"{path}: after the inputs were overwritten in place (same addresses), the kernel's "
+                    f"result differs from a call on fresh copies of the same values{why}: {mismatch.describe()}",
+                    case=case, expected=repr(mismatch.expected), got=repr(mismatch.got),
+                    where=f"{path}{list(mismatch.index)}", details={"stale": stale}), 1
+        return None, 1
+
+
+GATE = Isolation
