@@ -54,6 +54,12 @@ class LowPrecisionAccumulation(TorchDispatchMode):
     arguments the emulation does not handle runs as usual too; `emulated` counts what was replaced.
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Keeps torch from wrapping __torch_dispatch__ with torch._disable_dynamo: that imports
+        # torch._dynamo, which re-wraps torch.manual_seed and would read as the kernel patching torch.
+        return False
+
     def __init__(self, acc: torch.dtype, order: str):
         super().__init__()
         self.acc = acc
