@@ -101,9 +101,13 @@ class Runner:
         self._lock = threading.Lock()
 
     def gates_for(self, kernel: ResolvedKernel) -> list[str]:
-        selected = kernel.selected_gates(registry.GATE_NAMES)
+        """Gate ids for this kernel: its selected gates, then with `backward: true` the same gates on the
+        gradients (`oracle[backward]`, ...). --gate NAME selects both phases, --gate NAME[backward] one."""
+        backward = kernel.entry.backward
+        selected = registry.phase_ids(kernel.selected_gates(registry.GATE_NAMES), backward)
         if self.options.gates:
-            selected = [g for g in registry.GATE_NAMES if g in self.options.gates]
+            selected = [g for g in registry.phase_ids(registry.GATE_NAMES, backward)
+                        if g in self.options.gates or registry.base_name(g) in self.options.gates]
         return selected
 
     def device_for(self, kernel: ResolvedKernel) -> str:
