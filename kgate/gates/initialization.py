@@ -110,6 +110,12 @@ class AllocationHook(TorchDispatchMode):
     guard bytes differ only by what the kernel reads or writes out of bounds.
     """
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Keeps torch from wrapping __torch_dispatch__ with torch._disable_dynamo, which imports
+        # torch._dynamo (slow, and it re-wraps torch.manual_seed).
+        return False
+
     def __init__(self, poison: int | None = None, guard_bytes: int = 0, guard_byte: int = NAN_BYTE):
         super().__init__()
         self.poison = poison

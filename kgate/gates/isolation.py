@@ -23,6 +23,7 @@ import time
 import types
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,7 +119,7 @@ class Snapshot:
                 # A module may disappear from sys.modules (reloaded, deleted): that is not patching.
                 if any(w == where for (w, _k) in later.objects):
                     found.append(f"{where}.{key} was deleted")
-            elif now is not value:
+            elif now is not value and not _torch_rewrap(now, value):
                 found.append(f"{where}.{key} was replaced (by {_describe(now)})")
         for name, value in self.flags.items():
             if later.flags.get(name) != value:
@@ -127,6 +128,15 @@ class Snapshot:
 
 
 _MISSING = object()
+_TORCH_DIR = str(Path(torch.__file__).parent)
+
+
+def _torch_rewrap(now: Any, before: Any) -> bool:
+    """torch itself re-wraps a few functions when torch._dynamo is imported (torch.manual_seed in
+    torch._disable_dynamo): same function underneath, wrapper defined inside torch."""
+    code = getattr(now, "__code__", None)
+    return getattr(now, "__wrapped__", None) is before and code is not None and \
+        code.co_filename.startswith(_TORCH_DIR)
 
 
 def _describe(obj: Any) -> str:
