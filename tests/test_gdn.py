@@ -204,9 +204,12 @@ def test_stage_state_fwd_and_out(gate, delta):
     check("out_fwd.o", o, o64, F32)
 
 
+@pytest.mark.parametrize("wide", [False, True], ids=["narrow_bv", "wide_bv"])
 @pytest.mark.parametrize("delta", [True, False])
 @pytest.mark.parametrize("gate", ["data", "none"])
-def test_stage_state_bwd_and_grad(gate, delta):
+def test_stage_state_bwd_and_grad(gate, delta, wide, monkeypatch):
+    if wide:  # the V block used with many heads (B * H >= 2 * SMs) on the GPU
+        monkeypatch.setattr(gk, "_state_bv", lambda DV, BH, device: gk._bv(DV))
     q, k, v, g, beta, h0 = _stage_inputs(gate, delta)
     scale = q.shape[-1] ** -0.5
     o, ht, (G, Ai, w, h, vn) = gk._forward(q, k, v, g, beta, scale, h0, True, delta)
