@@ -1,0 +1,40 @@
+"""layouts, correct control: RMS norm that makes its inputs contiguous before indexing them flat.
+
+Also holds the reference and the inputs factory that the layouts controls share."""
+
+import torch
+
+EPS = 1e-6
+
+
+def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """x (rows, cols) and a weight (cols,)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = shape or (8, 96)
+    x = torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    w = 1 + 0.1 * torch.randn(cols, generator=gen, dtype=torch.float64)
+    return x.to(dtype=dtype, device=device), w.to(dtype=dtype, device=device)
+
+
+def reference(x, w):
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + EPS) * w
+
+
+def rms_norm(x, w):
+    """Same arithmetic as the violating control, on contiguous copies: any layout works."""
+    x, w = x.contiguous(), w.contiguous()
+    return _rms_norm_rowmajor(x, w)
+
+
+def _rms_norm_rowmajor(x, w):
+    rows = x.as_strided(x.shape, _row_major(x.shape))
+    weight = w.as_strided(w.shape, (1,))
+    return rows * torch.rsqrt(rows.pow(2).mean(dim=-1, keepdim=True) + EPS) * weight
+
+
+def _row_major(shape):
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
