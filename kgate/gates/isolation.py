@@ -30,7 +30,7 @@ import torch
 
 from kgate.compare import bitwise_mismatch, clone_tree, flatten, overlaps
 from kgate.gates.base import Gate, GateResult
-from kgate.gates.initialization import NAN_BYTE, AllocationHook
+from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
 from kgate.subject import Subject, UserCodeError, synchronize
 
@@ -198,8 +198,10 @@ class Isolation(Gate):
 
     def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
         base = subject.baseline(case)
+        sizes = [t.numel() * t.element_size() for _, t in _leaves(base.reference)]
         for _ in range(PROBES):
             args = clone_tree(base.args)
+            prefill_allocator(subject.device, sizes, NAN_BYTE)  # outputs not written yet then read as NaN
             threads = set(threading.enumerate())
             with AllocationHook(poison=NAN_BYTE):
                 out = subject.run_kernel(args, sync=False)
@@ -233,6 +235,13 @@ class Isolation(Gate):
                         where=f"{path}{list(mismatch.index)}", details={"threads": running})
         return None
 
+    @staticmethod
+    def call_zeroed(subject: Subject, args: tuple) -> Any:
+        """A call whose fresh allocations start as zeros, so a kernel that leaves memory unwritten (the
+        initialization gate's business) gives the same result every time here."""
+        with AllocationHook(poison=0):
+            return subject.run_kernel(args)
+
     def memoization(self, subject: Subject, case: Case) -> tuple[GateResult | None, int]:
         base = subject.baseline(case)
         other_case = Case(case.shape, case.dtype, case.seed + OTHER_SEED)
@@ -242,11 +251,11 @@ class Isolation(Gate):
                 not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype for _, a, b in pairs):
             return None, 0
         args = clone_tree(base.args)
-        first_out = subject.run_kernel(args)
+        first_out = self.call_zeroed(subject, args)
         first = [(p, t, t.detach().clone()) for p, t in _leaves(first_out)]
         for i, _, new in pairs:
             args[i].copy_(new)  # same tensors, same addresses, new values
-        second = [(p, t.detach().clone()) for p, t in _leaves(subject.run_kernel(args))]
+        second = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
         for path, kept, copy in first:
             if any(isinstance(a, torch.Tensor) and overlaps(kept, a) for a in args):
                 continue  # an output aliasing an input changes with it; the contract gate judges aliasing
@@ -256,7 +265,13 @@ class Isolation(Gate):
                     subject, f"{path} of the first call changed when the kernel was called again: it returns a "
                     f"buffer it reuses ({mismatch.describe()})", case=case, expected=repr(mismatch.expected),
                     got=repr(mismatch.got), where=f"{path}{list(mismatch.index)}"), 1
-        if subject.nondeterministic:
+        fresh = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, clone_tree(other)))]
+        nondeterministic = subject.nondeterministic
+        if not nondeterministic and any(bitwise_mismatch(w, n) for (_, n), (_, w) in zip(second, fresh)):
+            # Tell memoization from a kernel that is merely not deterministic: a second fresh call.
+            again = [t.detach().clone() for _, t in _leaves(self.call_zeroed(subject, clone_tree(other)))]
+            nondeterministic = any(bitwise_mismatch(w, a) for (_, w), a in zip(fresh, again))
+        if nondeterministic:
             new_oracle = dict(_leaves(subject.oracle(other)))
             old_oracle = dict(_leaves(base.oracle))
             for (path, old), (_, now) in zip([(p, c) for p, _, c in first], second):
@@ -268,7 +283,6 @@ class Isolation(Gate):
                         case=case, expected="a result for the new values", got="the previous result",
                         where=path), 1
             return None, 1
-        fresh = [(p, t.detach().clone()) for p, t in _leaves(subject.run_kernel(clone_tree(other)))]
         for (path, now), (_, want) in zip(second, fresh):
             mismatch = bitwise_mismatch(want, now)
             if mismatch:

@@ -1,0 +1,32 @@
+"""contract, correct control: a half-precision-friendly softmax that computes in float32 and hands
+back the caller's dtype, shape and a fresh tensor. Also holds the reference and inputs factory that
+the contract controls share."""
+
+import torch
+
+
+def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """One (rows, cols) tensor of logits of modest size (|x| < 3 almost surely)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape or (6, 40), generator=gen, dtype=torch.float64) * 0.5
+    return (x.to(dtype=dtype, device=device),)
+
+
+def reference(x):
+    return torch.softmax(x, dim=-1)
+
+
+def softmax_upcast(x):
+    """Computes in float32 for accuracy and casts the result back to the input's dtype."""
+    x32 = x.float()
+    z = torch.exp(x32 - x32.amax(dim=-1, keepdim=True))
+    return (z / z.sum(dim=-1, keepdim=True)).to(x.dtype)
+
+
+def clamp_reference(x):
+    return x.clamp(-3.0, 3.0)
+
+
+def clamp_copy(x):
+    """Clamps into a new tensor even when nothing needs clamping."""
+    return torch.clamp(x, -3.0, 3.0)

@@ -1,0 +1,19 @@
+"""contract, violating controls: right values, wrong container."""
+
+import torch
+
+
+def softmax_upcast_no_cast_back(x):
+    """Computes in float32 for accuracy and forgets to cast back: a float16 caller gets float32
+    (twice the memory, and a dtype the next layer may not accept). Values are fine."""
+    x32 = x.float()
+    z = torch.exp(x32 - x32.amax(dim=-1, keepdim=True))
+    return z / z.sum(dim=-1, keepdim=True)
+
+
+def clamp_fast_path(x):
+    """Skips the work when nothing needs clamping and returns its input: the caller's result now
+    aliases its argument, so writing into one changes the other."""
+    if bool((x.abs() <= 3.0).all()):
+        return x
+    return torch.clamp(x, -3.0, 3.0)

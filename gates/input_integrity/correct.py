@@ -1,0 +1,20 @@
+"""input_integrity, correct control: softmax into fresh memory. Also holds the reference and inputs
+factory."""
+
+import torch
+
+
+def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape or (6, 40), generator=gen, dtype=torch.float64) * 3
+    return (x.to(dtype=dtype, device=device),)
+
+
+def reference(x):
+    return torch.softmax(x, dim=-1)
+
+
+def softmax_fresh(x):
+    z = x - x.amax(dim=-1, keepdim=True)
+    z = z.exp()
+    return z / z.sum(dim=-1, keepdim=True)

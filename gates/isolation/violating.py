@@ -1,0 +1,68 @@
+"""isolation, violating controls: right answers for the wrong reasons."""
+
+import threading
+import time
+
+import torch
+
+_cache = {}
+
+
+def softmax_stable(x):
+    z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return z / z.sum(dim=-1, keepdim=True)
+
+
+def softmax_memo_by_address(x):
+    """Caches results keyed on (data_ptr, shape, dtype), "the same tensor again", as an inference
+    engine might for constant weights. Wrong as soon as the caller writes new values into the same
+    buffer, or the allocator hands a freed address to another tensor."""
+    key = (x.data_ptr(), tuple(x.shape), x.dtype)
+    if key not in _cache:
+        _cache[key] = softmax_stable(x)
+    return _cache[key].clone()
+
+
+def softmax_side_thread(x):
+    """Returns at once and fills the output from a worker thread (a "pipelined" launcher): whoever
+    reads the result before the thread is done reads the allocator's garbage."""
+    out = torch.empty_like(x)
+
+    def work():
+        time.sleep(0.05)  # the worker is busy with the previous batch first
+        out.copy_(softmax_stable(x))
+
+    threading.Thread(target=work, name="softmax-pipeline", daemon=True).start()
+    return out
+
+
+def _routed_softmax(input, dim=None, dtype=None, **kwargs):
+    return softmax_stable(input if dtype is None else input.to(dtype))
+
+
+def softmax_registers_itself(x):
+    """Installs itself as torch.softmax so that "the whole model" uses it. The reference calls
+    torch.softmax too, so from then on every comparison compares the kernel with itself."""
+    torch.softmax = _routed_softmax
+    return softmax_stable(x)
+
+
+def softmax_patches_timer(x):
+    """Makes benchmarks look 2x faster by halving time.perf_counter."""
+    if not getattr(time.perf_counter, "_halved", False):
+        real = time.perf_counter
+
+        def halved():
+            return real() / 2
+
+        halved._halved = True
+        time.perf_counter = halved
+    return softmax_stable(x)
+
+
+class DeferredTensor(torch.Tensor):
+    """The kind of wrapper lazy / deferred-execution kernels return instead of a plain tensor."""
+
+
+def softmax_deferred(x):
+    return softmax_stable(x).as_subclass(DeferredTensor)
