@@ -1,0 +1,114 @@
+"""shapes gate: the catalogue's controls, generated edge shapes, skips, and the shrunk counterexample."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from kgate import gates as registry
+from kgate.gates.shapes import edge_shapes, largest_prime_at_most
+from tests.gate_harness import check, subject_for
+
+CATALOGUE = Path(__file__).resolve().parent.parent / "gates" / "shapes"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"catalogue_shapes_{name}", CATALOGUE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+correct, violating = _load("correct"), _load("violating")
+DECLARED = [[4, 256], [16, 1024]]
+
+
+def run(kernel, **kw):
+    kw.setdefault("shapes", DECLARED)
+    return check("shapes", kernel, correct.reference, correct.make_inputs, **kw)
+
+
+def test_correct_control_passes_declared_and_generated_shapes():
+    result = run(correct.softmax_rows, dtypes=["float32", "bfloat16"])
+    assert result.verdict == "pass", result.message
+    assert "2 declared" in result.message and result.evidence
+    generated = [tuple(s) for s in result.details["generated"]]
+    assert (1, 1) in generated and (0, 256) in generated and any(4097 in s for s in generated)
+
+
+def test_tail_dropping_kernel_fails_at_the_smallest_shape():
+    assert check("oracle", violating.softmax_block128, correct.reference, correct.make_inputs,
+                 shapes=DECLARED).verdict == "pass"  # right on the declared multiples of 128
+    result = run(violating.softmax_block128)
+    assert result.verdict == "fail" and not result.tolerance_free
+    assert result.case["shape"] == [1, 1] and "--shape 1,1" in result.repro
+    assert result.message.startswith("shape (1, 1): max abs error")
+
+
+def test_squeeze_kernel_fails_on_a_size_one_dimension():
+    result = run(violating.softmax_squeeze_rows)
+    assert result.verdict == "fail"
+    assert 1 in result.case["shape"], result.message
+
+
+def test_single_block_kernel_is_shrunk_to_one_past_the_block():
+    def one_block(x):
+        out = correct.softmax_rows(x[..., :1024])
+        return torch.cat([out, torch.zeros_like(x[..., 1024:])], dim=-1)
+
+    result = run(one_block, shapes=[[2, 512]])
+    assert result.verdict == "fail"
+    assert result.case["shape"] == [1, 1025], result.message
+    assert "larger than one block" in result.details["why"] and "shrunk to (1, 1025)" in result.message
+
+
+def test_kernel_raising_on_an_odd_size_fails_as_a_crash():
+    def even_only(x):
+        if x.shape[-1] % 2:
+            raise ValueError("n must be even")
+        return correct.softmax_rows(x)
+
+    result = run(even_only)
+    assert result.verdict == "fail" and result.tolerance_free and result.broken
+    assert "kernel raised ValueError: n must be even" in result.message
+    assert result.case["shape"][-1] % 2 == 1
+
+
+def test_shapes_the_reference_rejects_are_skipped_not_failed():
+    def even_reference(x):
+        if x.shape[-1] % 2:
+            raise ValueError("odd widths are outside the contract")
+        return torch.softmax(x, -1)
+
+    result = check("shapes", correct.softmax_rows, even_reference, correct.make_inputs, shapes=DECLARED)
+    assert result.verdict == "pass", result.message
+    assert "the reference or factory rejects" in result.message and result.details["rejected"]
+
+
+def test_factory_without_shape_is_skipped_with_the_reason():
+    result = check("shapes", correct.softmax_rows, correct.reference, lambda seed: correct.make_inputs(seed))
+    assert result.verdict == "skip" and "takes no `shape`" in result.message
+
+
+def test_default_shape_is_derived_when_the_factory_takes_shape_but_none_is_declared():
+    result = check("shapes", violating.softmax_block128, correct.reference, correct.make_inputs)
+    assert result.verdict == "fail" and result.details["found_at"] != [16, 1024]
+
+
+def test_edge_shapes_are_capped_deduplicated_and_derived():
+    shapes = edge_shapes([(7, 1000)], cap=65536)
+    assert len(shapes) == len({s for s, _ in shapes}) <= 20
+    assert all(s[0] * s[1] <= 65536 for s, _ in shapes)
+    kinds = {why for _, why in shapes}
+    assert "every size 1" in kinds and "every size prime" in kinds and "empty (size 0 in dim 0)" in kinds
+    assert ((7, 997), "every size prime") in shapes and largest_prime_at_most(1000) == 997
+
+
+@pytest.mark.parametrize("gate", registry.GATE_NAMES)
+def test_correct_control_passes_every_gate(gate):
+    subject = subject_for(correct.softmax_rows, correct.reference, correct.make_inputs, shapes=DECLARED)
+    result = registry.get(gate).check(subject)
+    assert result.verdict in ("pass", "skip"), f"{gate}: {result.message}"
