@@ -1,0 +1,140 @@
+"""KernelBench format: pairing, index files, free size parameters, seeded weights, problem isolation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kgate import kernelbench as kb
+from kgate.errors import UsageError
+from tests.conftest import DATA
+
+CORPUS = DATA / "kernelbench"
+
+
+def _touch(path, text="x = 1\n"):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_pairing_by_name_and_double_underscore(tmp_path):
+    _touch(tmp_path / "p" / "level1" / "1_Add.py")
+    _touch(tmp_path / "p" / "level2" / "7_Conv.py")
+    _touch(tmp_path / "c" / "1_Add.py")
+    _touch(tmp_path / "c" / "1_Add__sample_3.py")
+    _touch(tmp_path / "c" / "deep" / "7_Conv__model-b.py")
+    _touch(tmp_path / "c" / "99_Missing.py")
+    pairs = {p.id: p for p in kb.discover(tmp_path / "p", tmp_path / "c")}
+    assert set(pairs) == {"1_Add", "1_Add__sample_3", "deep/7_Conv__model-b", "99_Missing"}
+    assert pairs["1_Add"].problem == tmp_path / "p" / "level1" / "1_Add.py"
+    assert pairs["1_Add__sample_3"].problem == pairs["1_Add"].problem
+    assert pairs["1_Add"].level == 1
+    assert pairs["deep/7_Conv__model-b"].problem.name == "7_Conv.py" and pairs["deep/7_Conv__model-b"].level == 2
+    assert pairs["99_Missing"].problem is None
+    assert "no problem 99_Missing.py" in pairs["99_Missing"].problem_error
+
+
+def test_same_subfolder_wins_and_ambiguity_is_explained(tmp_path):
+    _touch(tmp_path / "p" / "level1" / "1_X.py")
+    _touch(tmp_path / "p" / "level2" / "1_X.py")
+    _touch(tmp_path / "c" / "level2" / "1_X__a.py")
+    _touch(tmp_path / "c" / "1_X__b.py")
+    pairs = {p.id: p for p in kb.discover(tmp_path / "p", tmp_path / "c")}
+    assert pairs["level2/1_X__a"].problem == tmp_path / "p" / "level2" / "1_X.py"
+    assert pairs["1_X__b"].problem is None and "ambiguous" in pairs["1_X__b"].problem_error
+
+
+@pytest.mark.parametrize("fmt", ["json-list", "json-dict", "csv"])
+def test_index_overrides_names_and_keeps_labels(tmp_path, fmt):
+    _touch(tmp_path / "p" / "level1" / "19_ReLU.py")
+    _touch(tmp_path / "c" / "run_a" / "level_1" / "problem_19.py")
+    cand, prob = "run_a/level_1/problem_19.py", "level1/19_ReLU.py"
+    if fmt == "json-list":
+        index = tmp_path / "index.json"
+        index.write_text(json.dumps([{"candidate": cand, "problem": prob, "harness_correct": True, "level": 1}]))
+    elif fmt == "json-dict":
+        index = tmp_path / "index.json"
+        index.write_text(json.dumps({cand: prob}))
+    else:
+        index = tmp_path / "index.csv"
+        index.write_text(f"candidate,problem,harness_correct\n{cand},{prob},true\n")
+    (pair,) = kb.discover(tmp_path / "p", tmp_path / "c", index)
+    assert pair.id == "run_a/level_1/problem_19"
+    assert pair.problem == tmp_path / "p" / "level1" / "19_ReLU.py"
+    assert pair.level == 1
+    if fmt != "json-dict":
+        assert pair.labels["harness_correct"].lower() == "true"
+
+
+def test_bad_inputs_are_usage_errors(tmp_path):
+    _touch(tmp_path / "p" / "a.py")
+    (tmp_path / "c").mkdir()
+    with pytest.raises(UsageError, match="no .py files"):
+        kb.discover(tmp_path / "p", tmp_path / "c")
+    with pytest.raises(UsageError, match="not a folder"):
+        kb.discover(tmp_path / "nope", tmp_path / "c")
+    index = tmp_path / "i.csv"
+    index.write_text("candidate,problem\nmissing.py,a.py\n")
+    with pytest.raises(UsageError, match="candidate 'missing.py' not found"):
+        kb.discover(tmp_path / "p", tmp_path / "c", index)
+    index.write_text("candidate,problem\n,a.py\n")
+    with pytest.raises(UsageError, match="line 2 needs both"):
+        kb.discover(tmp_path / "p", tmp_path / "c", index)
+
+
+def test_free_size_parameters_change_inputs_but_not_weights():
+    relu = kb.exec_problem(CORPUS / "problems" / "level1" / "19_ReLU.py", "inputs")
+    dims = kb.free_dims(relu)
+    assert dims.names == ["batch_size", "dim"] and dims.defaults == [4, 33]
+    linear = kb.exec_problem(CORPUS / "problems" / "level2" / "9_Linear_Scale.py", "inputs")
+    dims = kb.free_dims(linear)
+    # in_features and out_features shape the weights: only the batch can move.
+    assert dims.names == ["batch_size"]
+    make = kb.ProblemInputs(linear, dims)
+    (x,) = make(0, (7,))
+    assert tuple(x.shape) == (7, 8)
+    (x,) = make(0, None)
+    assert tuple(x.shape) == (3, 8)
+    assert linear.batch_size == 3, "scaling must not leave the module changed"
+    with pytest.raises(ValueError, match="1 free size parameter"):
+        make(0, (2, 3))
+
+
+def test_problem_without_free_parameters_says_why(tmp_path):
+    problem = _touch(tmp_path / "fixed.py", "import torch\nimport torch.nn as nn\n"
+                     "class Model(nn.Module):\n    def forward(self, x):\n        return x\n"
+                     "def get_inputs():\n    return [torch.randn(3, 5)]\n"
+                     "def get_init_inputs():\n    return []\n")
+    dims = kb.free_dims(kb.exec_problem(problem, "inputs"))
+    assert dims.names == [] and "own shape only" in dims.note
+
+
+def test_seeded_construction_gives_equal_weights():
+    module = kb.exec_problem(CORPUS / "problems" / "level2" / "9_Linear_Scale.py", "reference")
+    candidate = kb.exec_candidate(CORPUS / "candidates" / "level2" / "9_Linear_Scale.py")
+    reference, new = kb.build_models(module, candidate.ModelNew, torch.device("cpu"))
+    assert torch.equal(reference.linear.weight, new.linear.weight)
+    assert torch.equal(reference.linear.bias, new.linear.bias)
+
+
+def test_problem_copies_are_separate_and_tampering_is_seen():
+    path = CORPUS / "problems" / "level1" / "19_ReLU.py"
+    a, b = kb.exec_problem(path, "reference"), kb.exec_problem(path, "inputs")
+    assert a is not b and a.get_inputs is not b.get_inputs
+    assert a.__name__ not in __import__("sys").modules
+    before = kb.fingerprint(b)
+    assert kb.tampering(before, b) is None
+    b.batch_size = 1
+    b.get_inputs = lambda: []
+    found = kb.tampering(before, b)
+    assert found and "batch_size" in found and "get_inputs" in found
+    assert kb.tampering(kb.fingerprint(a), a) is None
+
+
+def test_a_problem_missing_get_inputs_is_a_problem_error(tmp_path):
+    problem = _touch(tmp_path / "bad.py", "class Model: pass\n")
+    with pytest.raises(kb.ProblemError, match="get_inputs"):
+        kb.exec_problem(problem, "reference")
