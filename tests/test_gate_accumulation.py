@@ -1,0 +1,141 @@
+"""accumulation gate: the kernel's error against emulated fp16/bf16 accumulation of the same reference."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kgate import gates as registry
+from kgate.gates.accumulation import PAIRWISE, SEQUENTIAL, LowPrecisionAccumulation
+from tests.gate_harness import check, subject_for
+
+ROOT = Path(__file__).resolve().parent.parent
+CATALOGUE = ROOT / "gates" / "accumulation"
+
+
+def _load(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+correct = _load(CATALOGUE / "correct.py", "catalogue_accumulation_correct")
+violating = _load(CATALOGUE / "violating.py", "catalogue_accumulation_violating")
+demo = _load(ROOT / "examples" / "softmax.py", "demo_softmax")
+
+
+def matmul(kernel, **kw):
+    kw.setdefault("shapes", [[8, 256, 8]])
+    return check("accumulation", kernel, correct.matmul_reference, correct.make_matrices, **kw)
+
+
+def rowsum(kernel, **kw):
+    kw.setdefault("shapes", [[8, 1024]])
+    kw.setdefault("dtypes", ["float16"])
+    return check("accumulation", kernel, correct.rowsum_reference, correct.make_rows, **kw)
+
+
+def bf16_rowsum(x):
+    acc = torch.zeros(x.shape[:-1], dtype=torch.bfloat16)
+    for block in x.split(64, dim=-1):
+        acc = acc + block.sum(dim=-1).to(torch.bfloat16)
+    return acc.to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_fp32_accumulator_passes(dtype):
+    result = matmul(correct.matmul_fp32_accumulator, dtypes=[dtype])
+    assert result.verdict == "pass", result.message
+    assert "no sign of low-precision accumulation" in result.message and "mm x" in result.message
+
+
+def test_fp16_accumulator_in_a_float32_matmul_fails_naming_float16():
+    result = matmul(violating.matmul_fp16_accumulator)
+    assert result.verdict == "fail" and not result.tolerance_free
+    assert "consistent with float16 accumulation" in result.message
+    assert result.details["consistent_with"] == "float16"
+    assert result.details["kernel_err"] > result.details["bound"]
+
+
+def test_bf16_accumulator_is_told_from_fp16():
+    result = check("accumulation", bf16_rowsum, correct.rowsum_reference, correct.make_rows, shapes=[[4, 1000]],
+                   dtypes=["float32"])
+    assert result.verdict == "fail" and result.details["consistent_with"] == "bfloat16", result.message
+
+
+def test_fp16_running_total_that_passes_the_oracle_gate_is_caught():
+    assert check("oracle", violating.rowsum_fp16_accumulator, correct.rowsum_reference, correct.make_rows,
+                 shapes=[[8, 1024]], dtypes=["float16"]).verdict == "pass"
+    result = rowsum(violating.rowsum_fp16_accumulator)
+    assert result.verdict == "fail" and "consistent with float16 accumulation" in result.message
+    assert "positive" in result.details["inputs"]
+    assert rowsum(correct.rowsum_fp32_accumulator).verdict == "pass"
+
+
+def test_demo_fp16_softmax_fails_and_stable_softmax_passes():
+    shapes = [[1, 128], [7, 1000]]
+    bad = check("accumulation", demo.softmax_fp16_accum, demo.softmax_ref, demo.make_inputs, shapes=shapes)
+    assert bad.verdict == "fail" and "float16" in bad.message and "_softmax" in bad.message
+    good = check("accumulation", demo.softmax_stable, demo.softmax_ref, demo.make_inputs, shapes=shapes)
+    assert good.verdict == "pass", good.message
+
+
+def test_skips_when_the_reference_has_no_reduction():
+    result = check("accumulation", torch.sigmoid, torch.sigmoid, correct.make_rows, dtypes=["float32"])
+    assert result.verdict == "skip" and "no reduction" in result.message
+
+
+def test_skips_when_no_probe_separates_the_accumulators():
+    result = rowsum(correct.rowsum_fp32_accumulator, shapes=[[4, 4]])
+    assert result.verdict == "skip" and "never made fp16/bf16 accumulation" in result.message
+
+
+def test_the_mode_does_not_import_dynamo_or_patch_torch():
+    seed_fn = torch.manual_seed
+    with LowPrecisionAccumulation(torch.float16, PAIRWISE):
+        torch.ones(4, dtype=torch.float64).sum()
+    assert torch.manual_seed is seed_fn and "torch._dynamo" not in sys.modules
+
+
+x = torch.rand(6, 300, dtype=torch.float64) + 0.5
+w = torch.rand(300, 40, dtype=torch.float64)
+b = torch.rand(40, dtype=torch.float64)
+x3 = torch.rand(2, 5, 300, dtype=torch.float64)
+OPS = {
+    "sum": lambda: x.sum(-1), "sum_all": lambda: x.sum(), "mean": lambda: x.mean(dim=1, keepdim=True),
+    "mm": lambda: x @ w, "linear": lambda: F.linear(x3, w.t(), b), "bmm": lambda: x3 @ x3.transpose(1, 2),
+    "einsum": lambda: torch.einsum("bik,bjk->bij", x3, x3), "softmax": lambda: torch.softmax(x, -1),
+    "log_softmax": lambda: F.log_softmax(x, 0), "logsumexp": lambda: torch.logsumexp(x, 1),
+    "cumsum": lambda: x.cumsum(1), "var": lambda: x.var(1), "std": lambda: x.std(),
+    "layer_norm": lambda: F.layer_norm(x, (300,), w[:, 0], w[:, 1]), "norm": lambda: x.norm(dim=1),
+    "dot": lambda: x[0] @ x[1], "mv": lambda: x @ x[0],
+}
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_emulation_is_exact_with_a_float64_accumulator_and_drifts_with_float16(op):
+    real = OPS[op]()
+    for order in (PAIRWISE, SEQUENTIAL):
+        exact = LowPrecisionAccumulation(torch.float64, order)
+        with exact:
+            same = OPS[op]()
+        assert exact.emulated, f"{op} was not emulated"
+        torch.testing.assert_close(same, real, rtol=1e-12, atol=1e-12)
+        low = LowPrecisionAccumulation(torch.float16, order)
+        with low:
+            drifted = OPS[op]()
+        assert (drifted - real).abs().max() > 1e-6 * real.abs().max()
+
+
+@pytest.mark.parametrize("gate", registry.GATE_NAMES)
+def test_correct_control_passes_every_gate(gate):
+    subject = subject_for(correct.matmul_fp32_accumulator, correct.matmul_reference, correct.make_matrices,
+                          shapes=[[8, 256, 8]])
+    result = registry.get(gate).check(subject)
+    assert result.verdict in ("pass", "skip"), f"{gate}: {result.message}"
