@@ -12,7 +12,7 @@ from kgate import __version__
 from kgate.errors import KgateError
 
 # Each module defines add_parser(subparsers) and main(args) -> exit code.
-COMMANDS = ("run", "gates", "schema", "github", "comment", "hook", "audit")
+COMMANDS = ("run", "gates", "schema", "github", "comment", "hook", "audit", "selftest", "calibrate", "repro")
 
 EPILOG = """exit codes: 0 every kernel passed, 1 a violation or a kernel error, 2 a usage, manifest or
 infrastructure error. `kgate COMMAND --help` explains each command."""
