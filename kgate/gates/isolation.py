@@ -39,6 +39,7 @@ PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
 
 _WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
+_monotonic = time.monotonic  # bound at import, before kernel code runs (the worker imports this module first)
 _WATCHED_MODULES = ("time", "builtins", "math", "operator", "functools")
 
 
@@ -213,9 +214,9 @@ class Isolation(Gate):
                     return self.failed(subject, f"{path} {problem}", case=case, expected="a plain torch.Tensor",
                                        got=type(t).__qualname__, where=path)
             started = [t for t in threading.enumerate() if t not in threads]
-            deadline = time.monotonic() + JOIN_S
+            deadline = _monotonic() + JOIN_S
             for thread in started:
-                thread.join(max(0.0, deadline - time.monotonic()))
+                thread.join(max(0.0, deadline - _monotonic()))
             try:
                 synchronize(subject.device)
             except Exception as exc:  # noqa: BLE001 - an asynchronous kernel fault surfaces here
