@@ -7,6 +7,7 @@ import importlib
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
 from kgate import __version__
 from kgate.errors import KgateError
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KgateError as exc:
-        Console(stderr=True, highlight=False).print(f"[bold red]kgate:[/] {exc}", markup=True, soft_wrap=True)
+        Console(stderr=True, highlight=False).print(f"[bold red]kgate:[/] {escape(str(exc))}", markup=True,
+                                                    soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kgate: interrupted; results so far are in the output folder's results.jsonl", file=sys.stderr)

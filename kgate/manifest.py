@@ -511,6 +511,14 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
                                     f"first used by kernels[{seen[entry.name]}]; names must be unique"))
         seen.setdefault(entry.name, i)
         gate_problems(entry.gates, ("kernels", i, "gates"))
+        for gate in entry.expect or {}:  # gate ids: a gate name, or NAME[backward] with `backward: true`
+            base, backward_id = gate.removesuffix("[backward]"), gate.endswith("[backward]")
+            if base in GATE_NAMES and (entry.backward or not backward_id):
+                continue
+            line, col = at(("kernels", i, "expect", gate))
+            hint = ("add `backward: true` or drop the [backward] id" if base in GATE_NAMES
+                    else _suggest(base, GATE_NAMES) or "`kgate gates` lists the gates")
+            problems.append(Problem(file, line, col, f"kernels[{i}].expect", f"unknown gate id {gate!r}", hint))
         if not check_files:
             continue
         refs = [("kernel", kernel.kernel), ("reference", kernel.reference)]
