@@ -34,7 +34,7 @@ def _records(out):
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory):
     out = tmp_path_factory.mktemp("audit")
-    code = kgate_main([*BASE, "--jobs", "2", "--timeout", "6", "--out", str(out / "run"),
+    code = kgate_main([*BASE, "--jobs", "2", "--timeout", "12", "--out", str(out / "run"),
                        "--report", str(out / "report"), "--json", str(out / "audit.json"),
                        "--junit", str(out / "junit.xml"), "-q"])
     return code, out, _records(out / "run")
@@ -72,7 +72,7 @@ def test_standard_accepts_what_the_gates_reject(audited):
 
 @pytest.mark.parametrize(("name", "cause"), [
     ("crash", "RuntimeError: kernel launch failed"),
-    ("hang", "timed out after 6 s"),
+    ("hang", "timed out after 12 s"),
     ("exit", "worker exited with code 3"),
     ("segfault", "SIGSEGV"),
     ("syntax_error", "SyntaxError"),

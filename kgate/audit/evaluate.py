@@ -26,6 +26,9 @@ from kgate.standard_test import StandardResult, not_loaded
 GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
                      re.IGNORECASE)
 COMPILE_MARKERS = ("load_inline", "cpp_extension", "load(")
+# The candidate needs what this machine lacks (a CUDA toolkit or GPU): not a verdict on the candidate.
+ENVIRONMENT = re.compile(r"CUDA_HOME environment variable is not set|Torch not compiled with CUDA enabled|"
+                         r"Found no NVIDIA driver|No CUDA GPUs are available|no CUDA-capable device", re.IGNORECASE)
 
 
 @dataclass
@@ -139,6 +142,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining
                      ) -> str | None:
             kind = event.get("event")
+            if kind == "loading":
+                return "loading the problem and the candidate"  # the clock restarts after kgate's own imports
             if kind == "loaded":
                 record["load_s"] = event.get("seconds")
                 record["free_dims"] = dict(zip(event.get("free_dims") or [], event.get("defaults") or [],
@@ -219,5 +224,8 @@ def _finish(record: dict[str, Any], names: list[str], results: dict[str, GateRes
     record["gates"] = [results[n].to_json() for n in names]
     texts = [g.message for g in results.values()] + [str((record.get("standard") or {}).get("message", ""))]
     record["oom"] = any(GPU_OOM.search(t or "") for t in texts) and record["device"].startswith("cuda")
+    missing = next((m.group(0) for t in texts if (m := ENVIRONMENT.search(t or ""))), None)
+    if missing and not record["problem_error"]:
+        record["environment_error"] = f"this machine cannot run the candidate ({missing}); audit it on a CUDA host"
     record["duration_s"] = round(time.perf_counter() - started, 3)
     return record

@@ -2,8 +2,8 @@
 the stratified sample for hand audit, and the kgate JSON/JUnit reports.
 
 Definitions (the DESIGN notes' vocabulary, per candidate):
-- *judged*: the problem itself loaded and built (a broken or unpaired problem is not the candidate's
-  fault and is counted apart);
+- *judged*: the problem itself loaded and built, and this machine could run the candidate (a broken or
+  unpaired problem, or a CUDA candidate audited where there is no CUDA, is counted apart);
 - *violation*: at least one gate `fail` or `error` (a crash, hang or load failure is an error), or the
   candidate modified the problem module; an `error` that is kgate's own ("kgate internal error") is
   counted apart and is not a violation;
@@ -37,7 +37,7 @@ def _violations(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def classify(record: dict[str, Any]) -> dict[str, Any]:
-    judged = not record.get("problem_error")
+    judged = not record.get("problem_error") and not record.get("environment_error")
     violations = _violations(record)
     standard = record.get("standard") or {}
     crashed = bool(record.get("error")) or standard.get("compiled") is False
@@ -113,8 +113,8 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
     compile_s = sorted(float((r.get("compile") or {}).get("wall_s") or 0) for r, _ in judged if r.get("compile"))
     return {
         "candidates": len(records), "judged": n, "not_judged": len(records) - n,
-        "not_judged_reasons": dict(Counter((r.get("problem_error") or "")[:120] for r, c in classes
-                                           if not c["judged"]).most_common(10)),
+        "not_judged_reasons": dict(Counter((r.get("problem_error") or r.get("environment_error") or "")[:120]
+                                           for r, c in classes if not c["judged"]).most_common(10)),
         "standard_accepts": accept, "standard_accepts_pct": _pct(accept, n),
         "violation": violation, "violation_pct": _pct(violation, n),
         "broken": broken, "broken_pct": _pct(broken, n),
@@ -180,7 +180,7 @@ def render(console: Any, summary: dict[str, Any]) -> None:
                   f"{row['failure_rate']:.1f}")
     console.print(g)
     if summary["not_judged"]:
-        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired)[/]")
+        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, or no CUDA here)[/]")
     if summary["internal_errors"]:
         console.print(f"[yellow]{summary['internal_errors']} candidate(s) hit a kgate internal error in some gate "
                       "(not counted as violations; see the JSON report)[/]")
@@ -304,7 +304,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     c = summary["confusion"]
     lines = ["# kgate audit", "", f"Command: `{command}`", "",
              f"{summary['candidates']} candidate(s); {n} judged"
-             + (f", {summary['not_judged']} not judged (problem unusable or unpaired)" if summary["not_judged"] else "")
+             + (f", {summary['not_judged']} not judged (problem unusable or unpaired, or no CUDA here)" if summary["not_judged"] else "")
              + ".", "",
              "| measure | count | % of judged |", "|---|---:|---:|",
              f"| standard test accepts (5 trials, atol=rtol=1e-2) | {summary['standard_accepts']} | "
@@ -364,7 +364,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     if summary["internal_errors"] or summary["not_judged"]:
         lines += ["## Not counted", "",
                   f"- kgate internal errors (a gate's own failure, not the candidate's): {summary['internal_errors']}",
-                  f"- not judged (problem unusable or unpaired): {summary['not_judged']}", ""]
+                  f"- not judged (problem unusable or unpaired, or no CUDA here): {summary['not_judged']}", ""]
         for reason, count in summary["not_judged_reasons"].items():
             lines.append(f"  - {count} x {reason}")
         lines.append("")
