@@ -39,6 +39,9 @@ PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
 
 _WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
+_DUNDERS = frozenset({"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__sub__",
+                      "__mul__", "__truediv__", "__matmul__", "__getitem__", "__setitem__", "__torch_function__",
+                      "__torch_dispatch__", "__call__"})
 _monotonic = time.monotonic  # bound at import, before kernel code runs (the worker imports this module first)
 _WATCHED_MODULES = ("time", "builtins", "math", "operator", "functools")
 
@@ -100,11 +103,16 @@ class Snapshot:
                 code = getattr(value, "__code__", None)
                 if code is not None and name.startswith("reference module"):
                     objects[(name, key + ".__code__")] = code
-        for klass in (torch.Tensor, torch._C.TensorBase, torch.nn.Module):
-            for key, value in list(vars(klass).items()):
-                if not key.startswith("__") or key in ("__eq__", "__add__", "__sub__", "__mul__", "__truediv__",
-                                                        "__matmul__", "__getitem__", "__setitem__"):
-                    objects[(f"{klass.__module__}.{klass.__qualname__}", key)] = value
+        for klass in (torch.Tensor, torch.nn.Module):
+            # Resolved through the class hierarchy, so a method set on torch.Tensor that shadows one of
+            # torch._C.TensorBase counts as a replacement.
+            for key in dir(klass):
+                if key.startswith("__") and key not in _DUNDERS:
+                    continue
+                try:
+                    objects[(f"{klass.__module__}.{klass.__qualname__}", key)] = getattr(klass, key)
+                except AttributeError:
+                    continue
         if reference_fn is not None:
             target = reference_fn.forward if isinstance(reference_fn, torch.nn.Module) else reference_fn
             code = getattr(getattr(target, "__func__", target), "__code__", None)
@@ -120,7 +128,8 @@ class Snapshot:
                 # A module may disappear from sys.modules (reloaded, deleted): that is not patching.
                 if any(w == where for (w, _k) in later.objects):
                     found.append(f"{where}.{key} was deleted")
-            elif now is not value and not _torch_rewrap(now, value):
+            elif now is not value and not (isinstance(now, types.MethodType) and now == value) \
+                    and not _torch_rewrap(now, value):
                 found.append(f"{where}.{key} was replaced (by {_describe(now)})")
         for name, value in self.flags.items():
             if later.flags.get(name) != value:

@@ -1,0 +1,163 @@
+"""bounds: reads and writes outside a tensor are caught through guard bands; the sanitizer path is
+tested with stand-in executables (the real compute-sanitizer needs a GPU)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import textwrap
+
+import pytest
+import torch
+
+from kgate.gates import bounds as bounds_module
+from kgate.gates.bounds import Bounds, guard_args
+from kgate.gates.initialization import NAN_BYTE
+from kgate.inputs import Case
+from tests.gate_harness import check, subject_for
+
+
+def rows(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (5, 33), generator=gen, dtype=torch.float64).to(dtype),)
+
+
+def whole_storage(t):
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage())
+
+
+def test_reading_past_the_tensor_fails():
+    result = check("bounds", lambda x: whole_storage(x).sum(), lambda x: x.sum(), rows)
+    assert result.verdict == "fail" and result.tolerance_free
+    assert result.message.startswith("out-of-bounds read")
+
+
+def test_writing_past_an_inplace_argument_fails():
+    def halve_storage(x):
+        whole_storage(x).mul_(0.5)
+        return x
+
+    result = check("bounds", halve_storage, lambda x: x.mul_(0.5), rows, inplace=[0])
+    assert result.verdict == "fail" and result.message.startswith("out-of-bounds write")
+    assert result.where == "argument 0 (declared in-place)"
+
+
+def test_writing_past_an_allocated_output_fails():
+    def overrun(x):
+        out = torch.empty(x.numel(), dtype=x.dtype)
+        whole_storage(out)[: out.numel() + 3].fill_(0.0)  # a store without a tail mask
+        out.copy_(x.reshape(-1))
+        return out.reshape(x.shape)
+
+    result = check("bounds", overrun, lambda x: x.clone(), rows)
+    assert result.verdict == "fail" and "allocated with torch.empty" in result.where
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+def test_kernels_that_stay_inside_pass(inplace):
+    if inplace:
+        result = check("bounds", lambda x: x.mul_(0.5), lambda x: x.mul_(0.5), rows, inplace=[0])
+    else:
+        result = check("bounds", lambda x: torch.softmax(x, -1), lambda x: torch.softmax(x, -1), rows)
+    assert result.verdict == "pass", result.message
+    assert "compute-sanitizer: skipped (not a CUDA run)" in result.message
+
+
+def test_strided_arguments_keep_their_strides_inside_the_guard():
+    x = torch.randn(4, 6)[:, ::2]
+    (guarded,), [(index, g)] = guard_args((x,), NAN_BYTE, set())
+    assert index == 0 and guarded.stride() == x.stride() and torch.equal(guarded, x)
+    assert guarded.storage_offset() == g.guard
+
+
+def test_nondeterministic_kernel_is_not_called_an_out_of_bounds_reader():
+    def jitter(x):
+        return x.sum() + 1e-3 * torch.rand(())
+
+    result = check("bounds", jitter, lambda x: x.sum(), rows)
+    assert result.verdict == "pass" and "not deterministic" in result.message
+
+
+# --- compute-sanitizer ---------------------------------------------------------------------------------
+
+
+class _CudaSubject:
+    """Enough of a Subject for Bounds.sanitize, pretending to be on a GPU."""
+
+    def __init__(self, manifest):
+        self.device = torch.device("cuda")
+        self.name = "k"
+        self.entry = type("E", (), {"manifest": type("M", (), {"path": manifest})()})()
+
+
+def _fake_sanitizer(folder, output, code):
+    exe = folder / "compute-sanitizer"
+    exe.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\nexit {code}\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
+    return exe
+
+
+@pytest.fixture
+def manifest(tmp_path):
+    path = tmp_path / "kgate.yaml"
+    path.write_text("version: 1\nkernels: []\n")
+    return path
+
+
+def test_sanitizer_not_installed_is_skipped_with_reason(monkeypatch, tmp_path, manifest):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    monkeypatch.delenv("KGATE_SANITIZER", raising=False)
+    info = Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
+    assert info["errors"] == [] and "not installed" in info["note"]
+
+
+def test_sanitizer_can_be_turned_off(monkeypatch, manifest):
+    monkeypatch.setenv("KGATE_SANITIZER", "0")
+    info = Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
+    assert "KGATE_SANITIZER=0" in info["note"]
+
+
+def test_sanitizer_errors_fail_and_clean_runs_pass(monkeypatch, tmp_path, manifest):
+    monkeypatch.delenv("KGATE_SANITIZER", raising=False)
+    monkeypatch.setenv("KGATE_SANITIZER_TOOLS", "memcheck")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    _fake_sanitizer(bin_dir, textwrap.dedent("""\
+        ========= Invalid __global__ write of size 4 bytes
+        =========     at _halve+0x1d0
+        ========= ERROR SUMMARY: 1 error"""), 86)
+    info = Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
+    assert info["ran"] == ["memcheck"] and info["errors"][0]["count"] == 1
+    assert "Invalid __global__ write" in info["errors"][0]["first"]
+    _fake_sanitizer(bin_dir, "========= ERROR SUMMARY: 0 errors", 0)
+    info = Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
+    assert info["errors"] == [] and "memcheck clean" in info["note"]
+
+
+def test_sanitizer_subprocess_entry_point_runs_the_kernel(tmp_path, capsys):
+    (tmp_path / "k.py").write_text(textwrap.dedent("""\
+        import torch
+        def make(seed, dtype=torch.float32):
+            return (torch.ones(3, dtype=dtype),)
+        def ref(x):
+            return x * 2
+        def kern(x):
+            print("kernel ran on", x.device)
+            return x * 2
+        """))
+    (tmp_path / "kgate.yaml").write_text("version: 1\nkernels:\n  - {name: k, kernel: k.py:kern, "
+                                         "reference: k.py:ref, inputs: k.py:make}\n")
+    job = tmp_path / "job.json"
+    job.write_text('{"manifest": "%s", "kernel": "k", "device": "cpu", "case": {"shape": null, '
+                   '"dtype": "float32", "seed": 0}}' % (tmp_path / "kgate.yaml"))
+    assert bounds_module._sanitize_main(str(job)) == 0
+    assert "kernel ran on cpu" in capsys.readouterr().out
+
+
+def test_gate_on_cpu_never_calls_the_sanitizer(monkeypatch):
+    called = []
+    monkeypatch.setattr(bounds_module.subprocess, "run", lambda *a, **k: called.append(a))
+    subject = subject_for(lambda x: x + 1, lambda x: x + 1, rows)
+    assert Bounds().check(subject).verdict == "pass" and not called

@@ -1,0 +1,185 @@
+"""isolation: memoization, work after return, patching and non-plain results are caught; a plain
+kernel passes."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from kgate.gates.isolation import Snapshot, lazy_problem
+from tests.gate_harness import check
+
+
+def rows(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return ((torch.randn(shape or (5, 33), generator=gen, dtype=torch.float64) * 3).to(dtype),)
+
+
+def ref(x):
+    return torch.softmax(x, dim=-1)
+
+
+def good(x):
+    z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return z / z.sum(dim=-1, keepdim=True)
+
+
+def run(kernel, **kw):
+    return check("isolation", kernel, ref, rows, **kw)
+
+
+def test_plain_kernel_passes():
+    result = run(good)
+    assert result.verdict == "pass", result.message
+    assert "memoization probed in 1 case(s)" in result.message
+
+
+def test_memo_keyed_on_address_fails():
+    cache = {}
+
+    def memo(x):
+        key = (x.data_ptr(), tuple(x.shape))
+        if key not in cache:
+            cache[key] = good(x)
+        return cache[key].clone()
+
+    result = run(memo)
+    assert result.verdict == "fail" and result.tolerance_free
+    assert "memoized" in result.message and result.details["stale"] is True
+
+
+def test_memo_is_caught_even_when_declared_nondeterministic():
+    cache = {}
+
+    def memo(x):
+        return cache.setdefault(x.data_ptr(), good(x)).clone()
+
+    result = run(memo, nondeterministic=True)
+    assert result.verdict == "fail" and "previous result again" in result.message
+
+
+def test_reused_output_buffer_fails():
+    buffers = {}
+
+    def reuse(x):
+        out = buffers.setdefault(tuple(x.shape), torch.empty_like(x))
+        return torch.softmax(x, -1, out=out)
+
+    result = run(reuse)
+    assert result.verdict == "fail" and "buffer it reuses" in result.message
+
+
+def test_work_finished_on_a_thread_after_return_fails():
+    def side_thread(x):
+        out = torch.empty_like(x)
+
+        def work():
+            time.sleep(0.05)
+            out.copy_(good(x))
+
+        threading.Thread(target=work, name="late-writer").start()
+        return out
+
+    result = run(side_thread)
+    assert result.verdict == "fail" and "still being written after the kernel returned" in result.message
+    assert result.details["threads"] == ["late-writer"]
+
+
+def test_a_thread_that_finishes_before_return_is_fine():
+    def joined(x):
+        out = torch.empty_like(x)
+        t = threading.Thread(target=lambda: out.copy_(good(x)))
+        t.start()
+        t.join()
+        return out
+
+    assert run(joined).verdict == "pass"
+
+
+@pytest.mark.parametrize(("target", "attr"), [(torch, "softmax"), (torch.Tensor, "sum"), (time, "perf_counter")])
+def test_patching_torch_or_timers_fails(target, attr):
+    original = getattr(target, attr)
+
+    def patcher(x):
+        setattr(target, attr, lambda *a, **k: original(*a, **k))
+        return good(x)
+
+    try:
+        result = run(patcher)
+    finally:
+        setattr(target, attr, original)
+    assert result.verdict == "fail" and f"{attr} was replaced" in result.message
+
+
+def test_flipping_a_numerics_flag_fails():
+    before = torch.get_float32_matmul_precision()
+
+    def tf32(x):
+        torch.set_float32_matmul_precision("medium")
+        return good(x)
+
+    try:
+        result = run(tf32)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert result.verdict == "fail" and "get_float32_matmul_precision" in result.message
+
+
+def test_patching_the_reference_module_fails():
+    import types
+
+    module = types.ModuleType("fake_reference_module")
+    exec("import torch\ndef helper(x):\n    return torch.softmax(x, -1)\ndef reference(x):\n    return helper(x)\n",
+         module.__dict__)
+    import sys
+
+    sys.modules[module.__name__] = module
+    try:
+        def patcher(x):
+            module.helper = lambda t: good(t)
+            return good(x)
+
+        result = check("isolation", patcher, module.reference, rows)
+    finally:
+        del sys.modules[module.__name__]
+    assert result.verdict == "fail" and "reference module fake_reference_module.helper" in result.message
+
+
+def test_pristine_snapshot_catches_import_time_patches():
+    from tests.gate_harness import subject_for
+
+    pristine = Snapshot.take(ref)
+    original = torch.allclose
+    torch.allclose = lambda *a, **k: True  # what a kernel module might do when imported
+    try:
+        subject = subject_for(good, ref, rows)
+        subject.pristine_state = pristine
+        from kgate import gates as registry
+
+        result = registry.get("isolation").check(subject)
+    finally:
+        torch.allclose = original
+    assert result.verdict == "fail" and "torch.allclose was replaced" in result.message
+    assert "before the kernel's module was imported" in result.expected
+
+
+class Deferred(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize(("make", "words"), [
+    (lambda x: good(x).as_subclass(Deferred), "torch.Tensor subclass"),
+    (lambda x: good(x).to(torch.complex64).conj(), "conjugate"),
+])
+def test_non_plain_results_fail(make, words):
+    reference = ref if "subclass" in words else (lambda x: good(x).to(torch.complex64).conj().resolve_conj())
+    result = check("isolation", make, reference, rows)
+    assert result.verdict == "fail" and words in result.message
+
+
+def test_lazy_problem_accepts_plain_tensors():
+    assert lazy_problem(torch.zeros(2)) is None
+    assert "meta" in lazy_problem(torch.zeros(2, device="meta"))
