@@ -239,3 +239,17 @@ def test_ray_backend_on_a_local_instance(tmp_path):
     assert _gate(by_id["level1/19_ReLU__nan_masking"], "special_values")["verdict"] == "fail"
     assert "SIGSEGV" in by_id["level1/19_ReLU__segfault"]["standard"]["message"]
     assert by_id["level1/19_ReLU"]["candidate"] == str(pairs[0].candidate)  # the driver's paths, not the node's
+
+
+@pytest.mark.slow
+def test_compile_stage_builds_once_and_the_cache_serves_later_runs(tmp_path):
+    args = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "extension"),
+            "--device", "cpu", "--gate", "contract", "--out", str(tmp_path), "-q"]
+    assert kgate_main(args) == 0
+    (first,) = _records(tmp_path).values()
+    assert first["compile"]["ok"] and first["standard"]["verdict"] == "pass"
+    assert (tmp_path / "torch_extensions").is_dir()
+    assert kgate_main(args) == 0  # a new run (no --resume): the build is found in the cache
+    (second,) = _records(tmp_path).values()
+    assert second["compile"]["ok"]
+    assert second["compile"]["seconds"] < first["compile"]["seconds"] / 3

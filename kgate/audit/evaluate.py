@@ -131,7 +131,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
     remaining = list(names)
     fatal: str | None = None
     attempt = 0
-    while remaining:
+    while remaining or (options.standard and record["standard"] is None):
         state = {"current": None, "poisoned": None, "done": False}
         job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
                "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,
@@ -195,7 +195,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
             results[current] = GateResult(current, "error", cause, registry.get(current).tolerance_free,
                                           broken=True, details={"log_tail": _tail(log)})
             remaining.remove(current)
-        retry = not exit_.error and attempt < options.max_restarts and remaining and not (cancel and cancel.is_set())
+        retry = (not exit_.error and attempt < options.max_restarts and bool(remaining)
+                 and not (cancel and cancel.is_set()))
         if not retry:
             fatal = cause
             break
