@@ -103,7 +103,7 @@ class Snapshot:
                 code = getattr(value, "__code__", None)
                 if code is not None and name.startswith("reference module"):
                     objects[(name, key + ".__code__")] = code
-        for klass in (torch.Tensor, torch.nn.Module):
+        for klass in (torch.Tensor, torch.nn.Module, torch.cuda.Event):
             # Resolved through the class hierarchy, so a method set on torch.Tensor that shadows one of
             # torch._C.TensorBase counts as a replacement.
             for key in dir(klass):
