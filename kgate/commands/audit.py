@@ -51,7 +51,8 @@ build extensions (load_inline) are compiled first on the CPU cores, in parallel,
 Each finished candidate is appended to OUT/results.jsonl; --resume skips those already there."""
 
 EPILOG = """exit codes: 0 every judged candidate passed every gate, 1 some violation, 2 usage or infrastructure
-error, 3 stopped by --max-time before every candidate was judged (run again with --resume).
+error (or no candidate could be judged at all, e.g. CUDA candidates on a machine without CUDA), 3 stopped
+by --max-time before every candidate was judged (run again with --resume).
 
 examples:
   kgate audit --format kernelbench --problems KernelBench --candidates runs/ --report audit-report
@@ -214,6 +215,10 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     if left:
         console.print(f"[yellow]{left} candidate(s) not judged yet; run the same command with --resume[/]")
         return EXIT_INCOMPLETE
+    if records and not summary["judged"]:
+        console.print("[bold red]kgate audit: no candidate could be judged[/] (see the reasons above and the "
+                      f"logs in {out / 'logs'})")
+        return 2
     return 1 if summary["violation"] else 0
 
 

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One slice of the H200 audit of the yenhao-huang/KernelBench corpus (docs/audit/README.md says how
+# to run it). Run on the device machine from the repository root, carrying .third_party/kb-corpus,
+# .third_party/audit-run (the results so far; may be empty) and .whl-kgate. Each slice starts new
+# candidates for BUDGET seconds (default 420), finishes those in flight, and leaves the results so far
+# in $OUT/results.jsonl; exit 3 means candidates are left: bring results.jsonl back into
+# .third_party/audit-run/ and run the slice again. Exit 0 or 1: every candidate is judged.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+BUDGET=${1:-420}
+CORPUS=.third_party/kb-corpus
+CARRIED=.third_party/audit-run
+WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}  # stays while the machine is warm: the extension cache lives here
+RESULTS_OUT=${OUT:-$CARRIED}
+
+if ! python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl-kgate/*.whl || exit 2
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+mkdir -p "$WORK" "$RESULTS_OUT"
+# The carried results are the truth unless this (warm) machine already holds more.
+if [ -s "$CARRIED/results.jsonl" ] && [ "$(wc -l <"$CARRIED/results.jsonl")" -gt "$(cat "$WORK/results.jsonl" 2>/dev/null | wc -l)" ]; then
+  cp "$CARRIED/results.jsonl" "$WORK/results.jsonl"
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+
+python3 -m kgate audit --format kernelbench \
+  --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" --index "$CORPUS/index.csv" \
+  --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" --memory "${MEMORY:-24GiB}" \
+  --timeout "${GATE_TIMEOUT:-120}" --compile-timeout 600 \
+  --out "$WORK" --resume --max-time "$BUDGET" ${SELECT:+-k "$SELECT"}
+rc=$?
+cp "$WORK/results.jsonl" "$RESULTS_OUT/results.jsonl"
+echo "kgate audit exit code $rc; $(wc -l <"$RESULTS_OUT/results.jsonl") record(s) in $RESULTS_OUT/results.jsonl" \
+  "($( [ $rc -eq 3 ] && echo 'more to do: carry them back and run again' || echo 'audit complete'))"
+exit $rc
