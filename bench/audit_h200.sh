@@ -5,6 +5,7 @@
 # candidates for BUDGET seconds (default 420), finishes those in flight, and leaves the results so far
 # in $OUT/results.jsonl; exit 3 means candidates are left: bring results.jsonl back into
 # .third_party/audit-run/ and run the slice again. Exit 0 or 1: every candidate is judged.
+# `bash bench/audit_h200.sh throughput` runs bench/audit_throughput.py on LIMIT (24) candidates instead.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 BUDGET=${1:-420}
@@ -21,6 +22,12 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 mkdir -p "$WORK" "$RESULTS_OUT"
+if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: the benchmark instead
+  python3 bench/audit_throughput.py --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" \
+    --index "$CORPUS/index.csv" --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" \
+    --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json"
+  exit $?
+fi
 # The carried results are the truth unless this (warm) machine already holds more.
 if [ -s "$CARRIED/results.jsonl" ] && [ "$(wc -l <"$CARRIED/results.jsonl")" -gt "$(cat "$WORK/results.jsonl" 2>/dev/null | wc -l)" ]; then
   cp "$CARRIED/results.jsonl" "$WORK/results.jsonl"
