@@ -279,6 +279,9 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                 _kill(proc)
                 break
             if proc.poll() is not None and not ready:
+                # It may have written its last events after the select above timed out: read them first.
+                if selector.select(timeout=0):
+                    continue
                 break  # exited, and nothing is left to read (a leaked child may still hold the pipe)
     except BaseException:
         _kill(proc)  # interrupted: the worker is in its own session and would outlive us
