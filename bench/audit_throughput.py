@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ratio = round(full["s_per_kernel"] / standard["s_per_kernel"], 2) if standard["s_per_kernel"] else None
     result = {"device": plan.describe(), "candidates": len(pairs), "compile": compile_row, "modes": [standard, full],
               "gates_over_standard": ratio, "goal": {"gates_over_standard_max": 5, "kernels_per_hour_min": 3000}}
-    print(f"\n| mode | kernels | wall s | s/kernel | worker s/kernel | kernels/h | with compile: s/kernel | "
-          f"kernels/h |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| mode | kernels | wall s | s/kernel | worker s/kernel | kernels/h | with compile: s/kernel | "
+          "kernels/h |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in (standard, full):
         print(f"| {row['mode']} | {row['kernels']} | {row['wall_s']} | {row['s_per_kernel']} | "
               f"{row['worker_s_per_kernel']} | {row['kernels_per_hour']} | {row['with_compile_s_per_kernel']} | "

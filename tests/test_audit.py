@@ -253,3 +253,26 @@ def test_compile_stage_builds_once_and_the_cache_serves_later_runs(tmp_path):
     (second,) = _records(tmp_path).values()
     assert second["compile"]["ok"]
     assert second["compile"]["seconds"] < first["compile"]["seconds"] / 3
+
+
+def test_gpu_oom_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    calls = []
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+        calls.append((pair.id, gpu_memory_fraction))
+        oom = pair.id == "big" and gpu_memory_fraction is not None  # fits only with the whole device
+        return {"id": pair.id, "oom": oom, "gates": [], "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair("big", CORPUS / "x.py", None), Pair("small", CORPUS / "y.py", None)]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=2, compile_jobs=1, compile_stage=False)
+    records = []
+    judged = scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append)
+    assert judged == 2
+    by_id = {r["id"]: r for r in records}
+    assert by_id["big"]["retried_alone"] and not by_id["big"]["oom"]
+    assert ("big", None) in calls and ("big", 0.475) in calls  # shared: a budgeted share; alone: all of it
+    assert "retried_alone" not in by_id["small"]

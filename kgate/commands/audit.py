@@ -26,8 +26,8 @@ from kgate import gates as registry
 from kgate.audit import report as audit_report
 from kgate.audit.evaluate import AuditOptions
 from kgate.audit.results import ResultsFile, parse_shard, shard
+from kgate.audit.scheduler import Plan, arch_list, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
-from kgate.audit.scheduler import arch_list, make_plan, run_local
 from kgate.errors import UsageError
 from kgate.kernelbench import discover
 from kgate.manifest import parse_memory
@@ -86,7 +86,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-time", type=float, metavar="SECONDS",
                    help="start no new candidate after this long; exit 3 if some are left (then --resume)")
     p.add_argument("--backend", choices=["local", "ray"], default="local", help="where candidates run (default local)")
-    p.add_argument("--address", metavar="A", help="Ray cluster address for --backend ray (default: a local instance)")
+    p.add_argument("--address", metavar="A",
+                   help="Ray cluster address for --backend ray (default: a local instance); with --backend ray, "
+                        "--device cuda asks Ray for GPUs (--jobs tasks share one GPU) and --device cpu for CPUs")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
                    help="time limit per stage of one candidate: loading + standard test, and each gate (default 300)")
     p.add_argument("--compile-timeout", type=float, default=900.0, metavar="SECONDS",
@@ -170,14 +172,19 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         raise UsageError(f"cannot write to --out {out}: {exc}") from None
     ids = {p.id for p in pairs}
     todo = [p for p in pairs if p.id not in done]
-    plan = make_plan(args.device, args.jobs, args.compile_jobs)
+    if args.backend == "ray":
+        # The devices are the cluster's, not this machine's: Ray places each task on a GPU (or a CPU).
+        kind = "cuda:0" if args.device.startswith("cuda") else "cpu"
+        plan = Plan([kind], args.jobs or 1, args.compile_jobs or 1)
+    else:
+        plan = make_plan(args.device, args.jobs, args.compile_jobs)
     plan.compile_stage = not args.no_compile_stage
     options = AuditOptions(gates=gate_names, out_dir=out, timeout=args.timeout, memory=memory,
                            compile_timeout=args.compile_timeout, seed=args.seed,
                            repro_args=repro_args(args, problems, candidates, index),
                            threads=max(1, (_cpus() // (plan.slots * len(plan.devices)))) if plan.devices == ["cpu"]
                            else None,
-                           arch_list=arch_list(plan.devices))
+                           arch_list=None if args.backend == "ray" else arch_list(plan.devices))
     if not args.quiet:
         where = "Ray" + (f" at {args.address}" if args.address else " (local instance)") if args.backend == "ray" \
             else plan.describe()
