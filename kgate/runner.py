@@ -30,6 +30,7 @@ from kgate.manifest import LoadedManifest, ResolvedKernel
 from kgate.report import KernelResult
 
 POLL_S = 0.05
+LOAD_TIMEOUT_S = 120.0  # at least this long to start a worker and import the kernel
 
 
 @dataclass
@@ -242,7 +243,10 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     os.close(write_fd)
     stage: str | None = None
     error: str | None = None
-    deadline = time.monotonic() + timeout  # loading counts against the first stage's time
+    # Starting Python, torch and the user's modules gets its own budget: on a loaded machine it alone
+    # can take longer than a tight per-gate limit. A module that hangs at import still times out.
+    load_timeout = max(timeout, LOAD_TIMEOUT_S)
+    deadline = time.monotonic() + load_timeout
     buffer = b""
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
@@ -271,7 +275,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                 _kill(proc)
                 break
             if time.monotonic() > deadline:
-                error = f"timed out after {timeout:g} s " + (f"in {stage}" if stage else "while loading")
+                error = (f"timed out after {timeout:g} s in {stage}" if stage
+                         else f"timed out after {load_timeout:g} s while loading")
                 _kill(proc)
                 break
             if cancel is not None and cancel.is_set():
