@@ -297,3 +297,13 @@ def test_bad_input_raises_value_error(kwargs, match):
     opts = {k_: v_ for k_, v_ in kwargs.items() if k_ not in base}
     with pytest.raises(ValueError, match=match):
         gk.gdn_chunk(base["q"], base["k"], base["v"], base["g"], base["beta"], **opts)
+
+
+def test_kgate_entries_reference_keeps_the_contract_dtypes():
+    from fixtures.gdn import kgate_entry as ke
+
+    for make_inputs, ref in [(ke.make_inputs, ke.gated_delta_reference), (ke.make_inputs_retnet, ke.retnet_reference),
+                             (ke.make_inputs_linear, ke.linear_attention_reference)]:
+        args = make_inputs(0, shape=(1, 5, 2, 64), dtype=torch.bfloat16)
+        o, ht = ref(*args)
+        assert o.dtype == torch.bfloat16 and ht.dtype == torch.float32
