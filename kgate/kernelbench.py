@@ -290,6 +290,36 @@ def tampering(before: dict[str, str], module: types.ModuleType) -> str | None:
     return "the candidate modified the problem module: " + "; ".join(parts)
 
 
+def torch_fingerprint() -> dict[str, int]:
+    """Identity of every public callable of torch's main namespaces, Tensor methods and nn.Module:
+    a candidate that swaps one (say torch.relu, which the reference also calls) fools the reference and
+    the oracle alike, so the worker compares this before the candidate is imported and after."""
+    import torch
+    import torch.nn.functional as F
+
+    spaces = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor,
+              "torch._C.TensorBase": torch._C.TensorBase, "torch.nn.Module": torch.nn.Module,
+              "torch.linalg": torch.linalg, "torch.fft": torch.fft, "torch.special": torch.special}
+    out = {}
+    for label, space in spaces.items():
+        for key, value in list(vars(space).items()):
+            if not key.startswith("__") and callable(value):
+                out[f"{label}.{key}"] = id(value)
+    for name in dir(torch.nn):
+        cls = getattr(torch.nn, name, None)
+        if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and "forward" in vars(cls):
+            out[f"torch.nn.{name}.forward"] = id(vars(cls)["forward"])
+    return out
+
+
+def torch_tampering(before: dict[str, int]) -> str | None:
+    after = torch_fingerprint()
+    changed = [k for k, v in before.items() if after.get(k) != v]
+    if not changed:
+        return None
+    return "the candidate replaced torch functions the reference uses too: " + ", ".join(changed[:8])
+
+
 def _meta_signature(obj: Any) -> Any:
     import torch
 

@@ -90,6 +90,12 @@ def test_tampering_with_the_problem_is_recorded(audited):
     assert r["tamper"] and "get_inputs" in r["tamper"]
 
 
+def test_patching_torch_under_the_reference_is_recorded(audited):
+    r = audited[2]["level1/19_ReLU__patches_torch"]
+    assert r["tamper"] and "torch.relu" in r["tamper"]
+    assert audited[2]["level1/19_ReLU"]["tamper"] is None
+
+
 def test_report_numbers_match_the_records(audited):
     _, out, records = audited
     summary = json.loads((out / "report" / "summary.json").read_text())
@@ -134,7 +140,7 @@ def test_cli_shards_partition_the_corpus(tmp_path):
 
 def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     out = tmp_path / "run"
-    select = "not (crash or hang or exit or segfault or syntax or tamper)"  # the five quick candidates
+    select = "not (crash or hang or exit or segfault or syntax or tamper or patches)"  # the five quick candidates
     args = [*BASE[:-1], "contract,oracle", "-k", select, "--jobs", "1", "--out", str(out), "-q"]
     proc = subprocess.Popen([sys.executable, "-m", "kgate", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)

@@ -80,13 +80,14 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         channel.send("problem_error", message=str(exc))
         return
     before = {"reference": kb.fingerprint(reference_module), "inputs": kb.fingerprint(inputs_module)}
+    torch_before = kb.torch_fingerprint()
 
     def tampered() -> str | None:
         for label, module in (("reference", reference_module), ("inputs", inputs_module)):
             found = kb.tampering(before[label], module)
             if found:
                 return found
-        return None
+        return kb.torch_tampering(torch_before)
 
     run_standard = job.get("standard", True)
     start = time.perf_counter()

@@ -1,6 +1,5 @@
 # Correct, and built like the corpus's CUDA candidates: a C++ extension through load_inline (CPU-only
 # source, so the compile stage can build it on a machine without a GPU).
-import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 
