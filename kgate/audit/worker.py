@@ -147,7 +147,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
             return kb.repro_command(audit_args, job["id"], gate)
 
     subject = PairSubject(entry, kb.NoGrad(candidate), kb.DtypeDispatch(reference),
-                          InputFactory(kb.ProblemInputs(inputs_module, dims)), device, cases,
+                          InputFactory(kb.ProblemInputs(inputs_module, dims).factory()), device, cases,
                           repro_manifest=str(problem_path))
     poisoned: list[str] = []
 
