@@ -90,7 +90,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="Ray cluster address for --backend ray (default: a local instance); with --backend ray, "
                         "--device cuda asks Ray for GPUs (--jobs tasks share one GPU) and --device cpu for CPUs")
     p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
-                   help="time limit per stage of one candidate: loading + standard test, and each gate (default 300)")
+                   help="time limit per stage of one candidate: loading, the standard test, each gate (default 300)")
     p.add_argument("--compile-timeout", type=float, default=900.0, metavar="SECONDS",
                    help="time limit for building one candidate's extension (default 900)")
     p.add_argument("--memory", default="32GiB", metavar="SIZE", help="resident memory limit per worker (default 32GiB)")
