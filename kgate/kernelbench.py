@@ -475,11 +475,11 @@ def to_device(values: Any, device: Any, dtype: Any = None) -> list[Any]:
     return out
 
 
-def build_models(reference_module: types.ModuleType, model_new: type, device: Any, seed: int = DEFAULT_SEED,
-                 precision: Any = None) -> tuple[Any, Any]:
-    """KernelBench's construction: seed, init inputs; seed, Model; seed, ModelNew; both moved to
-    `device` (and `precision`, float32 by default). Raises ProblemError when the reference cannot be
-    built; an exception from ModelNew propagates (it is the candidate's)."""
+def build_reference(reference_module: types.ModuleType, device: Any, seed: int = DEFAULT_SEED,
+                    precision: Any = None) -> tuple[Any, list[Any]]:
+    """KernelBench's construction of the reference, done before the candidate is imported (as
+    KernelBench does): seed, init inputs (cast to `precision`, float32 by default, and moved); seed,
+    Model, moved to `device`. Returns the model and the init inputs; raises ProblemError."""
     import torch
 
     precision = precision or torch.float32
@@ -492,11 +492,27 @@ def build_models(reference_module: types.ModuleType, model_new: type, device: An
             reference = reference.to(device=device, dtype=precision)
     except Exception as exc:  # noqa: BLE001
         raise ProblemError(f"the problem's Model could not be built: {type(exc).__name__}: {exc}") from exc
+    return reference, init_inputs
+
+
+def build_candidate(model_new: type, init_inputs: list[Any], device: Any, seed: int = DEFAULT_SEED,
+                    precision: Any = None) -> Any:
+    """Seed with the same seed, ModelNew(*init_inputs), moved: so both models draw the same weights.
+    An exception propagates (it is the candidate's)."""
+    import torch
+
+    precision = precision or torch.float32
     with torch.no_grad():
         set_seed(seed)
         candidate = model_new(*init_inputs)
-        candidate = candidate.to(device=device, dtype=precision)
-    return reference, candidate
+        return candidate.to(device=device, dtype=precision)
+
+
+def build_models(reference_module: types.ModuleType, model_new: type, device: Any, seed: int = DEFAULT_SEED,
+                 precision: Any = None) -> tuple[Any, Any]:
+    """Both models, the KernelBench way (build_reference, then build_candidate)."""
+    reference, init_inputs = build_reference(reference_module, device, seed, precision)
+    return reference, build_candidate(model_new, init_inputs, device, seed, precision)
 
 
 # --------------------------------------------------------------------------------------------------

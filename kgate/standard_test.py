@@ -18,7 +18,8 @@ does this module, step for step:
 The tolerance was 1e-2 in KernelBench v0/v0.1 (and in the published audit this project starts from);
 later versions take it from the precision (1e-4 for float32). Both verdicts come from the same
 outputs, so one run records the candidate's fate under each (`accepted_at`).
-The models are built the KernelBench way before this runs (`kgate.kernelbench.build_models`).
+The models are built the KernelBench way before this runs (`kgate.kernelbench.build_reference`, then
+`build_candidate`).
 """
 
 from __future__ import annotations

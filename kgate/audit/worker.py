@@ -90,6 +90,12 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         return kb.torch_tampering(torch_before)
 
     run_standard = job.get("standard", True)
+    seed = job.get("seed", kb.DEFAULT_SEED)
+    try:  # the reference is built before the candidate's code runs, as KernelBench does
+        reference, init_inputs = kb.build_reference(reference_module, device, seed)
+    except kb.ProblemError as exc:
+        channel.send("problem_error", message=str(exc))
+        return
     start = time.perf_counter()
     try:
         candidate_module = kb.exec_candidate(candidate_path)
@@ -105,10 +111,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     channel.send("loaded", seconds=round(time.perf_counter() - start, 3), free_dims=dims.names,
                  defaults=dims.defaults, notes={"shapes": dims.note} if dims.note else {})
     try:
-        reference, candidate = kb.build_models(reference_module, model_new, device, job.get("seed", kb.DEFAULT_SEED))
-    except kb.ProblemError as exc:
-        channel.send("problem_error", message=str(exc))
-        return
+        candidate = kb.build_candidate(model_new, init_inputs, device, seed)
     except BaseException as exc:  # noqa: BLE001
         message = f"ModelNew could not be built: {type(exc).__name__}: {exc}"
         if run_standard:
@@ -122,8 +125,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         channel.send("tamper", message=found)
     if run_standard:
         try:
-            verdict = standard_test.run(reference, candidate, inputs_module.get_inputs, device,
-                                        seed=job.get("seed", kb.DEFAULT_SEED))
+            verdict = standard_test.run(reference, candidate, inputs_module.get_inputs, device, seed=seed)
         except BaseException as exc:  # noqa: BLE001 - the reference raised: the problem's fault
             channel.send("problem_error", message=f"the problem's Model raised in the standard test: "
                                                   f"{type(exc).__name__}: {exc}")
