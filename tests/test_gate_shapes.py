@@ -112,3 +112,15 @@ def test_correct_control_passes_every_gate(gate):
     subject = subject_for(correct.softmax_rows, correct.reference, correct.make_inputs, shapes=DECLARED)
     result = registry.get(gate).check(subject)
     assert result.verdict in ("pass", "skip"), f"{gate}: {result.message}"
+
+
+def test_slow_kernel_gets_a_shorter_sweep_not_a_timeout():
+    import time
+
+    def slow(x):
+        time.sleep(0.05)
+        return correct.softmax_rows(x)
+
+    result = run(slow, limits={"timeout": 0.4})
+    assert result.verdict == "pass" and "stopped after" in result.message
+    assert "half the gate's 0.4 s time limit" in result.message

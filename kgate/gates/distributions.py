@@ -24,7 +24,7 @@ import torch
 from kgate.compare import clone_tree, index_of
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
-from kgate.shrink import Finding, judge_probe, shrink_subset
+from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, shrink_subset
 from kgate.subject import Subject, UserCodeError
 
 FRESH_SEEDS = (104729, 1299709)
@@ -168,7 +168,7 @@ class Distributions(Gate):
 
         note = ""
         if len(positions) <= SHRINK_MAX_ELEMENTS:
-            shrunk = shrink_subset(positions, fails)
+            shrunk = shrink_subset(positions, fails, seconds=min(SHRINK_SECONDS, subject.entry.limits.timeout / 4))
             final, chosen = found[len(shrunk.value)]
             if len(chosen) < len(positions):
                 shown = ", ".join(f"argument {i} at {list(index_of(j, tuple(probe[i].shape)))} = "

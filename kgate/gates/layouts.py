@@ -26,7 +26,7 @@ from kgate.gates.base import Gate, GateResult
 from kgate.gates.oracle import Incomparable, measure_outputs
 from kgate.inputs import Case
 from kgate.oracle import BROKEN_FACTOR
-from kgate.shrink import CONTRACT, CRASH, ORACLE, Finding, shrink_subset
+from kgate.shrink import CONTRACT, CRASH, ORACLE, SHRINK_SECONDS, Finding, shrink_subset
 from kgate.subject import Subject, UserCodeError
 
 
@@ -230,7 +230,7 @@ class Layouts(Gate):
                 return True
             return False
 
-        shrunk = shrink_subset(sorted(strided), fails)
+        shrunk = shrink_subset(sorted(strided), fails, seconds=min(SHRINK_SECONDS, subject.entry.limits.timeout / 4))
         final = found[tuple(shrunk.value)]
         which = "; ".join(f"argument {i} {kind} ({describe_layout(strided[i])})" for i in shrunk.value)
         note = ""

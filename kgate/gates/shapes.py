@@ -18,12 +18,13 @@ elements (kgate.shrink) before it is reported, with its `kgate run ... --shape` 
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
-from kgate.shrink import Finding, judge_probe, numel, shrink_shape
+from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, numel, shrink_shape
 from kgate.subject import Subject, UserCodeError
 
 MAX_GENERATED = 20
@@ -140,7 +141,15 @@ class Shapes(Gate):
         generated = edge_shapes(declared, max(CAP_FACTOR * max(numel(s) for s in declared), MIN_CAP))
         rejected: list[str] = []
         too_big: list[str] = []
+        # Half the gate's time limit for the generated sweep, a quarter for shrinking: a slow kernel gets
+        # a shorter sweep (said in the message), not a timeout that loses the verdict.
+        timeout = subject.entry.limits.timeout
+        deadline = time.monotonic() + timeout / 2
+        swept = 0
         for shape, why in generated:
+            if time.monotonic() > deadline:
+                break
+            swept += 1
             for dtype in dtypes:
                 case = Case(shape, dtype, seed)
                 try:
@@ -159,8 +168,11 @@ class Shapes(Gate):
             notes.append(f"skipped {len(rejected)} the reference or factory rejects: {', '.join(rejected[:6])}")
         if too_big:
             notes.append(f"skipped {len(too_big)} whose inputs are too large for the sweep: {', '.join(too_big)}")
+        if swept < len(generated):
+            notes.append(f"stopped after {swept} of {len(generated)} generated shapes (half the gate's "
+                         f"{timeout:g} s time limit)")
         message = (f"contract and oracle bound held on {len(declared)} declared and "
-                   f"{len(generated) - len(rejected) - len(too_big)} generated shape(s) x {len(dtypes)} dtype(s)")
+                   f"{swept - len(rejected) - len(too_big)} generated shape(s) x {len(dtypes)} dtype(s)")
         return self.passed(message + ("; " + "; ".join(notes) if notes else ""), evidence=evidence,
                            details={"generated": [list(s) for s, _ in generated], "rejected": rejected,
                                     "too_large": too_big})
@@ -200,7 +212,7 @@ class Shapes(Gate):
                 return True
             return False
 
-        shrunk = shrink_shape(case.shape, fails)
+        shrunk = shrink_shape(case.shape, fails, seconds=min(SHRINK_SECONDS, subject.entry.limits.timeout / 4))
         smallest = shrunk.value
         final = found[smallest]
         minimal = Case(smallest, case.dtype, case.seed)
