@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -115,8 +116,6 @@ def test_correct_control_passes_every_gate(gate):
 
 
 def test_slow_kernel_gets_a_shorter_sweep_not_a_timeout():
-    import time
-
     def slow(x):
         time.sleep(0.05)
         return correct.softmax_rows(x)
