@@ -161,3 +161,33 @@ def test_gate_on_cpu_never_calls_the_sanitizer(monkeypatch):
     monkeypatch.setattr(bounds_module.subprocess, "run", lambda *a, **k: called.append(a))
     subject = subject_for(lambda x: x + 1, lambda x: x + 1, rows)
     assert Bounds().check(subject).verdict == "pass" and not called
+
+
+def test_tensors_the_kernel_resizes_or_repoints_are_not_misjudged():
+    def grow(x):
+        out = torch.empty(2, dtype=x.dtype)
+        out.resize_(x.numel())  # grows into what was the guard band: no longer judged
+        out.copy_(x.reshape(-1))
+        staging = torch.empty(0, dtype=x.dtype).set_(out.untyped_storage(), out.storage_offset(), out.shape)
+        return staging.reshape(x.shape) * 2
+
+    result = check("bounds", grow, lambda x: x * 2, rows)
+    assert result.verdict == "pass", result.message
+
+
+@pytest.mark.slow
+def test_triton_store_without_mask_is_caught_in_the_interpreter(tmp_path):
+    """The catalogue's CUDA control, run on the CPU in Triton's interpreter with only the bounds gate
+    (where the overrun lands in a guard band; unguarded, it would write into malloc's heap)."""
+    from kgate.manifest import load
+    from kgate.runner import Runner, RunOptions
+    from tests.conftest import ROOT
+
+    manifest = load(ROOT / "gates" / "kgate.yaml")
+    kernels = [manifest.by_name("bounds-cuda-violating-unmasked-store"),
+               manifest.by_name("bounds-cuda-correct-masked-store")]
+    results = Runner(manifest, kernels, RunOptions(gates=["bounds"], device="cpu", out_dir=tmp_path)).run()
+    bad, good = (r.gates[0] for r in results)
+    assert bad.verdict == "fail" and "past its last element" in bad.message
+    assert "torch.empty_like" in bad.where
+    assert good.verdict == "pass", good.message

@@ -146,7 +146,7 @@ class Bounds(Gate):
         if exe is None:
             return {"note": "compute-sanitizer: skipped (not installed: put it on PATH to run it)",
                     "errors": [], "ran": []}
-        manifest = getattr(subject.entry.manifest, "path", None)
+        manifest = getattr(getattr(subject.entry, "manifest", None), "path", None)
         if manifest is None or not Path(manifest).exists():
             return {"note": "compute-sanitizer: skipped (no manifest file to reload the kernel from)",
                     "errors": [], "ran": []}

@@ -39,6 +39,8 @@ SENTINEL_BYTE = 0xA5  # finite and negative in every floating dtype (float32 -2.
 # Factories whose result holds whatever the memory held before.
 UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                            "empty_permuted"})
+# In-place metadata changes after which a guarded tensor no longer sits between its guard bands.
+_REPOINTING = frozenset({"set_", "resize_", "resize_as_", "as_strided_", "resize_as_sparse_"})
 # Factories whose result is fully written by PyTorch (guarded by the bounds gate, not poisoned).
 INITIALIZED = frozenset({"zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros",
                          "new_ones", "new_full"})
@@ -65,40 +67,60 @@ class Guarded:
     def __init__(self, like: torch.Tensor, guard_bytes: int, byte: int, label: str):
         self.label = label
         self.byte = byte
-        item = like.element_size()
-        self.guard = max(1, math.ceil(guard_bytes / item))
-        span = span_elements(tuple(like.shape), tuple(like.stride()))
-        self.buffer = torch.empty(self.guard + span + self.guard, dtype=like.dtype, device=like.device)
+        self.item = like.element_size()
+        self.guard = max(1, math.ceil(guard_bytes / self.item))
+        self.shape, self.stride = tuple(like.shape), tuple(like.stride())
+        self.span = span_elements(self.shape, self.stride)
+        self.buffer = torch.empty(self.guard + self.span + self.guard, dtype=like.dtype, device=like.device)
         raw_bytes(self.buffer).fill_(byte)
         self.view = self.buffer.as_strided(like.shape, like.stride(), self.guard)
+        self.storage_ptr = self.buffer.untyped_storage().data_ptr()
+        self.repointed = False  # set by AllocationHook when the kernel calls set_/resize_ on it
 
-    def covered(self) -> torch.Tensor:
-        """Per element of the buffer: whether it belongs to the view."""
+    def moved(self) -> bool:
+        """Whether the kernel re-pointed or resized the tensor (set_, resize_): then nothing is judged."""
+        v = self.view
+        return (self.repointed or v.untyped_storage().data_ptr() != self.storage_ptr
+                or tuple(v.shape) != self.shape or tuple(v.stride()) != self.stride
+                or v.storage_offset() != self.guard)
+
+    def _outside(self) -> list[tuple[int, torch.Tensor]]:
+        """(first byte, bytes) of every region of the buffer that is not the view's."""
+        raw = raw_bytes(self.buffer)
+        total = self.buffer.numel() * self.item
+        end = (self.guard + self.span) * self.item
+        if self.span == math.prod(self.shape):  # dense: no gaps, only the two guard bands
+            return [(0, raw[: self.guard * self.item]), (end, raw[end:total])]
         mask = torch.zeros(self.buffer.numel(), dtype=torch.bool)
-        if self.view.numel():
-            idx = torch.arange(self.buffer.numel()).as_strided(self.view.shape, self.view.stride(), self.guard)
-            mask[idx.reshape(-1)] = True
-        return mask
+        idx = torch.arange(self.buffer.numel()).as_strided(self.shape, self.stride, self.guard)
+        mask[idx.reshape(-1)] = True
+        outside = ~mask.repeat_interleave(self.item)
+        data = raw[:total].cpu()
+        return [(0, torch.where(outside, data, torch.full_like(data, self.byte)))]
 
     def check(self) -> str | None:
-        raw = raw_bytes(self.buffer).cpu()[: self.buffer.numel() * self.buffer.element_size()]
-        item = self.buffer.element_size()
-        outside = ~self.covered().repeat_interleave(item)
-        changed = (raw != self.byte) & outside
-        count = int(changed.sum())
-        if count == 0:
+        if self.moved():
             return None
-        first = int(changed.nonzero()[0, 0]) // item - self.guard
-        last = int(changed.nonzero()[-1, 0]) // item - self.guard
-        span = span_elements(tuple(self.view.shape), tuple(self.view.stride()))
+        count, first, last = 0, None, None
+        for offset, region in self._outside():
+            changed = (region != self.byte).nonzero()
+            if changed.numel() == 0:
+                continue
+            count += changed.shape[0]
+            lo, hi = offset + int(changed[0, 0]), offset + int(changed[-1, 0])
+            first = lo if first is None else min(first, lo)
+            last = hi if last is None else max(last, hi)
+        if first is None or last is None:
+            return None
+        first, last = first // self.item - self.guard, last // self.item - self.guard
         if first < 0:
             where = f"{-first} element(s) before its first element"
-        elif first >= span:
-            where = f"{first - span + 1} element(s) past its last element"
+        elif first >= self.span:
+            where = f"{first - self.span + 1} element(s) past its last element"
         else:
             where = f"in a gap between its strided elements (element offset {first})"
         return (f"{count} byte(s) outside {self.label} were written, first {where} "
-                f"(changed element offsets {first}..{last} relative to its start, span {span})")
+                f"(changed element offsets {first}..{last} relative to its start, span {self.span})")
 
 
 class AllocationHook(TorchDispatchMode):
@@ -125,13 +147,19 @@ class AllocationHook(TorchDispatchMode):
         self.count = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
+        if name in _REPOINTING and self.guarded and args and isinstance(args[0], torch.Tensor):
+            # The caller holds its own TensorImpl over our storage: see its set_/resize_ here.
+            ptr = args[0].untyped_storage().data_ptr()
+            for guarded in self.guarded:
+                if guarded.storage_ptr == ptr:
+                    guarded.repointed = True
+        out = func(*args, **(kwargs or {}))
         if name not in UNINITIALIZED and not (self.guard_bytes and name in INITIALIZED):
             return out
         if not isinstance(out, torch.Tensor) or out.layout != torch.strided or out.is_meta \
-                or out.is_quantized or out.requires_grad or type(out) is not torch.Tensor:
-            return out
+                or out.is_quantized or out.requires_grad or type(out) is not torch.Tensor or out.numel() == 0:
+            return out  # an empty tensor is a placeholder that set_/resize_ will re-point: nothing to fill
         self.count += 1
         if self.guard_bytes:
             guarded = Guarded(out, self.guard_bytes, self.guard_byte,
