@@ -1,0 +1,242 @@
+"""The pre-commit hook: mapping changed files to manifest entries, `kgate hook`'s quick profile, the
+hooks manifest, and `pre-commit try-repo` of a committed snapshot of this tree from a temporary
+kernel repository."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kgate.commands.hook import kernels_for_files, quick_options
+from kgate.manifest import load
+from kgate.runner import RunOptions
+from tests.conftest import ROOT
+
+PRE_COMMIT = str(Path(sys.executable).parent / "pre-commit")
+
+MANIFEST = """\
+version: 1
+defaults:
+  device: cpu
+  seeds: [0, 1, 2]
+kernels:
+  - name: softmax
+    kernel: kernels/softmax.py:softmax
+    reference: reference.py:softmax_ref
+    inputs: reference.py:make_inputs
+    shapes: [[64, 257], [1, 128], [7, 100]]
+    dtypes: [float32, float64]
+    files: [kernels/*.cu]
+  - name: scale
+    kernel: kernels/scale.py:scale
+    reference: kernels/scale.py:scale_ref
+    inputs: [{shape: [3, 5]}]
+"""
+REFERENCE = """\
+import torch
+
+
+def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return ((torch.randn(shape, generator=gen, dtype=torch.float64) * 3).to(dtype=dtype, device=device),)
+
+
+def softmax_ref(x):
+    return torch.softmax(x, dim=-1)
+"""
+BROKEN = """\
+import torch
+
+
+def softmax(x):
+    z = torch.exp(x)  # no max subtraction: overflows to inf/inf = NaN
+    return z / z.sum(dim=-1, keepdim=True)
+"""
+FIXED = """\
+import torch
+
+
+def softmax(x):
+    z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+    return z / z.sum(dim=-1, keepdim=True)
+"""
+SCALE = """\
+def scale(x):
+    return x * 2
+
+
+def scale_ref(x):
+    return x * 2
+"""
+
+
+def _kernel_repo(path: Path, kernel: str = BROKEN) -> Path:
+    for rel, text in {"kgate.yaml": MANIFEST, "reference.py": REFERENCE, "kernels/softmax.py": kernel,
+                      "kernels/scale.py": SCALE, "kernels/softmax.cu": "// CUDA source\n",
+                      "README.md": "kernels\n"}.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_text(text)
+    return path
+
+
+def _names(manifest, files, cwd):
+    return [k.name for k in kernels_for_files(manifest, files, cwd)]
+
+
+def test_changed_files_map_to_the_entries_that_use_them(tmp_path):
+    _kernel_repo(tmp_path)
+    manifest = load(tmp_path / "kgate.yaml")
+    assert _names(manifest, ["kernels/softmax.py"], tmp_path) == ["softmax"]  # kernel
+    assert _names(manifest, ["reference.py"], tmp_path) == ["softmax"]  # reference and inputs
+    assert _names(manifest, ["kernels/softmax.cu"], tmp_path) == ["softmax"]  # files: glob
+    assert _names(manifest, ["kernels/scale.py"], tmp_path) == ["scale"]
+    assert _names(manifest, ["README.md", "kernels/other.py"], tmp_path) == []
+    assert _names(manifest, ["kgate.yaml"], tmp_path) == ["softmax", "scale"]  # the manifest itself
+    # paths are taken relative to where the hook runs
+    assert _names(manifest, ["softmax.py"], tmp_path / "kernels") == ["softmax"]
+
+
+def test_quick_profile_is_one_small_case_of_the_cheap_gates(tmp_path):
+    _kernel_repo(tmp_path)
+    softmax = load(tmp_path / "kgate.yaml").by_name("softmax")
+    options = quick_options(softmax, RunOptions(), None, full=False)
+    assert options.shapes == [(1, 128)] and options.seeds == [0] and options.dtypes == ["float32"]
+    assert set(options.gates) <= {"contract", "oracle", "special_values", "input_integrity", "determinism"}
+    assert "special_values" in options.gates
+    assert quick_options(softmax, RunOptions(), None, full=True).gates is None
+
+
+def _hook(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kgate", "hook", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_kgate_hook_fails_naming_kernel_gate_and_finding_then_passes_when_fixed(tmp_path):
+    _kernel_repo(tmp_path)
+    started = time.monotonic()
+    proc = _hook(tmp_path, "kernels/softmax.py")
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL softmax / special_values: " in proc.stdout
+    assert "kernel: kernels/softmax.py:4" in proc.stdout
+    assert "reproduce: kgate run kgate.yaml -k softmax --gate special_values" in proc.stdout
+    assert "scale" not in proc.stdout  # not touched by the change
+    print(f"kgate hook on one changed kernel (CPU): {elapsed:.1f}s wall")
+    (tmp_path / "kernels" / "softmax.py").write_text(FIXED)
+    proc = _hook(tmp_path, "kernels/softmax.py")
+    assert proc.returncode == 0, proc.stdout
+    assert "1 passed, 0 with violations" in proc.stdout
+    proc = _hook(tmp_path, "README.md")
+    assert proc.returncode == 0 and "nothing to gate" in proc.stdout
+
+
+def test_kgate_hook_reports_a_bad_manifest_with_exit_2(tmp_path):
+    (tmp_path / "kgate.yaml").write_text("version: 1\nkernels: []\n")
+    proc = _hook(tmp_path, "a.py")
+    assert proc.returncode == 2 and "kgate.yaml" in proc.stderr
+
+
+def test_hooks_manifest_is_valid():
+    proc = subprocess.run([PRE_COMMIT, "validate-manifest", str(ROOT / ".pre-commit-hooks.yaml")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------------------------------
+# pre-commit try-repo, for real.
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",
+                           *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def _snapshot_of_this_tree(dest: Path) -> Path:
+    """This working tree as pre-commit would clone it, committed in a repository of its own: the real
+    repository's HEAD and index are not touched."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if not src.is_file() or rel.startswith(("tests/", "fixtures/")):
+            continue  # pre-commit installs the package; the test suite and fixtures are not needed
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+    _git(dest, "init", "-q", "-b", "main")
+    _git(dest, "add", "-A")
+    _git(dest, "commit", "-qm", "snapshot")
+    return dest
+
+
+def _pip_env(tmp: Path) -> dict[str, str]:
+    """Pin the hook environment's torch to the one installed here, so pip takes the local CPU wheel
+    (find-links) rather than a multi-gigabyte CUDA build."""
+    import torch
+
+    constraints = tmp / "constraints.txt"
+    constraints.write_text(f"torch=={torch.__version__}\n")
+    return {"PIP_CONSTRAINT": str(constraints)}
+
+
+@pytest.fixture(scope="module")
+def pre_commit(tmp_path_factory):
+    """Runs `pre-commit ARGS` in a kernel repository against a committed snapshot of this tree.
+    try-repo installs the hook's environment (kgate and torch) into a fresh store on every call, so
+    only the first case uses it; the others go through a config naming the snapshot, with one store."""
+    base = tmp_path_factory.mktemp("pre-commit")
+    snapshot = _snapshot_of_this_tree(base / "kgate-snapshot")
+    rev = _git(snapshot, "rev-parse", "HEAD").stdout.strip()
+    env = {**os.environ, "PRE_COMMIT_HOME": str(base / "home"), **_pip_env(base)}
+    env.pop("PRE_COMMIT", None)
+
+    def run(repo: Path, *args: str) -> subprocess.CompletedProcess:
+        if args[0] == "try-repo":
+            args = ("try-repo", str(snapshot), *args[1:])
+        else:
+            (repo / ".pre-commit-config.yaml").write_text(textwrap.dedent(f"""\
+                repos:
+                  - repo: {snapshot}
+                    rev: {rev}
+                    hooks:
+                      - id: kgate
+                """))
+        return subprocess.run([PRE_COMMIT, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+
+    return run
+
+
+@pytest.mark.slow
+def test_pre_commit_try_repo_fails_on_a_broken_kernel_naming_the_gate(pre_commit, tmp_path):
+    repo = _kernel_repo(tmp_path / "kernels-repo")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    proc = pre_commit(repo, "try-repo", "kgate", "--verbose")  # on the staged files
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "kgate (quick gates on the changed kernels)" in out and "Failed" in out
+    assert "FAIL softmax / special_values: " in out
+    assert "reproduce: kgate run kgate.yaml -k softmax --gate special_values" in out
+
+
+@pytest.mark.slow
+def test_pre_commit_passes_the_fixed_kernel_and_skips_a_commit_without_kernels(pre_commit, tmp_path):
+    repo = _kernel_repo(tmp_path / "kernels-repo", kernel=FIXED)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    proc = pre_commit(repo, "run", "kgate", "--verbose")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Passed" in proc.stdout and "2 passed, 0 with violations" in proc.stdout  # a new manifest: all
+
+    _git(repo, "commit", "-qm", "kernels")
+    (repo / "README.md").write_text("kernels, documented\n")
+    _git(repo, "add", "README.md")
+    proc = pre_commit(repo, "run", "kgate")  # a commit that touches no kernel
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(no files to check)Skipped" in proc.stdout
