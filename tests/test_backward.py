@@ -178,3 +178,14 @@ def test_gate_selection_picks_one_or_both_phases(cli_run):
     both = Runner(manifest, [kernel], RunOptions(gates=["oracle"])).gates_for(kernel)
     one = Runner(manifest, [kernel], RunOptions(gates=["oracle[backward]"])).gates_for(kernel)
     assert both == ["oracle", "oracle[backward]"] and one == ["oracle[backward]"]
+
+
+def test_console_shows_backward_ids(cli_run):
+    from rich.console import Console
+
+    from kgate.reports.console import render
+
+    console = Console(width=240, record=True)
+    render(console, Report.read(cli_run[1] / "r.json"), 1.0)
+    text = console.export_text()
+    assert "oracle[backward]" in text and "wrong-grad / oracle[backward]:" in text

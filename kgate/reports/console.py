@@ -59,7 +59,7 @@ def table(report: Report) -> Table:
     t = Table(title="kgate verdicts", show_lines=False, header_style="bold")
     t.add_column("kernel", no_wrap=True)
     for g in gates:
-        t.add_column(g.replace("_", "_\u200b"), justify="center")
+        t.add_column(escape(g).replace("_", "_\u200b"), justify="center")  # escape: ids like oracle[backward]
     t.add_column("verdict", justify="center", no_wrap=True)
     for k in report.kernels:
         by = {g.gate: g for g in k.gates}
@@ -80,7 +80,7 @@ def findings(console: Console, report: Report) -> None:
     for k in report.kernels:
         for g in k.violated:
             label, style = STYLE[g.verdict]
-            console.print(f"[{style}]{label}[/] [bold]{escape(k.name)}[/] / {g.gate}: {escape(g.message)}")
+            console.print(f"[{style}]{label}[/] [bold]{escape(k.name)}[/] / {escape(g.gate)}: {escape(g.message)}")
             for name, value in (("expected", g.expected), ("got", g.got), ("where", g.where)):
                 if value:
                     console.print(f"    {name}: {escape(str(value))}")
