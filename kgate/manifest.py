@@ -415,7 +415,7 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict) -> list[Pro
         key = _dotted(loc) or None
         hint = None
         if kind == "extra_forbidden":
-            owner = _model_for(loc[:-1])
+            owner = KernelBenchEntry if "KernelBenchEntry" in err["loc"] else _model_for(loc[:-1])
             word = str(loc[-1])
             message = f"unknown key {word!r}"
             if owner is not None:
@@ -423,7 +423,7 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict) -> list[Pro
                     "valid keys here: " + ", ".join(owner.model_fields))
         elif kind == "missing":
             message = f"missing required key {str(loc[-1])!r}"
-            owner = _model_for(loc[:-1])
+            owner = KernelBenchEntry if "KernelBenchEntry" in err["loc"] else _model_for(loc[:-1])
             if owner is not None and loc and loc[-1] in owner.model_fields:
                 desc = owner.model_fields[loc[-1]].description
                 hint = f"{loc[-1]}: {desc}" if desc else None

@@ -282,3 +282,17 @@ def test_gpu_oom_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
     assert by_id["big"]["retried_alone"] and not by_id["big"]["oom"]
     assert ("big", None) in calls and ("big", 0.475) in calls  # shared: a budgeted share; alone: all of it
     assert "retried_alone" not in by_id["small"]
+
+
+def test_manifest_kernelbench_entry_errors_name_line_and_key(write_manifest, capsys):
+    bad = write_manifest("""
+        version: 1
+        kernels:
+          - name: corpus
+            format: kernelbench
+            problem: p/
+            candidates: c/
+        """)
+    assert kgate_main(["audit", "--manifest", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "kgate.yaml:6:5" in err and "unknown key 'problem'" in err and "did you mean 'problems'" in err
