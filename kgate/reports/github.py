@@ -164,14 +164,17 @@ def headline(report: Report) -> str:
     return f"{bad} of {total} kernel(s) violate gates ({broken} broken)"
 
 
-def _kernel_table(report: Report) -> list[str]:
+def _kernel_table(report: Report, *, only_violations: bool = False, limit: int = 500) -> list[str]:
     rows = ["| kernel | verdict | violated gates |", "|---|---|---|"]
-    for k in report.kernels:
+    kernels = [k for k in report.kernels if k.violated or not only_violations]
+    for k in kernels[:limit]:
         violated = ", ".join(f"`{g.gate}`" for g in k.violated) or "none"
         verdict = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**"}[k.verdict]
         if k.broken:
             verdict += " (broken)"
         rows.append(f"| {_cell(k.name)} | {verdict} | {violated} |")
+    if len(kernels) > limit:
+        rows.append(f"| _{len(kernels) - limit} more_ | | |")
     return rows
 
 
@@ -235,7 +238,8 @@ def summary_markdown(report: Report | None, *, fail_on: str, workspace: Path, ru
             lines += _kernel_table(report) + [""]
         if findings(report):
             lines += ["### Violations", ""]
-            lines += _violations(report, workspace, link_base, MAX_SUMMARY_CHARS - 20_000)
+            used = sum(len(x) + 1 for x in lines)
+            lines += _violations(report, workspace, link_base, MAX_SUMMARY_CHARS - used - 20_000)
         env = report.environment or {}
         facts = [f"kgate {report.kgate_version}"] + [f"{k} {env[k]}" for k in ("torch", "gpu", "cuda") if env.get(k)]
         lines += [f"<sub>{' · '.join(facts)}</sub>", ""]
@@ -262,9 +266,11 @@ def comment_markdown(report: Report | None, *, key: str, fail_on: str, workspace
         icon = "✅" if verdict == "pass" else "❌"
         lines += ["", f"{icon} **{headline(report)}** (manifest `{report.manifest}`)"]
         if findings(report):
-            lines += [""] + _kernel_table(report) + ["", "<details open><summary>Findings and reproducers"
+            lines += [""] + _kernel_table(report, only_violations=True, limit=100) + [
+                "", "<details open><summary>Findings and reproducers"
                                                      "</summary>", ""]
-            lines += _violations(report, workspace, link_base, MAX_COMMENT_CHARS - 4_000)
+            used = sum(len(x) + 1 for x in lines)
+            lines += _violations(report, workspace, link_base, MAX_COMMENT_CHARS - used - 1_000)
             lines += ["</details>"]
     footer = "Updated on every push by kgate"
     if run_url:
