@@ -524,16 +524,21 @@ class PairEntry:
     tolerance, shapes, dtypes, seeds."""
 
     def __init__(self, pair_id: str, candidate: Path, problem: Path, shapes: list[tuple[int, ...] | None],
-                 seeds: list[int], dtypes: list[str]):
-        from kgate.manifest import KernelEntry, Tolerance
+                 seeds: list[int], dtypes: list[str], *, timeout: float = 300.0, memory: int | None = None,
+                 device: str = "auto"):
+        from kgate.manifest import KernelEntry, Limits, Tolerance
 
         safe = re.sub(r"[^A-Za-z0-9_.\-/]", "_", pair_id) or "candidate"
         self.name = pair_id
         self.entry = KernelEntry(name=safe, kernel=f"{candidate.name}:ModelNew", reference=f"{problem.name}:Model")
         self.tolerance = Tolerance()
+        self.limits = Limits(timeout=timeout, **({"memory": memory} if memory else {}))
         self.shapes = shapes
         self.seeds = seeds
         self.dtypes = dtypes
+        self.device = device
+        self.gate_spec = "all"
+        self.inputs = None
 
 
 def repro_command(audit_args: list[str], pair_id: str, gate: str | None) -> str:

@@ -296,3 +296,15 @@ def test_manifest_kernelbench_entry_errors_name_line_and_key(write_manifest, cap
     assert kgate_main(["audit", "--manifest", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "kgate.yaml:6:5" in err and "unknown key 'problem'" in err and "did you mean 'problems'" in err
+
+
+def test_a_crash_in_one_gate_costs_only_that_gate(tmp_path):
+    code = kgate_main(["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "restart"),
+                       "--device", "cpu", "--gate", "shapes,layouts,input_integrity", "--out", str(tmp_path), "-q"])
+    assert code == 1
+    (record,) = _records(tmp_path).values()
+    assert record["standard"]["verdict"] == "pass"
+    assert _gate(record, "shapes")["verdict"] == "error" and "SIGSEGV" in _gate(record, "shapes")["message"]
+    assert record["restarts"] == 1  # the worker was replaced and judged the gates after the crash
+    assert _gate(record, "layouts")["verdict"] == "pass"
+    assert _gate(record, "input_integrity")["verdict"] == "pass"

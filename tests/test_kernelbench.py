@@ -138,3 +138,21 @@ def test_a_problem_missing_get_inputs_is_a_problem_error(tmp_path):
     problem = _touch(tmp_path / "bad.py", "class Model: pass\n")
     with pytest.raises(kb.ProblemError, match="get_inputs"):
         kb.exec_problem(problem, "reference")
+
+
+def test_pair_entry_offers_what_gates_read_from_a_manifest_kernel(write_manifest):
+    from kgate.manifest import load
+
+    manifest = load(write_manifest("""
+        version: 1
+        kernels:
+          - name: k
+            kernel: k.py:f
+            reference: k.py:f
+        """, {"k.py": "def f(x):\n    return x\n"}))
+    resolved = manifest.kernels[0]
+    entry = kb.PairEntry("c", CORPUS / "candidates" / "level1" / "19_ReLU.py",
+                         CORPUS / "problems" / "level1" / "19_ReLU.py", [None], [0], ["float32"])
+    manifest_only = {"index", "manifest", "kernel", "reference", "line"}  # file positions of a YAML entry
+    assert set(vars(resolved)) - manifest_only <= set(vars(entry))
+    assert type(entry.entry) is type(resolved.entry)

@@ -135,7 +135,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         state = {"current": None, "poisoned": None, "done": False}
         job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
                "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,
-               "memory": options.memory, "seed": options.seed, "gate_seeds": options.gate_seeds,
+               "memory": options.memory, "timeout": options.timeout, "seed": options.seed,
+               "gate_seeds": options.gate_seeds,
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
                "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads}
 

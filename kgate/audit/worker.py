@@ -140,7 +140,8 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     shape = tuple(dims.defaults) if dims.names else None
     seeds = job.get("gate_seeds") or [0, 1]
-    entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"])
+    entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
+                         timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"), device=job["device"])
     cases = [Case(shape, "float32", s) for s in seeds]
     audit_args = job.get("repro_args") or []
 
