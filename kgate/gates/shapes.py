@@ -136,7 +136,7 @@ class Shapes(Gate):
                 sizes.append(input_elements(base.args))
                 finding = self._judge(subject, case, base, evidence)
                 if finding is not None:
-                    return self._fail(subject, case, "declared", finding, evidence)
+                    return self._fail(subject, case, "a declared shape", finding, evidence)
         input_cap = max(INPUT_FACTOR * max(sizes), MIN_INPUT_CAP)
         generated = edge_shapes(declared, max(CAP_FACTOR * max(numel(s) for s in declared), MIN_CAP))
         rejected: list[str] = []
@@ -216,10 +216,10 @@ class Shapes(Gate):
         smallest = shrunk.value
         final = found[smallest]
         minimal = Case(smallest, case.dtype, case.seed)
-        origin = f"found at shape {_fmt(case.shape)} ({why})"
+        origin = why
         if smallest != case.shape:
-            origin += f", shrunk to {_fmt(smallest)} ({shrunk.note()})"
-        result = self.failed(subject, f"shape {_fmt(smallest)}: {final.message}; {origin}", case=minimal,
+            origin = f"shrunk from {_fmt(case.shape)}, {why}, in {shrunk.note()}"
+        result = self.failed(subject, f"shape {_fmt(smallest)} ({origin}): {final.message}", case=minimal,
                              expected=final.expected, got=final.got, where=final.where, broken=final.broken,
                              evidence=evidence,
                              details={**final.details, "kind": final.kind, "found_at": list(case.shape),
