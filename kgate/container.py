@@ -18,6 +18,7 @@ import shlex
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +112,13 @@ def _rewrite_paths(report, workspace: Path, out_dir: Path) -> None:
         k.log = host(k.log)
 
 
-def _stream_logs(container, sink) -> None:
+def _stream_logs(container, sink, tail: deque) -> None:
     try:
         for chunk in container.logs(stream=True, follow=True):
-            sink.write(chunk.decode("utf-8", errors="replace"))
+            text = chunk.decode("utf-8", errors="replace")
+            sink.write(text)
             sink.flush()
+            tail.extend(text.splitlines())
     except Exception:  # noqa: BLE001 - the container went away; its exit code tells what happened
         pass
 
@@ -191,7 +194,8 @@ def run_in_container(args: argparse.Namespace) -> int:
                     "`nvidia-ctk runtime configure --runtime=docker` and restart dockerd; or pass --gpus none "
                     "(or --device cpu) to run on the CPU") from None
             raise InfrastructureError(f"cannot start the container from {args.container}: {exc}") from None
-        logs = threading.Thread(target=_stream_logs, args=(container, sys.stdout), daemon=True)
+        tail: deque = deque(maxlen=40)
+        logs = threading.Thread(target=_stream_logs, args=(container, sys.stdout, tail), daemon=True)
         logs.start()
         started = time.monotonic()
         try:
@@ -215,7 +219,10 @@ def run_in_container(args: argparse.Namespace) -> int:
     if not report_path.exists():
         cause = "it was killed for memory (raise --container-memory)" if oom else f"exit code {code}"
         if code == 2:
-            return 2  # kgate inside already said what was wrong (usage or manifest error)
+            # kgate inside said what was wrong (usage or manifest error) on the streamed output;
+            # repeat its end on stderr, where callers (the Action's summary) collect errors.
+            print("kgate: the run inside the container stopped with exit 2:\n" + "\n".join(tail), file=sys.stderr)
+            return 2
         raise InfrastructureError(f"the container wrote no report ({cause}, after "
                                   f"{time.monotonic() - started:.0f} s); see its log above")
     report = Report.read(report_path)

@@ -95,6 +95,16 @@ def test_gpu_request_without_a_gpu_runtime_is_a_clear_exit_2(docker_daemon, kgat
 
 
 @pytest.mark.docker
+def test_manifest_error_inside_the_container_is_exit_2_with_the_message_on_stderr(docker_daemon, kgate_image,
+                                                                                  tmp_path):
+    proc = _kgate(["run", "tests/data/container/bad.yaml", "--container", kgate_image, "--device", "cpu",
+                   "--out", str(tmp_path / "out")], docker_daemon.host)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "unknown key 'kernal'" in proc.stderr and "did you mean 'kernel'?" in proc.stderr
+    assert _leftovers(docker_daemon) == []
+
+
+@pytest.mark.docker
 def test_missing_image_that_cannot_be_pulled_is_exit_2(docker_daemon, tmp_path):
     proc = _kgate(["run", MANIFEST, "--container", "kgate-test:absent", "--device", "cpu",
                    "--out", str(tmp_path / "out")], docker_daemon.host)
