@@ -139,3 +139,17 @@ def test_correct_control_passes_every_gate(gate):
                           shapes=[[8, 256, 8]])
     result = registry.get(gate).check(subject)
     assert result.verdict in ("pass", "skip"), f"{gate}: {result.message}"
+
+
+def test_float64_kernel_with_a_float32_accumulator_fails_naming_float32():
+    def fp32_rowsum(x):
+        acc = torch.zeros(x.shape[:-1], dtype=torch.float32)
+        for block in x.split(64, dim=-1):
+            acc = acc + block.sum(dim=-1).float()
+        return acc.to(x.dtype)
+
+    result = check("accumulation", fp32_rowsum, correct.rowsum_reference, correct.make_rows, shapes=[[4, 1024]],
+                   dtypes=["float64"])
+    assert result.verdict == "fail" and result.details["consistent_with"] == "float32", result.message
+    assert check("accumulation", correct.rowsum_reference, correct.rowsum_reference, correct.make_rows,
+                 shapes=[[4, 1024]], dtypes=["float64"]).verdict == "pass"
