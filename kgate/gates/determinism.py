@@ -28,7 +28,10 @@ class Determinism(Gate):
             for call in range(CALLS):
                 # Shift the caching allocator so each call sees its inputs at other addresses.
                 keep.append(torch.empty(4096 * (call + 1) + 64 * call, dtype=torch.uint8, device=subject.device))
-                out = subject.run_kernel(clone_tree(base.args))
+                # Earlier calls' inputs stay alive, so no allocator can hand their addresses out again.
+                args = clone_tree(base.args)
+                keep.append(args)
+                out = subject.run_kernel(args)
                 leaves = [(p, t.detach().clone()) for p, t in flatten(out) if isinstance(t, torch.Tensor)]
                 if first is None:
                     first = leaves
