@@ -39,6 +39,21 @@ def _limit_memory(limit: int | None, device: str) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (soft, soft))
 
 
+def prepare_device(name: str, gpu_memory_fraction: float | None = None):
+    """The torch.device a worker runs on; for CUDA, made current (with an index: 'cuda' means the
+    current device, which set_device refuses without one) and capped to its share of memory."""
+    import torch
+
+    device = torch.device(name)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+        if gpu_memory_fraction:
+            torch.cuda.set_per_process_memory_fraction(float(gpu_memory_fraction), device)
+    return device
+
+
 def _error_result(gate: str, tolerance_free: bool, message: str, details: dict | None = None) -> dict[str, Any]:
     return {"gate": gate, "verdict": "error", "message": message, "tolerance_free": tolerance_free,
             "broken": True, "details": details or {}}
@@ -53,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
         # Triton kernels can run on the CPU only in Triton's interpreter, which reads this at import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     # Deferred imports: the memory limit applies to them too.
-    import torch
 
     from kgate import gates as registry
     from kgate.inputs import Case, InputFactory
@@ -64,12 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     manifest = load(job["manifest"], check_files=False)
     kernel = manifest.by_name(job["kernel"])
     names: list[str] = job["gates"]
-    device = torch.device(job["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        fraction = job.get("gpu_memory_fraction")
-        if fraction:
-            torch.cuda.set_per_process_memory_fraction(float(fraction), device)
+    device = prepare_device(job["device"], job.get("gpu_memory_fraction"))
 
     channel.send("loading")
     try:

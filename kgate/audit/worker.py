@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from kgate.worker import Channel, _error_result, _limit_memory, run_gates
+from kgate.worker import Channel, _error_result, _limit_memory, prepare_device, run_gates
 
 # Errors after which the CUDA context is unusable: the worker stops and a fresh one takes over.
 STICKY_CUDA_ERRORS = ("illegal memory access", "illegal address", "misaligned address", "illegal instruction",
@@ -50,7 +50,6 @@ def _compile(channel: Channel, job: dict[str, Any]) -> None:
 
 
 def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
-    import torch
 
     from kgate import gates as registry
     from kgate import kernelbench as kb
@@ -59,11 +58,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     from kgate.subject import Subject
 
     names: list[str] = job["gates"]
-    device = torch.device(job["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        if job.get("gpu_memory_fraction"):
-            torch.cuda.set_per_process_memory_fraction(float(job["gpu_memory_fraction"]), device)
+    device = prepare_device(job["device"], job.get("gpu_memory_fraction"))
 
     def all_error(message: str, trace: str | None = None) -> None:
         for name in names:
