@@ -31,11 +31,11 @@ class DockerUnavailable(Exception):
 
 
 def ensure_dockerd() -> str:
+    if os.geteuid() != 0:
+        raise DockerUnavailable("the tests are not root, and a Docker daemon of their own needs root")
     found = shutil.which("dockerd")
     if found:
         return found
-    if os.geteuid() != 0:
-        raise DockerUnavailable("dockerd is not installed and the tests are not root, so they cannot apt-get it")
     if not shutil.which("apt-get"):
         raise DockerUnavailable("dockerd is not installed and there is no apt-get to install docker.io")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
