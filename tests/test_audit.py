@@ -308,3 +308,18 @@ def test_a_crash_in_one_gate_costs_only_that_gate(tmp_path):
     assert record["restarts"] == 1  # the worker was replaced and judged the gates after the crash
     assert _gate(record, "layouts")["verdict"] == "pass"
     assert _gate(record, "input_integrity")["verdict"] == "pass"
+
+
+def test_run_on_a_kernelbench_only_manifest_points_to_audit(write_manifest, tmp_path, capsys):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "c").mkdir()
+    path = write_manifest("""
+        version: 1
+        kernels:
+          - name: corpus
+            format: kernelbench
+            problems: p/
+            candidates: c/
+        """)
+    assert kgate_main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    assert "kgate audit --manifest" in capsys.readouterr().err.replace("\n", "")

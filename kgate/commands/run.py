@@ -102,6 +102,9 @@ def main(args: argparse.Namespace) -> int:
     options = options_from(args)
     manifest = load(args.manifest)
     kernels = manifest.kernels
+    if not kernels:
+        raise UsageError(f"{args.manifest} lists no kernel entries for `kgate run`, only `format: kernelbench` "
+                         f"corpora: judge those with `kgate audit --manifest {args.manifest}`")
     if args.select:
         keep = matcher(args.select, [k.name for k in kernels])
         kernels = [k for k in kernels if keep(k.name)]
