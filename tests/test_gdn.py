@@ -307,3 +307,146 @@ def test_kgate_entries_reference_keeps_the_contract_dtypes():
         args = make_inputs(0, shape=(1, 5, 2, 64), dtype=torch.bfloat16)
         o, ht = ref(*args)
         assert o.dtype == torch.bfloat16 and ht.dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------------------------
+# The H200's "illegal memory access" at fp16, B=1, T=45 (one chunk), H=2, DK=64, DV=128 (README,
+# "The T=45 illegal memory access").
+# ----------------------------------------------------------------------------------------------
+
+H200_CASE = (1, 45, 2, 64, 128, True, torch.float16)
+
+
+class _AddressChecker:
+    """Under the Triton interpreter: every load and store whose mask is on must address bytes inside
+    one of the launch's tensor arguments (their whole storages); each violation is recorded."""
+
+    def __init__(self):
+        import triton.runtime.interpreter as interp
+
+        self.interp = interp
+        self.ranges = []
+        self.kernel = None
+        self.violations = []
+        self.checked = 0
+
+    def _check(self, ptrs, mask, kind):
+        import numpy as np
+
+        width = ptrs.get_element_ty().primitive_bitwidth // 8
+        on = np.broadcast_to(mask.data, ptrs.data.shape)
+        addrs = ptrs.data[on].astype(np.uint64)
+        inside = np.zeros(addrs.shape, dtype=bool)
+        for lo, hi in self.ranges:
+            inside |= (addrs >= lo) & (addrs + width <= hi)
+        self.checked += addrs.size
+        if not inside.all():
+            self.violations.append(f"{self.kernel}: {kind} of {int((~inside).sum())} element(s) outside every "
+                                   f"tensor argument, program {self.interp.interpreter_builder.grid_idx}")
+
+    def __enter__(self):
+        executor, builder = self.interp.GridExecutor, self.interp.interpreter_builder
+        self._saved = (executor._init_args_hst, builder.create_masked_load, builder.create_masked_store)
+        init, load, store = self._saved
+
+        def init_args(ex, args_dev, kwargs):
+            args_hst, kwargs_hst = init(ex, args_dev, kwargs)
+            self.kernel = ex.fn.__name__
+            self.ranges = [(a.untyped_storage().data_ptr(), a.untyped_storage().data_ptr() + a.untyped_storage().nbytes())
+                           for a in list(args_hst) + list(kwargs_hst.values()) if isinstance(a, torch.Tensor)]
+            return args_hst, kwargs_hst
+
+        def masked_load(ptrs, mask, other, cache_policy, is_volatile):
+            self._check(ptrs, mask, "load")
+            return load(ptrs, mask, other, cache_policy, is_volatile)
+
+        def masked_store(ptrs, value, mask, cache_policy):
+            self._check(ptrs, mask, "store")
+            return store(ptrs, value, mask, cache_policy)
+
+        executor._init_args_hst = init_args
+        builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+        return self
+
+    def __exit__(self, *exc):
+        executor, builder = self.interp.GridExecutor, self.interp.interpreter_builder
+        executor._init_args_hst, builder.create_masked_load, builder.create_masked_store = self._saved
+        return False
+
+
+def _interpreter_hooks_present():
+    try:
+        import triton.runtime.interpreter as interp
+    except ImportError:
+        return False
+    builder = getattr(interp, "interpreter_builder", None)
+    return (hasattr(getattr(interp, "GridExecutor", None), "_init_args_hst")
+            and hasattr(builder, "create_masked_load") and hasattr(builder, "create_masked_store"))
+
+
+needs_interpreter = pytest.mark.skipif(
+    ON_GPU or os.environ.get("TRITON_INTERPRET") != "1" or not _interpreter_hooks_present(),
+    reason="needs the Triton interpreter (CPU path) and its load/store hooks",
+)
+
+
+@needs_interpreter
+def test_address_checker_catches_an_out_of_bounds_load():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _copy_one_too_far(x_ptr, y_ptr, N, BLOCK: tl.constexpr):
+        o = tl.arange(0, BLOCK)
+        tl.store(y_ptr + o, tl.load(x_ptr + o, mask=o < N + 1, other=0.0), mask=o < N)
+
+    x, y = torch.zeros(10), torch.zeros(10)
+    with _AddressChecker() as chk:
+        _copy_one_too_far[(1,)](x, y, 10, 16)
+    assert len(chk.violations) == 1 and "load of 1 element" in chk.violations[0]
+
+
+@needs_interpreter
+@pytest.mark.parametrize("member", ["deltanet", "gated_deltanet"])
+def test_h200_failing_case_addresses_stay_inside_the_tensors(member):
+    """The failing H200 configuration, forward and backward, every masked-on address checked. With the
+    GPU's launch choices: the state stages' V blocks are chosen by the same functions (the fix makes the
+    single-chunk reverse-state block 64 on both paths). This passed before the fix too: the Triton-level
+    indexing was already in bounds (README); it guards against a real indexing bug at this shape."""
+    B, T, H, DK, DV, h0, dtype = H200_CASE
+    gate, delta = MEMBERS[member]
+    ins = make(B, T, H, DK, DV, gate, delta, dtype, h0)
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, H, DV, generator=gen)
+    dht = torch.randn(B, H, DK, DV, generator=gen) * 0.1
+    with _AddressChecker() as chk:
+        o, ht, grads = run_kernel(*ins, gate, delta, do, dht)
+    assert chk.checked > 0
+    assert not chk.violations, "\n".join(chk.violations[:10])
+    assert torch.isfinite(o.float()).all() and all(torch.isfinite(g_.float()).all() for g_ in grads if g_ is not None)
+
+
+def test_single_chunk_reverse_state_stage_uses_the_h200_validated_v_block(monkeypatch):
+    """The fix: with one chunk (NT == 1, compiled as its own kernel by Triton) the reverse-state stage
+    takes the 64-wide V block, which ran clean on the H200, never the narrow 32-wide one that coincided
+    with the illegal memory access. Decided before any device query, so checkable without a GPU."""
+    cuda = torch.device("cuda")
+    assert gk._state_bwd_bv(128, 2, 1, cuda) == 64
+    assert gk._state_bwd_bv(64, 2, 1, cuda) == 64
+    assert gk._state_bwd_bv(128, 2, 2, torch.device("cpu")) == gk._state_bv(128, 2, torch.device("cpu"))
+
+    launched = []
+    real = gk._state_bwd_kernel
+
+    class _Recorder:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(gk, "_state_bwd_kernel", _Recorder())
+    B, T, H, DK, DV, h0, dtype = H200_CASE
+    q, k, v, g, beta, _ = make(B, T, H, DK, DV, "data", True, dtype, h0)
+    G, Ai, w, u = gk.chunk_prepare_wy_fwd(k, v, beta, g)
+    do = torch.randn(B, T, H, DV).to(q)
+    gk.chunk_state_bwd(q, k, w, G, do, None, DK ** -0.5, False, True)
+    assert launched == [(DV // 64, B * H)]
