@@ -3,6 +3,12 @@
 Gates never call user code directly: they go through `Subject`, which tells a kernel's exception
 from a reference's or a factory's, synchronizes the device after a call, keeps pristine copies of
 the inputs and caches the float64 oracle per case.
+
+A reference declares its input domain by raising on inputs outside it. Gates that make up inputs
+(special_values, distributions, accumulation) go through `unless_rejected` and `within_domain`: a
+probe the reference (or its float64 oracle) rejects is skipped and listed (`rejected_note`), one
+that changes several arguments at once is retried one argument at a time, and a kernel's exception
+is never taken for a rejection.
 """
 
 from __future__ import annotations
@@ -10,8 +16,8 @@ from __future__ import annotations
 import shlex
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
 
@@ -19,6 +25,8 @@ from kgate.compare import clone_tree, flatten, map_tensors
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
 from kgate.oracle import upcast
+
+T = TypeVar("T")
 
 
 class UserCodeError(Exception):
@@ -147,3 +155,48 @@ class Subject:
 
 def outputs_on(obj: Any) -> list[tuple[str, torch.Tensor]]:
     return [(p, t) for p, t in flatten(obj) if isinstance(t, torch.Tensor)]
+
+
+# -- the reference's input domain ------------------------------------------------------------------------
+
+def unless_rejected(compute: Callable[[], T]) -> T | None:
+    """`compute()`, or None when the reference or its float64 oracle raises in it: the reference rejects
+    those inputs (they are outside its domain) and the gate skips the probe. The kernel's and the inputs
+    factory's exceptions propagate. `compute` must not return None itself."""
+    try:
+        return compute()
+    except UserCodeError as exc:
+        if not exc.role.startswith("reference"):
+            raise
+        return None
+
+
+def within_domain(original: tuple, probe: tuple, arguments: list[int],
+                  judge: Callable[[tuple, int | None], T | None]) -> Iterator[tuple[int | None, tuple, T | None]]:
+    """Judge `probe`, a copy of `original` whose top-level `arguments` were all changed at once. Where
+    the reference rejects it (`judge(probe, None)` returns None, see `unless_rejected`) and it changed
+    more than one argument, judge instead each argument i changed alone (`judge(inputs, i)`), taken from
+    `probe`, the others as in `original` (a domain is often on one input: normalised keys, a gate <= 0,
+    a probability).
+
+    Yields (None for the probe as given, else the index of the one changed argument; the inputs
+    judged; judge's result, None where the reference rejects them). A probe as given that the
+    reference rejects is yielded only when there is nothing to retry; a caller may stop at any time.
+    """
+    outcome = judge(probe, None)
+    if outcome is not None or len(arguments) < 2:
+        yield None, probe, outcome
+        return
+    for i in arguments:
+        single = list(clone_tree(original))
+        single[i] = probe[i]
+        single = tuple(single)
+        yield i, single, judge(single, i)
+
+
+def rejected_note(rejected: list[str], shown: int = 4) -> str:
+    """'; skipped N the reference rejects: a, b, ...' for a pass message ('' when none)."""
+    if not rejected:
+        return ""
+    more = f" and {len(rejected) - shown} more" if len(rejected) > shown else ""
+    return f"; skipped {len(rejected)} the reference rejects: {', '.join(rejected[:shown])}{more}"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kgate.subject import UserCodeError
+from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
 from tests.gate_harness import check
 
 
@@ -226,3 +227,95 @@ def test_special_values_nonfinite_match_accepts_nan_for_inf_but_not_masking():
     masked = lambda q, k: torch.nan_to_num(q @ k, nan=0.0, posinf=0.0, neginf=0.0)  # noqa: E731
     result = check("special_values", masked, lambda q, k: q @ k, qk, special_values_match="nonfinite")
     assert result.verdict == "fail" and result.expected == "non-finite" and result.got.startswith("finite")
+
+
+# --- special_values: probes the reference rejects (its declared domain) ---------------------------------
+
+def test_special_values_skips_probes_the_reference_rejects_and_still_judges_the_rest():
+    result = check("special_values", decayed_keys, decayed_keys_reference, keys_and_gates)
+    assert result.verdict == "pass", result.message
+    # +-Inf keys and a +Inf gate are outside the domain; so are scaled keys (the overflow probe is
+    # then retried one argument at a time: the gate alone is inside).
+    assert "NaN/Inf pattern matched the oracle in 4 probe(s)" in result.message
+    assert "skipped 4 the reference rejects: +Inf injected into argument 0" in result.message
+    assert "argument 0 scaled to overflow-prone magnitudes" in result.message
+
+
+def test_special_values_on_a_domain_still_fails_nan_masking():
+    result = check("special_values", lambda k, g: torch.nan_to_num(decayed_keys(k, g)), decayed_keys_reference,
+                   keys_and_gates)
+    assert result.verdict == "fail" and result.expected == "NaN" and "NaN injected into argument 0" in result.message
+
+
+def test_special_values_kernel_raising_on_a_probe_the_reference_accepts_is_not_skipped():
+    def asserts_finite(k, g):
+        if not torch.isfinite(k).all():
+            raise ValueError("non-finite key")
+        return decayed_keys(k, g)
+
+    with pytest.raises(UserCodeError) as info:
+        check("special_values", asserts_finite, decayed_keys_reference, keys_and_gates)
+    assert info.value.role == "kernel"
+
+
+def test_special_values_skipped_when_the_reference_rejects_every_probe():
+    def bounded(x):
+        if not (x.abs() <= 10).all():  # NaN and Inf fail the comparison too
+            raise ValueError("inputs must be finite and within [-10, 10]")
+        return torch.softmax(x, -1)
+
+    result = check("special_values", good_softmax, bounded, rows)
+    assert result.verdict == "skip" and "the reference rejects every probe (4:" in result.message
+
+
+# --- special_values_match: spread ----------------------------------------------------------------------
+
+CHUNK = 8
+
+
+def chunked_cumsum(x):
+    """A chunked scan: in-chunk prefix sums by a masked matmul (0 * NaN = NaN reaches the whole chunk,
+    also the positions before the injected value), plus the carried sums of the earlier chunks."""
+    xc = x.reshape(*x.shape[:-1], -1, CHUNK)
+    local = xc @ torch.triu(torch.ones(CHUNK, CHUNK, dtype=x.dtype))
+    carry = local[..., -1].cumsum(-1) - local[..., -1]
+    return (local + carry.unsqueeze(-1)).reshape(x.shape)
+
+
+def scan(kernel, **kw):
+    return check("special_values", kernel, lambda x: torch.cumsum(x, -1), rows, shapes=[[4, 32]], **kw)
+
+
+def test_spread_allows_injected_values_to_reach_more_of_a_chunk_and_counts_them():
+    result = scan(chunked_cumsum, special_values_match="spread")
+    assert result.verdict == "pass", result.message
+    assert "allowed by special_values_match: spread" in result.message and "NaN spread to " in result.message
+    spread = result.details["spread"]
+    assert spread and all(s["outputs"] > 0 and s["injected"] in ("NaN", "+Inf", "-Inf") for s in spread)
+    assert f"NaN spread to {sum(s['outputs'] for s in spread if s['injected'] == 'NaN')}," in result.message
+
+
+@pytest.mark.parametrize("mode", ["exact", "nonfinite"])
+def test_spread_of_an_injected_value_fails_without_the_declaration(mode):
+    result = scan(chunked_cumsum, special_values_match=mode)
+    assert result.verdict == "fail" and "injected" in result.message
+
+
+def test_spread_still_needs_non_finite_where_the_oracle_is():
+    result = scan(lambda x: torch.nan_to_num(chunked_cumsum(x), nan=0.0, posinf=0.0, neginf=0.0),
+                  special_values_match="spread")
+    assert result.verdict == "fail" and result.expected == "non-finite" and result.got.startswith("finite")
+
+
+def test_spread_does_not_excuse_overflow_on_the_overflow_probe():
+    def squares_then_sum(x):  # x * x overflows float16 where the norm does not
+        return torch.sqrt((x * x).sum(-1))
+
+    def norm(x):
+        return torch.linalg.vector_norm(x, dim=-1)
+
+    kw = {"shapes": [[4, 512]], "dtypes": ["float16"]}
+    result = check("special_values", squares_then_sum, norm, rows, special_values_match="spread", **kw)
+    assert result.verdict == "fail" and "overflow-prone" in result.message
+    assert result.expected == "finite" and result.got.startswith("non-finite")
+    assert check("special_values", norm, norm, rows, special_values_match="spread", **kw).verdict == "pass"

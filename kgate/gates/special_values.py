@@ -1,14 +1,28 @@
 """special_values: where the oracle gives NaN/+Inf/-Inf the kernel gives the same, and it is finite
 where the oracle is finite. Probes: one NaN, +Inf or -Inf injected into each floating-point input,
 and all inputs scaled to overflow-prone magnitudes. Tolerance-free: only the class of each element
-(NaN, +Inf, -Inf, finite) is compared, against the oracle rounded to the output's dtype. A kernel
-whose sums are legitimately re-associated (chunked scans, split reductions: inf - inf order decides
-between NaN and Inf) may declare `special_values_match: nonfinite`, and then only finite vs
-non-finite must match."""
+(NaN, +Inf, -Inf, finite) is compared, against the oracle rounded to the output's dtype.
+
+`special_values_match` relaxes the comparison for kernels that need it:
+
+- `nonfinite`: only finite vs non-finite must match (sums legitimately re-associated, as in chunked
+  scans and split reductions, where inf - inf order decides between NaN and Inf);
+- `spread`: as `nonfinite` where the oracle is non-finite (the kernel must be non-finite there too),
+  but on a probe that injects a NaN/Inf into an input, outputs the oracle keeps finite may be
+  non-finite as well: a tiled or chunked kernel multiplies masked-out zeros by the injected value
+  (0 * NaN = NaN), so the poison reaches more of its tile than in the oracle. Those outputs are
+  counted in the pass message and `details["spread"]`. On the overflow probe (no non-finite input)
+  finite vs non-finite must match both ways, as in `nonfinite`.
+
+A probe the reference (or the float64 oracle) rejects by raising, outside its declared domain, is
+skipped and listed in the pass message; the overflow probe is then retried one input at a time. If
+the reference rejects every probe the gate is skipped. A kernel that raises on a probe the reference
+accepts is not skipped: its exception propagates (the verdict `error`, naming the kernel)."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -16,10 +30,11 @@ import torch
 from kgate.compare import clone_tree, flatten, index_of, structure
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
-from kgate.subject import Subject
+from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 _NAMES = {0: "finite", 1: "NaN", 2: "+Inf", 3: "-Inf"}
 _NONFINITE_NAMES = {0: "finite", 1: "non-finite"}
+OVERFLOW = "inputs scaled to overflow-prone magnitudes"
 
 
 def classify(t: torch.Tensor) -> torch.Tensor:
@@ -46,17 +61,22 @@ class SpecialValues(Gate):
     summary = "NaN/+Inf/-Inf exactly where the float64 oracle has them, finite elsewhere"
     tolerance_free = True
 
-    def probes(self, args: tuple, seed: int) -> Iterator[tuple[str, tuple]]:
+    @staticmethod
+    def floats(args: tuple) -> list[int]:
+        return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                and a.numel() > 0]
+
+    def probes(self, args: tuple, seed: int) -> Iterator[tuple[str, tuple, str | None]]:
+        """(label, inputs, the injected value's name or None for the overflow probe)."""
         gen = torch.Generator().manual_seed(seed)
-        floats = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                  and a.numel() > 0]
+        floats = self.floats(args)
         for i in floats:
             pos = int(torch.randint(args[i].numel(), (1,), generator=gen))
             index = index_of(pos, tuple(args[i].shape))
             for value, label in ((math.nan, "NaN"), (math.inf, "+Inf"), (-math.inf, "-Inf")):
                 probe = clone_tree(args)
                 probe[i][index] = value
-                yield f"{label} injected into argument {i} at {list(index)}", probe
+                yield f"{label} injected into argument {i} at {list(index)}", probe, label
         if floats:
             probe = clone_tree(args)
             for i in floats:
@@ -64,28 +84,57 @@ class SpecialValues(Gate):
                 peak = t.abs().max()
                 if peak > 0:
                     probe[i].copy_(t / peak * overflow_scale(t.dtype))
-            yield "inputs scaled to overflow-prone magnitudes", probe
+            yield OVERFLOW, probe, None
 
     def check(self, subject: Subject) -> GateResult:
-        tried = 0
+        tried, rejected = 0, []
+        spread: list[dict] = []
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
-            for label, probe in self.probes(base.args, case.seed):
-                tried += 1
-                result = self.judge(subject, case, label, probe)
-                if result is not None:
-                    return result
+            floats = self.floats(base.args)
+            for label, probe, injected in self.probes(base.args, case.seed):
+                # The injection probes change one argument; the overflow probe all of them, and where the
+                # reference rejects that it is retried one argument at a time.
+                arguments = floats if injected is None else []
+                for argument, inputs, oracle in within_domain(
+                        base.args, probe, arguments, lambda p, _: unless_rejected(lambda: subject.oracle(p))):
+                    where = label if argument is None else f"argument {argument} scaled to overflow-prone magnitudes"
+                    if oracle is None:
+                        rejected.append(f"{where} ({case.label()})")
+                        continue
+                    tried += 1
+                    result = self.judge(subject, case, where, inputs, oracle, injected, spread)
+                    if result is not None:
+                        return result
         if tried == 0:
+            if rejected:
+                return self.skipped(f"the reference rejects every probe ({len(rejected)}: "
+                                    f"{', '.join(rejected[:4])}{' ...' if len(rejected) > 4 else ''}): nothing to judge")
             return self.skipped("no floating-point inputs to inject special values into")
-        return self.passed(f"NaN/Inf pattern matched the oracle in {tried} probe(s)")
+        message = f"NaN/Inf pattern matched the oracle in {tried} probe(s)"
+        details: dict = {}
+        if spread:
+            by_value: Counter = Counter()
+            for s in spread:
+                by_value[s["injected"]] += s["outputs"]
+            spreads = ", ".join(f"{v} to {n}" for v, n in by_value.items())
+            message += (f"; {spreads.replace(' to ', ' spread to ', 1)} output(s) the oracle keeps finite "
+                        f"(after {len({(s['probe'], str(s['case'])) for s in spread})} injection probe(s)), allowed by "
+                        f"special_values_match: spread")
+            details["spread"] = spread
+        return self.passed(message + rejected_note(rejected), details=details)
 
-    def judge(self, subject: Subject, case: Case, label: str, probe: tuple) -> GateResult | None:
-        oracle = subject.oracle(probe)
+    def judge(self, subject: Subject, case: Case, label: str, probe: tuple, oracle, injected: str | None = None,
+              spread: list | None = None) -> GateResult | None:
+        """A failure, or None. Under `spread`, outputs that only the injected value made non-finite are
+        appended to `spread` ({"probe", "injected", "path", "outputs"})."""
+        mode = subject.entry.entry.special_values_match
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
                                expected=structure(oracle), got=structure(out))
         oracles = dict(flatten(oracle))
+        found: list[dict] = []
         for path, got in flatten(out):
             want = oracles[path]
             if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
@@ -94,20 +143,29 @@ class SpecialValues(Gate):
                 continue
             expected = classify(want.to(got.dtype).cpu())
             actual = classify(got.detach().cpu())
-            if subject.entry.entry.special_values_match == "nonfinite":
+            if mode != "exact":
                 # Declared: only finite vs non-finite must match (NaN and +-Inf count as one class).
                 expected, actual = expected.clamp(max=1), actual.clamp(max=1)
             diff = expected != actual
+            if mode == "spread" and injected is not None:
+                # Declared: the injected value may poison outputs the oracle keeps finite (never the reverse).
+                extra = (expected == 0) & (actual == 1)
+                diff &= ~extra
+                if extra.any():
+                    found.append({"probe": label, "case": case.to_json(), "injected": injected, "path": path,
+                                  "outputs": int(extra.sum())})
             if diff.any():
                 flat = int(diff.reshape(-1).nonzero()[0, 0])
                 index = list(index_of(flat, tuple(got.shape)))
-                names = _NONFINITE_NAMES if subject.entry.entry.special_values_match == "nonfinite" else _NAMES
+                names = _NAMES if mode == "exact" else _NONFINITE_NAMES
                 e, a = names[int(expected.reshape(-1)[flat])], names[int(actual.reshape(-1)[flat])]
                 value = float(got.detach().reshape(-1)[flat].double().cpu())
                 return self.failed(
                     subject, f"{path}{index}: the oracle gives {e}, the kernel gives {value!r} "
                     f"({int(diff.sum())} of {diff.numel()} elements differ in class) after {label}",
                     case=case, expected=e, got=f"{a} ({value!r})", where=f"{path}{index}", details={"probe": label})
+        if spread is not None:
+            spread.extend(found)
         return None
 
 
