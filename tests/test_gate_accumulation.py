@@ -153,3 +153,36 @@ def test_float64_kernel_with_a_float32_accumulator_fails_naming_float32():
     assert result.verdict == "fail" and result.details["consistent_with"] == "float32", result.message
     assert check("accumulation", correct.rowsum_reference, correct.rowsum_reference, correct.make_rows,
                  shapes=[[4, 1024]], dtypes=["float64"]).verdict == "pass"
+
+
+# --- a reference with a declared domain: crafted positive values are outside it for the gate g --------
+
+def rows_and_gates(seed, shape=None, dtype=torch.float16, device="cpu"):
+    (x,) = correct.make_rows(seed, shape, dtype, device)
+    g = -torch.rand(x.shape[0], 1, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    return x, g.to(dtype=dtype, device=device)
+
+
+def gated_rowsum_reference(x, g):
+    if (g > 0).any():
+        raise ValueError("log-gate g must be <= 0")
+    return x.sum(dim=-1) * torch.exp(g[:, 0])
+
+
+def gated(rowsum):
+    return lambda x, g: rowsum(x) * torch.exp(g[:, 0])
+
+
+def gated_rowsum(kernel):
+    return check("accumulation", gated(kernel), gated_rowsum_reference, rows_and_gates, shapes=[[8, 1024]],
+                 dtypes=["float16"])
+
+
+def test_crafted_inputs_the_reference_rejects_are_retried_one_argument_at_a_time():
+    result = gated_rowsum(violating.rowsum_fp16_accumulator)
+    assert result.verdict == "fail" and "consistent with float16 accumulation" in result.message
+    assert "in argument 0 alone (the others as the factory made them)" in result.details["inputs"]
+    good = gated_rowsum(correct.rowsum_fp32_accumulator)
+    assert good.verdict == "pass", good.message
+    assert "skipped 2 the reference rejects: positive values uniform in [0.5, 1.5) in argument 1 alone" \
+        in good.message

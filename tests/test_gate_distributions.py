@@ -10,6 +10,7 @@ import torch
 
 from kgate import gates as registry
 from kgate.gates.distributions import DISTRIBUTIONS, FRESH_SEEDS, transform
+from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
 from tests.gate_harness import check, subject_for
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "gates" / "distributions"
@@ -90,6 +91,29 @@ def test_reference_rejecting_a_distribution_skips_it():
 
     result = check("distributions", torch.log, positive_only_reference, positive_inputs)
     assert result.verdict == "pass" and "the reference rejects" in result.message
+
+
+def test_distribution_rejected_on_all_arguments_is_judged_one_argument_at_a_time():
+    # The keys must stay normalised and g <= 0: every distribution on both at once is outside the
+    # domain; zeros, all-negative, huge, tiny and subnormal values of g alone are inside.
+    result = check("distributions", decayed_keys, decayed_keys_reference, keys_and_gates)
+    assert result.verdict == "pass", result.message
+    assert f"oracle bound held on {len(FRESH_SEEDS) + 1 + 5} probe(s)" in result.message
+    assert "one argument at a time where the reference rejects all at once: zeros, constant" in result.message
+    assert "skipped 11 the reference rejects: zeros on argument 0 (" in result.message
+
+
+def test_failure_on_a_per_argument_probe_names_the_argument_and_shrinks_within_it():
+    def clamped_decay(k, g):  # exact while the cumulated gate stays above -60, as on the factory's inputs
+        return torch.exp(torch.cumsum(g, dim=-1).clamp(min=-60)).unsqueeze(-1) * k
+
+    assert check("oracle", clamped_decay, decayed_keys_reference, keys_and_gates).verdict == "pass"
+    result = check("distributions", clamped_decay, decayed_keys_reference, keys_and_gates)
+    assert result.verdict == "fail" and result.message.startswith("distribution 'huge'")
+    assert "on argument 1 alone, the others as the factory made them" in result.message
+    assert result.details["argument"] == 1
+    assert "of 64 values from it" in result.message and "argument 1 at [" in result.message
+    assert "argument 0 at [" not in result.message
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

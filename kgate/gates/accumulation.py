@@ -20,6 +20,10 @@ pass message). The verdict is relative, fp16/bf16-vs-fp32 accumulation of the sa
 inputs, with no tolerance of its own beyond the oracle bound. Where no probe separates the
 accumulators (no floating inputs, no reduction the emulator knows, reductions too short for the
 dtype), the gate is skipped and says why.
+
+A crafted probe the reference rejects (raises on: positive values for every input may be outside its
+domain) is retried with the crafted values in one argument at a time, the others as the factory made
+them (`kgate.subject.within_domain`); probes the reference still rejects are skipped and listed.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case, dtype_name
 from kgate.oracle import BROKEN_FACTOR, measure
 from kgate.shrink import ORACLE, judge_probe
-from kgate.subject import Subject, UserCodeError
+from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 SEPARATION = 2.0
 CONSISTENT_FACTOR = 4.0
@@ -295,38 +299,54 @@ class Accumulation(Gate):
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
-        judged, covered, power, unexplained = 0, Counter(), [], 0
+        judged, covered, power, unexplained, rejected = 0, Counter(), [], 0, []
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
-            if not any(isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 0 for a in base.args):
+            floats = [i for i, a in enumerate(base.args)
+                      if any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+                             for _, t in flatten(a))]
+            if not floats:
                 continue
-            for label, crafted in crafted_inputs(base.args, case.seed):
-                outcome = self._probe(subject, case, label, crafted, covered)
-                if isinstance(outcome, GateResult):
-                    return outcome
-                if outcome is not None:
-                    judged += 1
-                    power.append(outcome[0])
-                    unexplained += len(outcome[1])
+            for n, (label, crafted) in enumerate(crafted_inputs(base.args, case.seed)):
+                def judge(inputs: tuple, argument: int | None, case: Case = case, label: str = label):
+                    where = _alone(label, argument)
+                    if argument is not None:
+                        where += " (the others as the factory made them)"
+                    return self._probe(subject, case, where, inputs, covered)
+
+                # The factory's inputs (first) change nothing: no argument to retry alone.
+                for argument, _, outcome in within_domain(base.args, crafted, floats if n else [], judge):
+                    if outcome is None:
+                        rejected.append(f"{_alone(label, argument)} ({case.label()})")
+                        continue
+                    if isinstance(outcome, GateResult):
+                        return outcome
+                    if outcome is not False:
+                        judged += 1
+                        power.append(outcome[0])
+                        unexplained += len(outcome[1])
         if judged == 0:
+            note = f" (skipped {len(rejected)} probe(s) the reference rejects)" if rejected else ""
             if not covered:
                 return self.skipped("the reference performs no reduction that kgate emulates with a low-precision "
-                                    "accumulator (or has no floating-point inputs): nothing to separate")
+                                    f"accumulator (or has no floating-point inputs): nothing to separate{note}")
             return self.skipped(f"the crafted inputs never made fp16/bf16 accumulation of the reference measurably "
                                 f"worse than its own error ({_ops(covered)} emulated; reductions may be too short "
-                                f"for the dtype): nothing to judge")
+                                f"for the dtype): nothing to judge{note}")
         message = (f"no sign of low-precision accumulation in {judged} separating probe(s) ({_ops(covered)}); "
                    f"the strongest: low-precision accumulation would err {max(power):.3g} x the bound")
         if unexplained:
             message += (f"; {unexplained} output(s) miss the bound by an amount no emulated accumulator gives "
                         f"(the oracle gate judges those)")
-        return self.passed(message)
+        return self.passed(message + rejected_note(rejected))
 
     def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,
-               covered: Counter) -> GateResult | tuple[float, list] | None:
+               covered: Counter) -> GateResult | tuple[float, list] | bool | None:
         """A failure; or (separation power, outputs off by more than any accumulator explains) of a probe
-        that passes; or None when the probe cannot judge (reference rejects it, nothing emulated)."""
-        try:
+        that passes; False when the probe cannot judge (nothing emulated, no output separates the
+        accumulators); None when the reference rejects it. `label` gains the argument for a probe whose
+        crafted values are in one argument alone (the others as the factory made them)."""
+        def run() -> tuple:
             reference = subject.run_reference(clone_tree(crafted))
             oracle = subject.oracle(crafted)
             emulated = {}
@@ -337,13 +357,15 @@ class Accumulation(Gate):
                     with mode:
                         emulated[(acc, order)] = subject.oracle(crafted)
                     here.update(mode.emulated)
-        except UserCodeError as exc:
-            if exc.role == "kernel":
-                raise
+            return reference, oracle, emulated, here
+
+        outputs = unless_rejected(run)
+        if outputs is None:
             return None
+        reference, oracle, emulated, here = outputs
         covered.update(here)
         if not here:
-            return None
+            return False
         finding, leaves = judge_probe(subject, crafted, reference, oracle)
         if finding is not None and finding.kind != ORACLE:
             result = self.failed(subject, f"on {label}: {finding.message}", case=case, expected=finding.expected,
@@ -379,7 +401,7 @@ class Accumulation(Gate):
                     return self._fail(subject, case, label, leaf, low, consistent, covered)
                 unexplained.append(leaf)
             powers.append(max(max(e) for e in distinct.values()) / leaf.bound)
-        return (max(powers), unexplained) if powers else None
+        return (max(powers), unexplained) if powers else False
 
     def _fail(self, subject: Subject, case: Case, label: str, leaf, low: dict, consistent: dict,
               covered: Counter) -> GateResult:
@@ -405,6 +427,11 @@ class Accumulation(Gate):
                            details={"consistent_with": dtype_name(acc), "order": (PAIRWISE, SEQUENTIAL)[order],
                                     "kernel_err": leaf.err, "bound": leaf.bound, "inputs": label,
                                     "emulated": {dtype_name(a): list(e) for a, e in low.items()}})
+
+
+def _alone(label: str, argument: int | None) -> str:
+    """The label of crafted inputs, naming the argument when only that one holds them."""
+    return label if argument is None else f"{label} in argument {argument} alone"
 
 
 def _log_ratio(a: float, b: float) -> float:

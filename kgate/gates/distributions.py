@@ -1,17 +1,24 @@
 """distributions: correct (within the oracle bound, finite where the oracle is) on value distributions
 that random normal inputs never produce.
 
-Every floating-point input is replaced, in turn, by: zeros; a constant; all-negative values; huge
-magnitudes (peak min(1e6, max/16) of the dtype); tiny magnitudes (peak sqrt of the smallest normal);
-subnormals (every magnitude below the smallest normal); heavy tails (Cauchy, lognormal with sigma 2,
-clipped to the huge magnitude); and the factory's inputs at fresh seeds that the manifest does not
-list (the factory's own inputs are judged first: a kernel that fails there is not failing because of
-a distribution). Integer inputs are left alone. Judged like the oracle gate (bound calibrated from the
-reference's own error on the same inputs); a kernel that raises where the reference accepts the
-inputs fails; a distribution the reference rejects (raises on) is skipped.
+Each distribution in turn replaces every floating-point input at once: zeros; a constant;
+all-negative values; huge magnitudes (peak min(1e6, max/16) of the dtype); tiny magnitudes (peak
+sqrt of the smallest normal); subnormals (every magnitude below the smallest normal); heavy tails
+(Cauchy, lognormal with sigma 2, clipped to the huge magnitude). Before them, the factory's inputs at
+fresh seeds that the manifest does not list (the factory's own inputs are judged first: a kernel that
+fails there is not failing because of a distribution). Integer inputs are left alone. Judged like the
+oracle gate (bound calibrated from the reference's own error on the same inputs); a kernel that
+raises where the reference accepts the inputs fails.
+
+A reference declares its domain by raising on inputs outside it. Where it rejects a distribution on
+all inputs at once, the distribution is applied to one floating-point argument at a time (the others
+keep the factory's values, `kgate.subject.within_domain`), and each such probe the reference accepts
+is judged; the probes it rejects are skipped and listed in the pass message. Ordinary kernels pay
+nothing for this: the all-at-once probe comes first.
 
 A failure is shrunk to the fewest values drawn from the failing distribution (the others keep the
-factory's values) that still fail, and reported with their positions.
+factory's values; within the one argument, for a per-argument probe) that still fail, and reported
+with their positions and, for a per-argument probe, the argument.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from kgate.compare import clone_tree, index_of
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
 from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, shrink_subset
-from kgate.subject import Subject, UserCodeError
+from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 FRESH_SEEDS = (104729, 1299709)
 SHRINK_MAX_ELEMENTS = 1 << 18
@@ -105,49 +112,56 @@ class Distributions(Gate):
                 if finding is not None:
                     label = "the factory's inputs" if seed == case.seed else "fresh seed"
                     return self._report(subject, fresh, f"{label} (seed {seed})", finding, evidence, "")
+        per_argument: set[str] = set()
         for case in cases:
             base = subject.baseline(case)
             floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
                       and a.numel() > 0]
             if not floats:
                 continue
+
+            def judge(probe: tuple, argument: int | None, case: Case = case) -> Finding | bool | None:
+                return self._judge(subject, probe, case, evidence)
+
             for name in DISTRIBUTIONS:
                 probe = transform(base.args, name, case.seed)
-                outcome = self._judge(subject, probe, case, evidence)
-                if outcome is None:
-                    rejected.append(f"{name} ({case.label()})")
-                    continue
-                probes += 1
-                if outcome is not False:
-                    return self._fail(subject, case, name, base.args, probe, outcome, evidence)
+                for argument, inputs, outcome in within_domain(base.args, probe, floats, judge):
+                    label = name if argument is None else f"{name} on argument {argument}"
+                    if argument is not None:
+                        per_argument.add(name)
+                    if outcome is None:
+                        rejected.append(f"{label} ({case.label()})")
+                        continue
+                    probes += 1
+                    if outcome is not False:
+                        return self._fail(subject, case, name, base.args, inputs, outcome, evidence, argument)
         if probes == 0:
             return self.skipped("no floating-point inputs to draw from other distributions, and no cases")
         message = f"oracle bound held on {probes} probe(s): {len(DISTRIBUTIONS)} distributions and " \
                   f"{len(FRESH_SEEDS)} fresh seeds x {len(cases)} case(s)"
-        if rejected:
-            message += f"; skipped {len(rejected)} the reference rejects: {', '.join(rejected[:4])}"
-        return self.passed(message, evidence=evidence)
+        if per_argument:
+            message += (f"; one argument at a time where the reference rejects all at once: "
+                        f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
+        return self.passed(message + rejected_note(rejected), evidence=evidence)
 
     @staticmethod
     def _judge(subject: Subject, probe: tuple, case: Case, evidence: list | None) -> Finding | bool | None:
         """A Finding if the kernel fails on `probe`, False if it passes, None if the reference rejects it."""
-        try:
-            reference = subject.run_reference(clone_tree(probe))
-            oracle = subject.oracle(probe)
-        except UserCodeError as exc:
-            if exc.role == "kernel":
-                raise
+        outputs = unless_rejected(lambda: (subject.run_reference(clone_tree(probe)), subject.oracle(probe)))
+        if outputs is None:
             return None
+        reference, oracle = outputs
         finding, leaves = judge_probe(subject, probe, reference, oracle)
         if evidence is not None:
             evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
         return finding if finding is not None else False
 
     def _fail(self, subject: Subject, case: Case, name: str, original: tuple, probe: tuple, finding: Finding,
-              evidence: list) -> GateResult:
-        """Shrink to the fewest values drawn from the distribution, the rest as the factory made them."""
+              evidence: list, argument: int | None = None) -> GateResult:
+        """Shrink to the fewest values drawn from the distribution, the rest as the factory made them (within
+        `argument` when only that one was drawn from it)."""
         positions = [(i, j) for i, a in enumerate(probe) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                     and a.numel() > 0 for j in range(a.numel())]
+                     and a.numel() > 0 and argument in (None, i) for j in range(a.numel())]
         found = {len(positions): (finding, positions)}
 
         def mixed(chosen: list[tuple[int, int]]) -> tuple:
@@ -179,14 +193,20 @@ class Distributions(Gate):
             elif shrunk.complete:
                 note = f"; all {len(positions)} values needed (no smaller set of them fails; {shrunk.note()})"
             finding = final
-        description = DISTRIBUTIONS[name][0]
-        return self._report(subject, case, f"distribution {name!r} ({description})", finding, evidence, note)
+        label = f"distribution {name!r} ({DISTRIBUTIONS[name][0]})"
+        if argument is not None:
+            label += (f" on argument {argument} alone, the others as the factory made them (the reference rejects "
+                      f"it on all arguments at once)")
+        return self._report(subject, case, label, finding, evidence, note, argument)
 
     def _report(self, subject: Subject, case: Case, label: str, finding: Finding, evidence: list,
-                note: str) -> GateResult:
+                note: str, argument: int | None = None) -> GateResult:
+        details = {**finding.details, "kind": finding.kind, "distribution": label}
+        if argument is not None:
+            details["argument"] = argument
         result = self.failed(subject, f"{label}: {finding.message}{note}", case=case, expected=finding.expected,
                              got=finding.got, where=finding.where, broken=finding.broken, evidence=evidence,
-                             details={**finding.details, "kind": finding.kind, "distribution": label})
+                             details=details)
         result.tolerance_free = finding.tolerance_free
         return result
 
