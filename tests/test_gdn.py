@@ -288,6 +288,8 @@ def test_t_zero_and_t_one():
         (dict(delta=False), "delta=False takes no beta"),
         (dict(initial_state=torch.randn(1, 2, 64, 32)), "initial_state must be"),
         (dict(q=torch.randn(1, 8, 2, 64).bfloat16()), "must share a dtype"),
+        (dict(q=torch.randn(1, 8, 2, 1), k=torch.randn(1, 8, 2, 1)), "head dims must be 64 or 128"),
+        (dict(v=torch.randn(1, 8, 2, 32)), "head dims must be 64 or 128"),
     ],
 )
 def test_bad_input_raises_value_error(kwargs, match):
