@@ -145,6 +145,29 @@ def test_forward_and_gradients(member, cfg):
         check(name, a, b, dtype, mag)
 
 
+@pytest.mark.parametrize("member", ["gated_deltanet", "mamba2_gla"])
+def test_strong_decay_in_a_partial_chunk_stays_finite(member):
+    """Log gates down to -1e4 with T not a multiple of the chunk: the padded rows of the last chunk
+    once took G = 0, so exp(G_pad - G_j) overflowed to Inf and 0 * Inf = NaN reached every gradient
+    (found by kgate's special_values gate). Forward and gradients must match the oracle."""
+    gate, delta = MEMBERS[member]
+    B, T, H, DK, DV = 1, 67, 2, 64, 64
+    ins = make(B, T, H, DK, DV, gate, delta, F32, True)
+    ins[3] = ins[3] / ins[3].abs().max() * 1e4
+    gen = torch.Generator().manual_seed(1)
+    do = torch.randn(B, T, H, DV, generator=gen).to(DEV)
+    dht = torch.randn(B, H, DK, DV, generator=gen).to(DEV) * 0.1
+    o, ht, grads = run_kernel(*ins, gate, delta, do, dht)
+    o64, ht64, grads64, _ = oracle(*ins, gate, delta, do, dht)
+    check("o", o, o64, F32)
+    check("final_state", ht, ht64, F32)
+    for name, a, b in zip(["dq", "dk", "dv", "dg", "dbeta", "dh0"], grads, grads64):
+        if a is not None:
+            assert torch.isfinite(a).all(), name
+            # dg is ~0 where exp(g) underflows: measured against the size of the other gradients
+            check(name, a, b, F32, grads64[0].norm().expand(1) if name == "dg" else None)
+
+
 # -------------------------------------------------------------------------------------------
 # Stage tests: each kernel stage against its float64 reference on the same (float32) inputs
 # -------------------------------------------------------------------------------------------
