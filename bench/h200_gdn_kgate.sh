@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl-kgate/*.whl .whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
-[ -n "${MEMCHECK:-1}" ] && python3 bench/gdn_memcheck.py >"$OUT/memcheck.log" 2>&1
+[ -n "${MEMCHECK-1}" ] && python3 bench/gdn_memcheck.py >"$OUT/memcheck.log" 2>&1
 (timeout "${TEST_S:-200}" python3 -m pytest -q tests/test_gdn.py -n 4 -p no:cacheprovider >"$OUT/tests.log" 2>&1
  echo "tests rc=$?" >>"$OUT/tests.log") &
 timeout "${KGATE_S:-330}" python3 -m kgate run fixtures/gdn/kgate.yaml --device cuda -j "${JOBS:-4}" --out "$OUT/kgate" \
