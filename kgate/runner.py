@@ -2,8 +2,11 @@
 
 A worker that raises, segfaults, calls os._exit, hangs past the per-gate timeout or grows past the
 memory limit costs only its own kernel: the gate it was in gets the verdict `error` with the cause,
-the gates it never reached get `error` ("not run"), and the run goes on. Every result is appended to
-`results.jsonl` as it arrives, so an interrupted run loses nothing already judged.
+and the run goes on. A worker that ended early by itself (a crash, or a GPU fault that destroyed its
+CUDA context, which it reports as `context_lost`) is replaced by a fresh one for the gates not yet
+judged, at most `max_restarts` times; after a kill by kgate (time, memory) or past that cap the gates
+never reached get `error` ("not run"). Every result is appended to `results.jsonl` as it arrives, once,
+so an interrupted run loses nothing already judged.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class RunOptions:
     memory: int | None = None
     jobs: int = 1
     out_dir: Path = field(default_factory=lambda: Path("kgate-out"))
+    max_restarts: int = 3  # fresh workers per kernel after one ended early (CUDA context lost, crash)
 
 
 class Events:
@@ -84,6 +88,21 @@ def _exit_cause(returncode: int) -> str:
                    "SIGFPE": "arithmetic error", "SIGILL": "illegal instruction", "SIGKILL": "killed"}.get(name)
         return f"worker killed by {name}" + (f" ({meaning})" if meaning else "")
     return f"worker exited with code {returncode} before finishing (os._exit or a hard exit in user code?)"
+
+
+def _in_gate(cause: str, gate: str | None) -> str:
+    return cause if gate is None or f"in gate {gate}" in cause else f"{cause} in gate {gate}"
+
+
+def _not_run(causes: list[str], killed: bool) -> str:
+    """Why the gates no worker reached were not run (`killed`: kgate ended the last worker)."""
+    if not causes:
+        return "not run: the worker sent no result"
+    if len(causes) == 1 or killed:
+        return f"not run: {causes[-1]} earlier"
+    if len(set(causes)) == 1:
+        return f"not run: {causes[0]} {len(causes)} times"
+    return f"not run: the worker ended early {len(causes)} times ({'; '.join(dict.fromkeys(causes))})"
 
 
 def _fmt_bytes(n: int) -> str:
@@ -143,52 +162,85 @@ class Runner:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
         log_path = self.out_dir / "logs" / f"{safe}.log"
         results: dict[str, GateResult] = {}
-
         job = {"manifest": str(self.manifest.path.resolve()), "repro_manifest": str(self.manifest.path),
-               "kernel": kernel.name, "gates": gates, "device": device, "memory": memory,
+               "kernel": kernel.name, "device": device, "memory": memory,
                "seeds": self.options.seeds, "dtypes": self.options.dtypes,
                "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None}
-        current: str | None = None
-        done = False
 
-        def on_event(event: dict[str, Any]) -> str | None:
-            nonlocal current, done
-            kind = event.get("event")
-            if kind == "gate_start" and event.get("gate") in gates:
-                current = event["gate"]
-                self.events.gate_started(kernel, current)
-                return f"gate {current}"
-            if kind == "result":
-                result = self._result(event.get("result"), gates)
-                if result is not None and result.gate not in results:
-                    results[result.gate] = result
-                    self._stream(kernel.name, result)
-                    self.events.gate_finished(kernel, result)
-                current = None
-                return ""
-            if kind == "done":
-                done = True
-            return None
+        def record(result: GateResult) -> None:
+            results[result.gate] = result
+            self._stream(kernel.name, result)
+            self.events.gate_finished(kernel, result)
 
-        exit_ = supervise("kgate.worker", job, log_path=log_path, cwd=self.manifest.base, timeout=timeout,
-                          memory=memory, on_event=on_event)
-        worker_error = exit_.error
-        if worker_error is None and not done:
-            worker_error = _exit_cause(exit_.returncode)
-        if worker_error is not None:
-            tail = _tail(log_path)
-            for name in gates:
-                if name in results:
-                    continue
-                if name == current or (current is None and not results and name == gates[0]):
-                    message = worker_error
-                else:
-                    message = f"not run: {worker_error} earlier"
-                result = GateResult(name, "error", message, registry.get(name).tolerance_free, broken=True,
-                                    details={"log_tail": tail})
-                results[name] = result
-                self._stream(kernel.name, result)
-                self.events.gate_finished(kernel, result)
+        # A worker that ends early (the CUDA context lost, a crash) after starting a gate costs that gate;
+        # a fresh worker runs the gates not yet judged, at most max_restarts times. One killed by kgate
+        # (time, memory, cancel) or dying before its first gate (while loading) is not restarted.
+        causes: list[str] = []
+        where: list[str] = []  # the same, with the gate, for the kernel's `error`
+        remaining = list(gates)
+        workers, killed = 0, False
+        while remaining:
+            workers += 1
+            state: dict[str, Any] = {"current": None, "last": None, "started": False, "done": False, "lost": None}
+
+            def on_event(event: dict[str, Any], state: dict[str, Any] = state,
+                         remaining: list[str] = remaining) -> str | None:
+                kind = event.get("event")
+                if kind == "gate_start" and event.get("gate") in remaining:
+                    state["current"], state["started"] = event["gate"], True
+                    self.events.gate_started(kernel, event["gate"])
+                    return f"gate {event['gate']}"
+                if kind == "result":
+                    result = self._result(event.get("result"), remaining)
+                    if result is not None and result.gate not in results:
+                        record(result)
+                        state["last"] = result.gate
+                    state["current"] = None
+                    return ""
+                if kind == "context_lost":
+                    state["lost"] = str(event.get("message") or "CUDA error")
+                elif kind == "done":
+                    state["done"] = True
+                return None
+
+            if causes:
+                with open(log_path, "a", encoding="utf-8") as log:
+                    log.write(f"\n--- kgate: a fresh worker for the remaining gates ({causes[-1]}) ---\n")
+            exit_ = supervise("kgate.worker", {**job, "gates": remaining}, log_path=log_path, cwd=self.manifest.base,
+                              timeout=timeout, memory=memory, on_event=on_event, append_log=bool(causes))
+            left = [g for g in remaining if g not in results]
+            if state["lost"] is not None:
+                cause = "the CUDA context was lost"
+            else:
+                cause = exit_.error or (None if state["done"] else _exit_cause(exit_.returncode))
+            if cause is None:
+                remaining = left  # normally empty: a worker that sent no result for a gate gets it below
+                break
+            causes.append(cause)
+            current = state["current"]
+            if state["lost"] is not None:
+                where.append(_in_gate(cause, state["last"]))
+            elif left and (current in left or not state["started"]):
+                # The gate it died in (or, dying while loading, the first one) keeps the cause.
+                failed = current if current in left else left[0]
+                record(GateResult(failed, "error", cause, registry.get(failed).tolerance_free, broken=True,
+                                  details={"log_tail": _tail(log_path)}))
+                left.remove(failed)
+                where.append(_in_gate(cause, failed) if state["started"] else cause)
+            else:
+                where.append(f"{cause} between gates")
+            remaining, killed = left, exit_.error is not None
+            if killed or not state["started"] or len(causes) > self.options.max_restarts:
+                break
+        if remaining:
+            why = _not_run(causes, killed)
+            for name in remaining:
+                record(GateResult(name, "error", why, registry.get(name).tolerance_free, broken=True,
+                                  details={"log_tail": _tail(log_path)} if causes else {}))
+        worker_error = None
+        if where:
+            fresh = workers - 1
+            worker_error = "; ".join(where) + (f" ({fresh} fresh worker(s) ran the gates after)" if fresh else "")
         source_file, source_line = kernel.source_location()
         outcome = KernelResult(
             name=kernel.name, kernel=kernel.kernel.text, reference=kernel.reference.text, device=device,
@@ -221,12 +273,12 @@ class WorkerExit:
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
               on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None,
-              cancel: threading.Event | None = None) -> WorkerExit:
+              cancel: threading.Event | None = None, append_log: bool = False) -> WorkerExit:
     """Run `python -m MODULE JOB.json` under a time and a memory limit, passing each event it sends to
     `on_event`. The job gets `event_fd`, the pipe the worker writes its JSON lines to; stdout and
-    stderr go to `log_path`. `on_event` returns a stage name when a timed stage begins (the clock
-    restarts), "" when the stage ends, None otherwise. Killed workers take their whole process group;
-    setting `cancel` (from another thread) kills the worker too."""
+    stderr go to `log_path` (appended to with `append_log`). `on_event` returns a stage name when a
+    timed stage begins (the clock restarts), "" when the stage ends, None otherwise. Killed workers
+    take their whole process group; setting `cancel` (from another thread) kills the worker too."""
     read_fd, write_fd = os.pipe()
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
         json.dump({**job, "event_fd": write_fd}, jf)
@@ -236,7 +288,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     child_env.pop("INPUT_GITHUB-TOKEN", None)
     child_env["PYTHONUNBUFFERED"] = "1"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if append_log else "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", module, job_path], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
                                 start_new_session=True, env=child_env, cwd=str(cwd))

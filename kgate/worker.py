@@ -3,7 +3,9 @@
 Started by the runner as `python -m kgate.worker JOB.json`, with stdout and stderr going to a log
 file (so nothing a kernel prints can corrupt the protocol) and results written to a pipe whose file
 descriptor the job names. User code runs only here; the parent judges nothing it cannot see
-from these events, and a crash here costs only this kernel's remaining gates.
+from these events. A crash here, or a GPU fault that destroys this process's CUDA context (then the
+worker reports `context_lost` and stops), costs the gate it happened in: the runner starts a fresh
+worker for the gates not yet run.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import resource
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,23 +109,32 @@ def main(argv: list[str] | None = None) -> int:
                       repro_manifest=job.get("repro_manifest", job["manifest"]))
     subject.pristine_state = pristine
 
-    run_gates(channel, subject, names, job.get("memory"))
+    lost = run_gates(channel, subject, names, job.get("memory"))
+    if lost is not None:
+        # This process can launch nothing more: the runner starts a fresh worker for the gates not run.
+        channel.send("context_lost", message=lost)
     channel.send("done")
     return 0
 
 
-def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | None,
-              stop: Callable[[dict[str, Any]], bool] | None = None) -> list[str]:
+def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | None) -> str | None:
     """Run the named gates on `subject`, sending gate_start and result events; a gate that raises
-    gets `error`. `stop(result)` True ends the loop early; returns the names not run."""
+    gets `error`. After each gate the device is synchronized (inside the gate's time), so a fault the
+    GPU reports asynchronously is charged to the gate whose launches caused it. A fault that destroys
+    the CUDA context (kgate.faults) gives that gate `error` and ends the loop: returns the CUDA
+    message (the caller then stops, and a fresh worker runs the gates not reached), else None."""
     from kgate import gates as registry
+    from kgate import subject as subject_module
+    from kgate.faults import context_lost, fault_message
     from kgate.subject import UserCodeError
 
     backward_subject = None
-    for i, name in enumerate(names):
+    for name in names:
         gate = registry.get(name)
         channel.send("gate_start", gate=name)
         start = _clock()
+        lost: str | None = None
+        role = "kernel"
         try:
             target = subject
             if registry.is_backward(name):  # the same gate, judging the gradients (kgate/backward.py)
@@ -136,19 +146,41 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
             result = gate.check(target).to_json()
             result["gate"] = name
         except UserCodeError as exc:
+            lost, role = context_lost(exc), exc.role
             hint = ""
             if isinstance(exc.exc, MemoryError):
                 hint = f" (the worker's memory limit is {memory} bytes; raise limits.memory if legitimate)"
             result = _error_result(name, gate.tolerance_free, str(exc) + hint, {"traceback": exc.trace,
                                                                                "role": exc.role})
         except BaseException as exc:  # noqa: BLE001 - a gate bug must not lose the other gates' results
+            lost = context_lost(exc)
             result = _error_result(name, gate.tolerance_free, f"kgate internal error in gate {name}: "
                                    f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
+        if lost is None:
+            try:  # looked up on the module each time: what the gates' own calls use
+                subject_module.synchronize(subject.device)
+            except BaseException as exc:  # noqa: BLE001 - the device reports what the gate's launches did
+                lost, role = context_lost(exc), ""
+                if lost is None:
+                    result = _error_result(name, gate.tolerance_free, "the device reported an error after the "
+                                           f"gate's launches: {type(exc).__name__}: {exc}",
+                                           {"traceback": traceback.format_exc(), "replaced": _summary(result)})
+        if lost is not None:
+            details = {"cuda_error": lost, "first_reported_by": role or "the synchronize after the gate",
+                       "replaced": _summary(result),
+                       **{k: v for k, v in result.get("details", {}).items() if k == "traceback"}}
+            result = {**_error_result(name, gate.tolerance_free, fault_message(lost, role), details),
+                      "repro": result.get("repro") or subject.repro(name)}
         result["duration_s"] = round(_clock() - start, 4)
         channel.send("result", result=result)
-        if stop is not None and stop(result):
-            return names[i + 1:]
-    return []
+        if lost is not None:
+            return lost
+    return None
+
+
+def _summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The verdict a gate had reached before the device said otherwise (kept in the details)."""
+    return {"verdict": result.get("verdict"), "message": result.get("message")}
 
 
 if __name__ == "__main__":

@@ -45,10 +45,19 @@ def test_hostile_kernel_gets_error_with_cause(hostile, name, cause):
     assert all(g.verdict == "error" for g in result.gates)
 
 
-def test_remaining_gates_say_why_they_did_not_run(hostile):
+def test_a_crashed_worker_is_replaced_for_the_remaining_gates(hostile):
+    """The segfault kernel crashes a fresh worker in its second gate too (tests/test_gpu_faults.py: one
+    that crashes once gets its real verdicts there)."""
     result = hostile[0]["segfault"]
-    assert result.gates[1].message.startswith("not run: worker killed by SIGSEGV")
-    assert result.error and "SIGSEGV" in result.error
+    assert [g.message for g in result.gates] == ["worker killed by SIGSEGV (segmentation fault)"] * 2
+    assert result.error and "SIGSEGV" in result.error and "1 fresh worker" in result.error
+
+
+def test_remaining_gates_say_why_they_did_not_run(hostile):
+    """A worker kgate killed (time or memory limit) is not replaced."""
+    result = hostile[0]["hangs"]
+    assert result.gates[1].message == "not run: timed out after 3 s in gate oracle earlier"
+    assert result.error == "timed out after 3 s in gate oracle"
 
 
 def test_kernel_output_cannot_forge_results(hostile):

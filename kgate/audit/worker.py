@@ -22,16 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from kgate.faults import context_lost
 from kgate.worker import Channel, _error_result, _limit_memory, prepare_device, run_gates
-
-# Errors after which the CUDA context is unusable: the worker stops and a fresh one takes over.
-STICKY_CUDA_ERRORS = ("illegal memory access", "illegal address", "misaligned address", "illegal instruction",
-                      "unspecified launch failure", "device-side assert", "an illegal", "cudaErrorLaunchFailure",
-                      "CUDA error: unknown error", "context is destroyed")
-
-
-def sticky_cuda_error(message: str | None) -> bool:
-    return bool(message) and any(s.lower() in message.lower() for s in STICKY_CUDA_ERRORS)
 
 
 def _compile(channel: Channel, job: dict[str, Any]) -> None:
@@ -112,7 +104,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         if run_standard:
             channel.send("standard", result=standard_test.not_loaded(message, compiled=True).to_json())
         all_error(message, traceback.format_exc())
-        if sticky_cuda_error(message):
+        if context_lost(message):
             channel.send("poisoned", message=message)
         return
     found = tampered()
@@ -126,7 +118,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
                                                   f"{type(exc).__name__}: {exc}")
             return
         channel.send("standard", result=verdict.to_json())
-        if sticky_cuda_error(verdict.message) and verdict.verdict == standard_test.ERROR:
+        if context_lost(verdict.message) and verdict.verdict == standard_test.ERROR:
             channel.send("poisoned", message=verdict.message)
             return
         found = tampered()
@@ -147,17 +139,9 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     subject = PairSubject(entry, kb.NoGrad(candidate), kb.DtypeDispatch(reference),
                           InputFactory(kb.ProblemInputs(inputs_module, dims).factory()), device, cases,
                           repro_manifest=str(problem_path))
-    poisoned: list[str] = []
-
-    def stop(result: dict[str, Any]) -> bool:
-        if device.type == "cuda" and result.get("verdict") == "error" and sticky_cuda_error(result.get("message")):
-            poisoned.append(result["message"])
-            return True
-        return False
-
-    run_gates(channel, subject, names, job.get("memory"), stop=stop)
-    if poisoned:
-        channel.send("poisoned", message=poisoned[0])
+    lost = run_gates(channel, subject, names, job.get("memory"))
+    if lost is not None:  # a sticky CUDA error: run_gates stopped, a fresh worker takes the gates not run
+        channel.send("poisoned", message=lost)
         return
     found = tampered()
     if found:

@@ -1,0 +1,56 @@
+"""GPU faults that destroy a process's CUDA context.
+
+CUDA reports a kernel's illegal memory access (and a few other faults) asynchronously, at some later
+call, and from then on every CUDA call of that process fails with the same error: the context is
+lost. Whatever touches the device first (the next launch, a synchronize, the inputs factory, the
+reference) gets the error, so the one who raised it is not necessarily the one who caused it.
+
+`context_lost` recognises such an error by its message (torch raises `torch.AcceleratorError` for every
+CUDA error, launch-configuration errors that leave the context usable included, so the type alone does
+not decide). The worker (kgate.worker.run_gates) turns it into the verdict `error` of the gate during
+which it surfaced and stops; the runner starts a fresh worker for the remaining gates. Torch-free, so
+a worker can import it before its memory limit applies to torch.
+"""
+
+from __future__ import annotations
+
+# Sticky CUDA errors (runtime, driver and Triton spellings), matched case-insensitively. Not
+# "device-side assert" alone: every torch CUDA error ends with "... to enable device-side assertions".
+STICKY_CUDA_ERRORS = (
+    "illegal memory access", "illegal address", "misaligned address", "illegal instruction",
+    "unspecified launch failure", "device-side assert triggered", "CUDA error: an illegal",
+    "hardware stack error", "invalid program counter", "context is destroyed", "CUDA error: unknown error",
+    "cudaErrorIllegalAddress", "cudaErrorLaunchFailure", "cudaErrorMisalignedAddress", "cudaErrorAssert",
+    "cudaErrorIllegalInstruction", "cudaErrorHardwareStackError", "cudaErrorInvalidPc",
+    "CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_ASSERT",
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION", "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC",
+)
+_LOWERED = tuple(s.lower() for s in STICKY_CUDA_ERRORS)
+
+
+def context_lost(error: BaseException | str | None) -> str | None:
+    """The line of the CUDA message saying the context is lost, or None when `error` (a message, or an
+    exception searched with its causes and, for kgate's UserCodeError, the user's exception) is not
+    such an error. Of a chain, the innermost match: the CUDA message itself, not a wrapper's."""
+    found: str | None = None
+    seen: set[int] = set()
+    pending: list[BaseException | str | None] = [error]
+    while pending:
+        item = pending.pop(0)
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        text = item if isinstance(item, str) else str(item)
+        line = next((ln.strip() for ln in text.splitlines() if any(s in ln.lower() for s in _LOWERED)), None)
+        if line is not None:
+            found = line[:500]
+        if isinstance(item, BaseException):
+            pending.extend([getattr(item, "exc", None), item.__cause__, item.__context__])
+    return found
+
+
+def fault_message(line: str, role: str = "kernel") -> str:
+    """The verdict's message for a context lost during a gate; `role` is whose call saw it first."""
+    seen = "" if role in ("kernel", "") else f" by an earlier launch; first reported by the {role}"
+    return (f"the kernel faulted on the GPU (CUDA context lost{seen}): {line}; to locate it, run the reproducer "
+            "under compute-sanitizer (the bounds gate does when it is installed)")
