@@ -178,7 +178,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
 
         exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
                           timeout=options.timeout, memory=options.memory, on_event=on_event,
-                          env=worker_env(pair, options, gpu=device.startswith("cuda")), cancel=cancel)
+                          env=worker_env(pair, options, gpu=device.startswith("cuda")), cancel=cancel,
+                          append_log=attempt > 0)
         if record["problem_error"]:
             break
         remaining = [n for n in remaining if n not in results]
