@@ -227,10 +227,14 @@ def test_stage_state_fwd_and_out(gate, delta):
     check("out_fwd.o", o, o64, F32)
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["grad_split", "grad_fused"])
 @pytest.mark.parametrize("wide", [False, True], ids=["narrow_bv", "wide_bv"])
 @pytest.mark.parametrize("delta", [True, False])
 @pytest.mark.parametrize("gate", ["data", "none"])
-def test_stage_state_bwd_and_grad(gate, delta, wide, monkeypatch):
+def test_stage_state_bwd_and_grad(gate, delta, wide, split, monkeypatch):
+    """The reverse-state stage, then `chunk_grad_bwd` both ways: split in two kernels (GRAD_SPLIT, the
+    default; float32 here, so the WY half's dk partial goes through dk's own buffer) and fused."""
+    monkeypatch.setattr(gk, "GRAD_SPLIT", split)
     if wide:  # the V block used with many heads (B * H >= 2 * SMs) on the GPU
         monkeypatch.setattr(gk, "_state_bv", lambda DV, BH, device: gk._bv(DV))
     q, k, v, g, beta, h0 = _stage_inputs(gate, delta)
@@ -252,6 +256,51 @@ def test_stage_state_bwd_and_grad(gate, delta, wide, monkeypatch):
         assert (a is None) == (b is None), name
         if a is not None:
             check(f"grad_bwd.{name}", a, b, F32)
+
+
+@pytest.mark.parametrize("delta", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F32], ids=["bf16", "fp32"])
+def test_grad_split_launches_its_kernels_and_matches_the_fused_kernel(dtype, delta, monkeypatch):
+    """GRAD_SPLIT: the WY half (delta only) then the dq/dk/dg half, never the fused kernel; off: only the
+    fused kernel. Both give the same gradients: dq and dv by the same operations (bit for bit in the
+    interpreter), dk, dbeta, dg up to
+    float32 summation order and dA's form (-Y v'^T in the split, -Ai^T dT Ai^T fused). bf16 takes the
+    float32 dk scratch buffer, float32 dk's own buffer."""
+    B, T, H, DK, DV = 1, 100, 2, 64, 64
+    q, k, v, g, beta, h0 = make(B, T, H, DK, DV, "data", delta, dtype, True, seed=11)
+    scale = DK ** -0.5
+    o, ht, (G, Ai, w, h, vn) = gk._forward(q, k, v, g, beta, scale, h0, True, delta)
+    gen = torch.Generator().manual_seed(12)
+    do = torch.randn(o.shape, generator=gen).to(o)
+    dh, dvn, _ = gk.chunk_state_bwd(q, k, w, G, do, None, scale, False, delta)
+    launched = []
+
+    class _Recorder:
+        def __init__(self, name):
+            self.name, self.real = name, getattr(gk, name)
+
+        def __getitem__(self, grid):
+            launched.append((gk.GRAD_SPLIT, self.name))
+            return self.real[grid]
+
+    for name in ("_grad_bwd_kernel", "_grad_wy_bwd_kernel", "_grad_out_bwd_kernel"):
+        monkeypatch.setattr(gk, name, _Recorder(name))
+    out = {}
+    for split in (True, False):
+        monkeypatch.setattr(gk, "GRAD_SPLIT", split)
+        out[split] = gk.chunk_grad_bwd(q, k, v, beta, G, Ai, h, dh, vn, do, dvn, scale, delta)
+    want = ([(True, "_grad_wy_bwd_kernel")] if delta else []) + [(True, "_grad_out_bwd_kernel"),
+                                                                  (False, "_grad_bwd_kernel")]
+    assert launched == want
+    for name, a, b in zip(["dq", "dk", "dv", "dbeta", "dg"], out[True], out[False]):
+        assert (a is None) == (b is None), name
+        if a is None:
+            continue
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if name in ("dq", "dv") and not ON_GPU:  # on the GPU the two compilations may order sums apart
+            assert torch.equal(a, b), name
+        else:
+            check(f"split vs fused {name}", a, b, dtype)
 
 
 # -------------------------------------------------------------------------------------------
