@@ -323,3 +323,23 @@ def test_run_on_a_kernelbench_only_manifest_points_to_audit(write_manifest, tmp_
         """)
     assert kgate_main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
     assert "kgate audit --manifest" in capsys.readouterr().err.replace("\n", "")
+
+
+@pytest.mark.slow
+def test_compile_only_fills_the_cache_and_judges_nothing(tmp_path):
+    base = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "extension"),
+            "--device", "cpu", "--gate", "contract", "--out", str(tmp_path), "-q"]
+    assert kgate_main(base + ["--compile-only"]) == 0
+    assert (tmp_path / "torch_extensions").is_dir()
+    assert not _records(tmp_path)  # nothing judged, nothing recorded
+    assert kgate_main(base) == 0
+    (record,) = _records(tmp_path).values()
+    assert record["compile"]["ok"] and record["standard"]["verdict"] == "pass"
+    assert record["compile"]["seconds"] < 5  # found built in the cache
+
+
+def test_compile_only_after_max_time_starts_nothing(tmp_path, capsys):
+    args = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "extension"),
+            "--device", "cpu", "--out", str(tmp_path), "--compile-only", "--max-time", "0", "-q"]
+    assert kgate_main(args) == 3
+    assert "0 built, 0 failed, 1 not started" in capsys.readouterr().out

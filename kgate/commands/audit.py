@@ -24,7 +24,7 @@ from rich.progress import (
 
 from kgate import gates as registry
 from kgate.audit import report as audit_report
-from kgate.audit.evaluate import AuditOptions
+from kgate.audit.evaluate import AuditOptions, compile_pair, needs_compile
 from kgate.audit.results import ResultsFile, parse_shard, shard
 from kgate.audit.scheduler import Plan, arch_list, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
@@ -81,6 +81,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-jobs", type=int, metavar="N", help="extension builds at once (default half the cores)")
     p.add_argument("--no-compile-stage", action="store_true",
                    help="build extensions inside the evaluation instead of in a separate CPU stage")
+    p.add_argument("--compile-only", action="store_true",
+                   help="only build the selected candidates' extensions into OUT's cache (no GPU needed, nothing "
+                        "judged or recorded); a later audit with the same --out finds them built. Lets the CPU "
+                        "build while the GPU does other work")
     p.add_argument("--shard", metavar="I/N", help="judge only shard I of N (every candidate is in exactly one shard)")
     p.add_argument("--resume", action="store_true", help="keep OUT/results.jsonl and skip the candidates it holds")
     p.add_argument("--max-time", type=float, metavar="SECONDS",
@@ -191,7 +195,9 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         console.print(f"kgate audit: {len(pairs)} candidate(s)" + (f" (shard {spec[0]}/{spec[1]})" if spec else "")
                       + (f", {len(pairs) - len(todo)} already judged" if args.resume else "")
                       + f"; {len(gate_names)} gates + the standard test; {where}", highlight=False)
-    stop_at = time.monotonic() + args.max_time if args.max_time else None
+    stop_at = time.monotonic() + args.max_time if args.max_time is not None else None
+    if args.compile_only:
+        return _compile_only(console, todo, options, plan, stop_at)
     cancel = threading.Event()
     with _progress(console, len(todo), quiet=args.quiet) as progress:
         try:
@@ -227,6 +233,36 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                       f"logs in {out / 'logs'})")
         return 2
     return 1 if summary["violation"] else 0
+
+
+def _compile_only(console: Console, todo: list, options: AuditOptions, plan: Plan, stop_at: float | None) -> int:
+    """Build the extensions of `todo` (those that build one) into the cache, `plan.compile_jobs` at a
+    time; no new build starts after `stop_at`. Exit 0 when every build ran, EXIT_INCOMPLETE otherwise."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    builds = [p for p in todo if p.problem is not None and needs_compile(p)]
+    console.print(f"compile only: {len(builds)} of {len(todo)} candidate(s) build an extension; "
+                  f"{plan.compile_jobs} build(s) at once", highlight=False)
+
+    def build(pair):
+        if stop_at is not None and time.monotonic() > stop_at:
+            return pair, None
+        return pair, compile_pair(pair, options)
+
+    counts = {"built": 0, "failed": 0, "not started": 0}
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=plan.compile_jobs, thread_name_prefix="kgate-compile") as pool:
+        for pair, outcome in pool.map(build, builds):
+            kind = "not started" if outcome is None else ("built" if outcome.get("ok") else "failed")
+            counts[kind] += 1
+            if outcome is not None:
+                console.print(f"{kind:6s} {pair.id} ({outcome.get('wall_s', 0):.1f} s)"
+                              + (f": {str(outcome.get('message', ''))[-200:]}" if kind == "failed" else ""),
+                              highlight=False)
+    console.print(f"compile only: {counts['built']} built, {counts['failed']} failed, {counts['not started']} not "
+                  f"started (--max-time) in {time.monotonic() - start:.0f} s; cache: {options.out_dir}",
+                  highlight=False)
+    return EXIT_INCOMPLETE if counts["not started"] else 0
 
 
 def _cpus() -> int:
