@@ -7,6 +7,8 @@
 #
 #   bash bench/audit_bg.sh start   copy kgate and the corpus to /tmp/kgate-src, build every extension
 #                                  (compile-only, nice 19, BUILD_JOBS at once), then wait for `go`
+#                                  (NO_PREBUILD=1: no separate build pass; the audit builds and judges at once,
+#                                  handing each candidate to the GPU as soon as its build is done)
 #   bash bench/audit_bg.sh go      let the judging start (the GPU is free for it)
 #   bash bench/audit_bg.sh collect [WAIT_S]   wait up to WAIT_S (default 0) for the audit to end, then copy
 #                                  results.jsonl, driver.log and the audit's output into $OUT
@@ -40,6 +42,7 @@ start)
     cp .third_party/audit-run/results.jsonl "$WORK/results.jsonl"
   fi
   rm -f "$WORK/GO" "$WORK/DONE"
+  [ -n "${NO_PREBUILD:-}" ] && touch "$WORK/GO"
   (cd "$SRC" && PYTHONPATH=/tmp/site:$SRC setsid nohup bash "$SRC/bench/audit_bg.sh" _drive \
      >"$WORK/driver.log" 2>&1 </dev/null & echo $! >"$WORK/driver.pid")
   echo "audit driver started (pid $(cat "$WORK/driver.pid")); building extensions"
@@ -47,9 +50,11 @@ start)
 _drive)
   export PYTHONUNBUFFERED=1
   t0=$(date +%s)
-  echo "compile-only: start $(date -u +%T)"
-  nice -n 19 "${AUDIT[@]}" --compile-only --compile-jobs "${BUILD_JOBS:-8}" -q
-  echo "compile-only: rc=$? after $(( $(date +%s) - t0 )) s"
+  if [ -z "${NO_PREBUILD:-}" ]; then
+    echo "compile-only: start $(date -u +%T)"
+    nice -n 19 "${AUDIT[@]}" --compile-only --compile-jobs "${BUILD_JOBS:-8}" -q
+    echo "compile-only: rc=$? after $(( $(date +%s) - t0 )) s"
+  fi
   while [ ! -f "$WORK/GO" ]; do sleep 2; done
   t1=$(date +%s)
   echo "audit: start $(date -u +%T)"

@@ -23,7 +23,11 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 mkdir -p "$WORK" "$RESULTS_OUT"
 if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: the benchmark instead
-  python3 bench/audit_throughput.py --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" \
+  KEEP=()
+  if [ -n "${REUSE_BUILDS:-}" ] && [ -d "$WORK/torch_extensions" ]; then  # the audit's builds: compile time not measured here
+    mkdir -p /tmp/kgate-bench && ln -sfn "$WORK/torch_extensions" /tmp/kgate-bench/torch_extensions && KEEP=(--keep-cache)
+  fi
+  python3 bench/audit_throughput.py "${KEEP[@]}" --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" \
     --index "$CORPUS/index.csv" --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" \
     --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json"
   exit $?
