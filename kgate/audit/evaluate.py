@@ -115,7 +115,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                               "problem_name": pair.problem_name, "level": pair.level, "labels": pair.labels,
                               "device": device, "compile": compiled, "standard": None, "gates": [], "error": None,
                               "problem_error": None, "tamper": None, "free_dims": None, "notes": {},
-                              "load_s": None, "restarts": 0, "oom": False, "complete": True,
+                              "load_s": None, "standard_s": None, "restarts": 0, "oom": False, "complete": True,
                               "repro": repro_command(options.repro_args, pair.id, None)}
     results: dict[str, GateResult] = {}
     if pair.problem is None:
@@ -153,6 +153,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                 return "the standard test"
             if kind == "standard" and isinstance(event.get("result"), dict):
                 record["standard"] = StandardResult.from_json(event["result"]).to_json()
+                record["standard_s"] = event.get("seconds")
                 return ""
             if kind == "gate_start" and event.get("gate") in remaining:
                 state["current"] = event["gate"]

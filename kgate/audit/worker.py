@@ -111,13 +111,14 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     if found:
         channel.send("tamper", message=found)
     if run_standard:
+        started = time.perf_counter()
         try:
             verdict = standard_test.run(reference, candidate, inputs_module.get_inputs, device, seed=seed)
         except BaseException as exc:  # noqa: BLE001 - the reference raised: the problem's fault
             channel.send("problem_error", message=f"the problem's Model raised in the standard test: "
                                                   f"{type(exc).__name__}: {exc}")
             return
-        channel.send("standard", result=verdict.to_json())
+        channel.send("standard", result=verdict.to_json(), seconds=round(time.perf_counter() - started, 3))
         if context_lost(verdict.message) and verdict.verdict == standard_test.ERROR:
             channel.send("poisoned", message=verdict.message)
             return
