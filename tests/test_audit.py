@@ -56,6 +56,8 @@ def test_correct_candidates_pass_both(audited):
         r = records[name]
         assert r["standard"]["verdict"] == "pass", r["standard"]
         assert all(g["verdict"] in ("pass", "skip") for g in r["gates"]), r["gates"]
+        # timings the throughput figures come from: the standard test's own, and the whole record's
+        assert 0 < r["standard_s"] < r["duration_s"], (r["standard_s"], r["duration_s"])
 
 
 def test_standard_accepts_what_the_gates_reject(audited):
