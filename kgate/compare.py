@@ -89,7 +89,9 @@ def bitwise_mismatch(expected: torch.Tensor, got: torch.Tensor) -> Mismatch | No
     """None when bitwise equal (shape and dtype included)."""
     if expected.shape != got.shape or expected.dtype != got.dtype:
         return Mismatch(1, 1, (), f"{tuple(expected.shape)} {expected.dtype}", f"{tuple(got.shape)} {got.dtype}")
-    a, b = bits(expected.cpu()), bits(got.cpu())
+    if got.device != expected.device:
+        got = got.to(expected.device)
+    a, b = bits(expected), bits(got)  # compared where they live: outputs can be 10^9 elements
     diff = a != b
     if diff.dim() > expected.dim():  # complex: real/imag pairs
         diff = diff.any(dim=-1)
@@ -98,14 +100,16 @@ def bitwise_mismatch(expected: torch.Tensor, got: torch.Tensor) -> Mismatch | No
         return None
     flat = int(diff.reshape(-1).nonzero()[0, 0])
     index = index_of(flat, tuple(expected.shape))
-    return Mismatch(count, expected.numel(), index, _scalar(expected.cpu(), index), _scalar(got.cpu(), index))
+    return Mismatch(count, expected.numel(), index, _scalar(expected, index), _scalar(got, index))
 
 
 def value_mismatch(expected: torch.Tensor, got: torch.Tensor) -> Mismatch | None:
     """Like bitwise_mismatch but NaN equals NaN and -0.0 equals 0.0 (value semantics)."""
     if expected.shape != got.shape or expected.dtype != got.dtype:
         return Mismatch(1, 1, (), f"{tuple(expected.shape)} {expected.dtype}", f"{tuple(got.shape)} {got.dtype}")
-    e, g = expected.detach().cpu(), got.detach().cpu()
+    e, g = expected.detach(), got.detach()
+    if g.device != e.device:
+        g = g.to(e.device)
     diff = e != g
     if e.is_floating_point() or e.is_complex():
         diff &= ~(torch.isnan(e) & torch.isnan(g))

@@ -103,51 +103,66 @@ def _max_abs(diff: torch.Tensor) -> tuple[float, int]:
     return float(flat[pos]), pos
 
 
+def _common_device(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both on one device: the oracle's when they differ (it is on the CPU only where the device
+    refused it, so the comparison must not go back there either)."""
+    return (a, b) if a.device == b.device else (a.to(b.device), b)
+
+
 def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.Tensor, *, path: str,
             factor: float, ulps: float, atol: float) -> LeafError:
-    """Error of one kernel output against the oracle and the bound calibrated from the reference."""
-    k = kernel.detach().cpu()
-    o = oracle.detach().cpu()
+    """Error of one kernel output against the oracle and the bound calibrated from the reference.
+
+    Computed where the oracle lives (the GPU for a GPU kernel): outputs of KernelBench problems reach
+    10^9 elements, and float64 temporaries of that size on the host cost minutes and tens of GiB."""
+    k, o = _common_device(kernel.detach(), oracle.detach())
     if not (k.is_floating_point() or k.is_complex()):
         equal = torch.equal(k, o.to(k.dtype)) if k.shape == o.shape else False
         if equal:
             return LeafError(path, 0.0, 0.0, 0.0, 0.0, 0.0, factor, exact=True)
-        diff = (k != o.to(k.dtype)).reshape(-1)
+        diff = (k != o.to(k.dtype)).reshape(-1) if k.shape == o.shape else torch.ones(1, dtype=torch.bool)
         pos = int(diff.nonzero()[0, 0]) if diff.any() else 0
         index = list(index_of(pos, tuple(k.shape)))
-        return LeafError(path, math.inf, 0.0, 0.0, 0.0, 0.0, factor, index=index,
-                         expected=o.reshape(-1)[pos].item(), got=k.reshape(-1)[pos].item(), exact=True)
+        expected = o.reshape(-1)[pos].item() if o.numel() > pos else None
+        got = k.reshape(-1)[pos].item() if k.numel() > pos else None
+        return LeafError(path, math.inf, 0.0, 0.0, 0.0, 0.0, factor, index=index, expected=expected, got=got,
+                         exact=True)
     dtype = k.dtype
     if k.is_complex():
         k, o = torch.view_as_real(k), torch.view_as_real(o.to(torch.complex128))
         dtype = k.dtype
     o64 = o.to(torch.float64)
-    rounded = o64.to(dtype) if dtype != torch.float64 else o64
-    finite = torch.isfinite(o64) & torch.isfinite(rounded)
-    scale = float(o64[finite].abs().max()) if finite.any() else 0.0
+    finite = torch.isfinite(o64)
+    if dtype != torch.float64:
+        finite &= torch.isfinite(o64.to(dtype))
+    has_finite = bool(finite.any())
+    zero = torch.zeros((), dtype=torch.float64, device=o64.device)
+    scale = float(torch.where(finite, o64.abs(), zero).max()) if has_finite else 0.0
     floor = ulps * eps(dtype) * scale + atol
     ref_err: float | None = None
     if reference is not None:
-        r = reference.detach().cpu()
+        r = reference.detach()
         if r.is_complex():
             r = torch.view_as_real(r)
         if r.shape == o64.shape:
-            rdiff = torch.where(finite, (r.to(torch.float64) - o64).abs(), torch.zeros((), dtype=torch.float64))
-            rdiff = torch.nan_to_num(rdiff, nan=math.inf)
-            ref_err = _max_abs(rdiff)[0] if rdiff.numel() else 0.0
+            rdiff = r.to(device=o64.device, dtype=torch.float64).sub_(o64).abs_()
+            rdiff = torch.where(finite, rdiff, zero).nan_to_num_(nan=math.inf)
+            ref_err = float(rdiff.max()) if rdiff.numel() else 0.0
+            del rdiff
             if math.isinf(ref_err):
                 ref_err = None  # the reference itself leaves the finite range: calibrate from the floor only
     bound = factor * (ref_err or 0.0) + floor
-    if k.shape != o64.shape or not finite.any():
+    if k.shape != o64.shape or not has_finite:
         return LeafError(path, 0.0, ref_err, scale, floor, bound, factor)
     kd = k.to(torch.float64)
-    diff = (kd - o64).abs()
-    diff = torch.where(torch.isfinite(kd), diff, torch.full_like(diff, math.inf))
-    diff = torch.where(finite, diff, torch.zeros_like(diff))
+    kernel_finite = torch.isfinite(kd)
+    diff = kd.sub(o64).abs_()
+    diff.masked_fill_(~kernel_finite, math.inf).masked_fill_(~finite, 0.0)
     err, pos = _max_abs(diff)
-    rel = diff / o64.abs().clamp_min(torch.finfo(dtype).tiny)
-    rel = torch.where(finite & (o64 != 0), rel, torch.zeros_like(rel))
+    # relative error where the oracle is finite and non-zero (in place: diff is not needed after this)
+    rel = diff.div_(o64.abs().clamp_min_(torch.finfo(dtype).tiny))
+    rel.masked_fill_(~finite | (o64 == 0), 0.0)
+    rel_err = float(rel.max()) if rel.numel() else 0.0
     index = list(index_of(pos, tuple(k.shape)))
     return LeafError(path, err, ref_err, scale, floor, bound, factor, index=index,
-                     expected=float(o64.reshape(-1)[pos]), got=float(kd.reshape(-1)[pos]),
-                     rel_err=float(rel.max()) if rel.numel() else 0.0)
+                     expected=float(o64.reshape(-1)[pos]), got=float(kd.reshape(-1)[pos]), rel_err=rel_err)

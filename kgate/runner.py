@@ -143,8 +143,10 @@ class Runner:
                                       "choose another with --out") from None
         if self.options.jobs <= 1:
             return [self.run_kernel(k) for k in self.kernels]
+        # Fewer kernels than jobs: each kernel's gates are spread over jobs // kernels workers.
+        parts = max(1, self.options.jobs // max(1, len(self.kernels)))
         with ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
-            return list(pool.map(self.run_kernel, self.kernels))
+            return list(pool.map(lambda k: self.run_kernel(k, parts), self.kernels))
 
     def _stream(self, kernel: str, result: GateResult) -> None:
         with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
@@ -152,23 +154,59 @@ class Runner:
             f.flush()
             os.fsync(f.fileno())
 
-    def run_kernel(self, kernel: ResolvedKernel) -> KernelResult:
+    def run_kernel(self, kernel: ResolvedKernel, parts: int = 1) -> KernelResult:
+        """Judge one kernel; with `parts` > 1 its gates are dealt round-robin to that many workers at once
+        (each a fresh process, each log appended to the kernel's log when it ends)."""
         gates = self.gates_for(kernel)
         device = self.device_for(kernel)
-        timeout = self.options.timeout or kernel.limits.timeout
-        memory = self.options.memory or kernel.limits.memory
         self.events.kernel_started(kernel, gates)
         started = time.perf_counter()
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
         log_path = self.out_dir / "logs" / f"{safe}.log"
+        groups = [gates[i::parts] for i in range(min(parts, len(gates)))] or [[]]
         results: dict[str, GateResult] = {}
+        if len(groups) == 1:
+            where, workers = self._judge(kernel, device, groups[0], log_path, results)
+        else:
+            logs = [log_path.with_name(f"{safe}.part{i}.log") for i in range(len(groups))]
+            with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+                outcomes = list(pool.map(lambda g: self._judge(kernel, device, g[0], g[1], results),
+                                         zip(groups, logs, strict=True)))
+            where = [w for ws, _ in outcomes for w in ws]
+            workers = sum(n for _, n in outcomes)
+            with open(log_path, "w", encoding="utf-8") as log:
+                for i, (group, part) in enumerate(zip(groups, logs, strict=True)):
+                    log.write(f"--- kgate: worker {i + 1} of {len(groups)}: {', '.join(group)} ---\n")
+                    if part.exists():
+                        log.write(part.read_text(encoding="utf-8", errors="replace"))
+                        part.unlink()
+        worker_error = None
+        if where:
+            fresh = workers - len(groups)
+            worker_error = "; ".join(where) + (f" ({fresh} fresh worker(s) ran the gates after)" if fresh else "")
+        source_file, source_line = kernel.source_location()
+        outcome = KernelResult(
+            name=kernel.name, kernel=kernel.kernel.text, reference=kernel.reference.text, device=device,
+            source_file=source_file, source_line=source_line, manifest_line=kernel.line,
+            gates=[results[g] for g in gates], error=worker_error, log=str(log_path),
+            duration_s=round(time.perf_counter() - started, 3), files=list(kernel.entry.files))
+        self.events.kernel_finished(outcome)
+        return outcome
+
+    def _judge(self, kernel: ResolvedKernel, device: str, gates: list[str], log_path: Path,
+               results: dict[str, GateResult]) -> tuple[list[str], int]:
+        """Run `gates` of `kernel` in a worker (and fresh ones after an early end), recording each result
+        into `results`. Returns (where the workers ended early, for the kernel's `error`; workers used)."""
+        timeout = self.options.timeout or kernel.limits.timeout
+        memory = self.options.memory or kernel.limits.memory
         job = {"manifest": str(self.manifest.path.resolve()), "repro_manifest": str(self.manifest.path),
                "kernel": kernel.name, "device": device, "memory": memory,
                "seeds": self.options.seeds, "dtypes": self.options.dtypes,
                "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None}
 
         def record(result: GateResult) -> None:
-            results[result.gate] = result
+            with self._lock:
+                results[result.gate] = result
             self._stream(kernel.name, result)
             self.events.gate_finished(kernel, result)
 
@@ -237,18 +275,7 @@ class Runner:
             for name in remaining:
                 record(GateResult(name, "error", why, registry.get(name).tolerance_free, broken=True,
                                   details={"log_tail": _tail(log_path)} if causes else {}))
-        worker_error = None
-        if where:
-            fresh = workers - 1
-            worker_error = "; ".join(where) + (f" ({fresh} fresh worker(s) ran the gates after)" if fresh else "")
-        source_file, source_line = kernel.source_location()
-        outcome = KernelResult(
-            name=kernel.name, kernel=kernel.kernel.text, reference=kernel.reference.text, device=device,
-            source_file=source_file, source_line=source_line, manifest_line=kernel.line,
-            gates=[results[g] for g in gates], error=worker_error, log=str(log_path),
-            duration_s=round(time.perf_counter() - started, 3), files=list(kernel.entry.files))
-        self.events.kernel_finished(outcome)
-        return outcome
+        return where, workers
 
     @staticmethod
     def _result(data: Any, gates: list[str]) -> GateResult | None:

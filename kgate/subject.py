@@ -53,6 +53,15 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def raise_pending_launch_error(device: torch.device) -> None:
+    """A launch that fails at once (a grid too large, more shared memory than the device allows: CUDA's
+    "invalid argument" or "invalid configuration") leaves its error pending in the runtime until the next
+    launch checks for one; an extension that does not check would have it raised in kgate's own next
+    operation, blamed on kgate. One tiny launch right after the kernel raises it where it belongs."""
+    if device.type == "cuda":
+        torch.empty(1, device=device).zero_()
+
+
 class Subject:
     def __init__(self, kernel: ResolvedKernel, kernel_fn: Callable, reference_fn: Callable,
                  factory: InputFactory, device: torch.device, cases: list[Case], *,
@@ -90,6 +99,7 @@ class Subject:
             out = self.kernel_fn(*args)
             if sync:
                 synchronize(self.device)
+                raise_pending_launch_error(self.device)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             raise UserCodeError("kernel", exc) from exc
         return out

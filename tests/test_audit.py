@@ -312,6 +312,37 @@ def test_a_crash_in_one_gate_costs_only_that_gate(tmp_path):
     assert _gate(record, "input_integrity")["verdict"] == "pass"
 
 
+def test_probing_gates_run_at_the_working_shape(tmp_path):
+    # 19_ReLU's inputs are 4 x 33; a budget of 40 elements gives the working shape (4, 8)
+    code = kgate_main([*BASE[:-2], "--gate", "oracle,shapes,distributions", "--work-elements", "40",
+                       "-k", "level1/19_ReLU and not __", "--out", str(tmp_path), "-q"])
+    assert code == 0
+    (record,) = _records(tmp_path).values()
+    assert "batch_size=4, dim=8" in record["notes"]["working_shape"]
+    assert "problem's own shape (batch_size=4, dim=33)" in record["notes"]["working_shape"]
+    assert [g["verdict"] for g in record["gates"]] == ["pass", "pass", "pass"]
+    # the oracle gate judged the problem's own shape, the shapes gate swept around the working one
+    assert _gate(record, "oracle")["evidence"][0]["case"]["shape"] == [4, 33]
+    assert _gate(record, "shapes")["details"]["generated"], _gate(record, "shapes")
+
+
+def test_a_kernel_that_only_works_at_its_own_shape_keeps_it_for_every_gate(tmp_path):
+    candidates = tmp_path / "candidates" / "level1"
+    candidates.mkdir(parents=True)
+    (candidates / "19_ReLU.py").write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.relu(x) if x.shape[1] == 33 else x\n")
+    code = kgate_main(["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(tmp_path / "candidates"),
+                       "--device", "cpu", "--gate", "oracle,shapes,distributions", "--work-elements", "40",
+                       "--out", str(tmp_path / "run"), "-q"])
+    assert code == 1
+    (record,) = _records(tmp_path / "run").values()
+    assert "own shape for every gate" in record["notes"]["working_shape"]
+    assert "misses the oracle" in record["notes"]["working_shape"]
+    verdicts = {g["gate"]: g["verdict"] for g in record["gates"]}
+    assert verdicts == {"oracle": "pass", "shapes": "fail", "distributions": "pass"}
+
+
 def test_run_on_a_kernelbench_only_manifest_points_to_audit(write_manifest, tmp_path, capsys):
     (tmp_path / "p").mkdir()
     (tmp_path / "c").mkdir()

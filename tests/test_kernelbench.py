@@ -103,6 +103,41 @@ def test_free_size_parameters_change_inputs_but_not_weights():
         make(0, (2, 3))
 
 
+def test_working_shape_halves_the_largest_size_until_within_budget(tmp_path):
+    problem = _touch(tmp_path / "big.py", "import torch\nimport torch.nn as nn\n"
+                     "class Model(nn.Module):\n    def forward(self, a, b):\n        return a @ b\n"
+                     "M = 2048\nK = 8192\nN = 4096\n"
+                     "def get_inputs():\n    return [torch.randn(M, K), torch.randn(K, N)]\n"
+                     "def get_init_inputs():\n    return []\n")
+    module = kb.exec_problem(problem, "inputs")
+    dims = kb.free_dims(module)
+    assert dims.names == ["M", "K", "N"]
+    assert kb.input_elements(module, dims, None) == 2048 * 8192 + 8192 * 4096  # counted on meta: no memory
+    shape = kb.working_shape(module, dims, budget=1 << 16)
+    assert shape is not None
+    m, k, n = shape
+    assert m * k + k * n <= 1 << 16
+    assert all(s >= 1 for s in shape) and max(shape) <= 2 * min(shape)  # largest first keeps them balanced
+    assert (module.M, module.K, module.N) == (2048, 8192, 4096), "scaling must not leave the module changed"
+    # within budget already, or nothing to scale: the problem's own shape
+    assert kb.working_shape(module, dims, budget=10**9) is None
+    assert kb.working_shape(module, dims, budget=0) is None
+    assert kb.working_shape(module, kb.FreeDims([], []), budget=16) is None
+
+
+def test_working_shape_skips_sizes_the_problem_rejects(tmp_path):
+    # `dim` must stay even (get_inputs raises otherwise): halving 6 to 3 is illegal, so batch_size moves
+    problem = _touch(tmp_path / "even.py", "import torch\nimport torch.nn as nn\n"
+                     "class Model(nn.Module):\n    def forward(self, x):\n        return x\n"
+                     "batch_size = 4\ndim = 6\n"
+                     "def get_inputs():\n    assert dim % 2 == 0\n    return [torch.randn(batch_size, dim)]\n"
+                     "def get_init_inputs():\n    return []\n")
+    module = kb.exec_problem(problem, "inputs")
+    dims = kb.free_dims(module)
+    assert dims.names == ["batch_size", "dim"]
+    assert kb.working_shape(module, dims, budget=12) == (2, 6)
+
+
 def test_problem_without_free_parameters_says_why(tmp_path):
     problem = _touch(tmp_path / "fixed.py", "import torch\nimport torch.nn as nn\n"
                      "class Model(nn.Module):\n    def forward(self, x):\n        return x\n"

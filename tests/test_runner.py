@@ -89,3 +89,23 @@ def test_results_written_before_a_later_kernel_hangs(tmp_path):
 
     Watch(manifest, kernels, RunOptions(out_dir=tmp_path, gates=["oracle"], timeout=2)).run()
     assert [json.loads(x)["kernel"] for x in seen_during_hang] == ["good"]
+
+
+def test_jobs_beyond_the_kernels_spread_one_kernels_gates_over_workers(tmp_path):
+    """-j 3 with one kernel: its gates go to three workers at once; the verdicts are those of -j 1, in the
+    kernel's gate order, and the three workers' logs end up in the kernel's one log."""
+    manifest = load(DATA / "hostile" / "kgate.yaml")
+    kernels = [k for k in manifest.kernels if k.name in ("good", "segfault")]
+    gates = ["contract", "oracle", "special_values", "determinism", "input_integrity"]
+    serial = Runner(manifest, kernels, RunOptions(out_dir=tmp_path / "serial", gates=gates)).run()
+    spread = Runner(manifest, kernels, RunOptions(out_dir=tmp_path / "spread", gates=gates, jobs=6)).run()
+    for one, many in zip(serial, spread, strict=True):
+        assert [g.gate for g in many.gates] == [g.gate for g in one.gates] == gates
+        assert [g.verdict for g in many.gates] == [g.verdict for g in one.gates]
+    log = open(spread[0].log).read()
+    assert "worker 1 of 3" in log and "worker 3 of 3" in log
+    assert sorted(p.name for p in (tmp_path / "spread" / "logs").iterdir()) == ["good.log", "segfault.log"]
+    # the crashing kernel: each of its three workers crashed in its first gate and was replaced
+    assert "SIGSEGV" in spread[1].error
+    lines = (tmp_path / "spread" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * len(gates)

@@ -46,6 +46,7 @@ class AuditOptions:
     arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST shared by both stages
     max_restarts: int = 2
     standard: bool = True
+    work_elements: int = 1 << 22  # kgate.kernelbench.WORK_ELEMENTS (0: every gate at the problem's own shape)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "out_dir": str(self.out_dir)}
@@ -136,7 +137,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
                "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,
                "memory": options.memory, "timeout": options.timeout, "seed": options.seed,
-               "gate_seeds": options.gate_seeds,
+               "gate_seeds": options.gate_seeds, "work_elements": options.work_elements,
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
                "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads}
 
@@ -167,6 +168,9 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                         pass
                 state["current"] = None
                 return ""
+            if kind == "note" and isinstance(event.get("key"), str):
+                record["notes"][event["key"]] = str(event.get("value"))
+                return None
             if kind == "tamper":
                 record["tamper"] = record["tamper"] or str(event.get("message"))
             elif kind == "poisoned":

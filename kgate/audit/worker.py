@@ -126,27 +126,68 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         if found:
             channel.send("tamper", message=found)
 
-    shape = tuple(dims.defaults) if dims.names else None
     seeds = job.get("gate_seeds") or [0, 1]
-    entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
-                         timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"), device=job["device"])
-    cases = [Case(shape, "float32", s) for s in seeds]
     audit_args = job.get("repro_args") or []
+    factory = InputFactory(kb.ProblemInputs(inputs_module, dims).factory())
 
     class PairSubject(Subject):
         def repro(self, gate: str, case: Case | None = None) -> str:
             return kb.repro_command(audit_args, job["id"], gate)
 
-    subject = PairSubject(entry, kb.NoGrad(candidate), kb.DtypeDispatch(reference),
-                          InputFactory(kb.ProblemInputs(inputs_module, dims).factory()), device, cases,
-                          repro_manifest=str(problem_path))
-    lost = run_gates(channel, subject, names, job.get("memory"))
-    if lost is not None:  # a sticky CUDA error: run_gates stopped, a fresh worker takes the gates not run
-        channel.send("poisoned", message=lost)
-        return
+    def subject_at(shape: tuple[int, ...] | None) -> PairSubject:
+        entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
+                             timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),
+                             device=job["device"])
+        return PairSubject(entry, kb.NoGrad(candidate), kb.DtypeDispatch(reference), factory, device,
+                           [Case(shape, "float32", s) for s in seeds], repro_manifest=str(problem_path))
+
+    own = subject_at(tuple(dims.defaults) if dims.names else None)
+    work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))
+    small, note = _working_subject(kb, inputs_module, dims, work_elements, subject_at)
+    if note:
+        channel.send("note", key="working_shape", value=note)
+    groups = [(own, names)]
+    if small is not None:
+        at_own = [n for n in names if registry.base_name(n) in kb.FULL_SHAPE_GATES]
+        groups = [(own, at_own), (small, [n for n in names if n not in at_own])]
+    for subject, group in groups:
+        lost = run_gates(channel, subject, group, job.get("memory"))
+        if lost is not None:  # a sticky CUDA error: run_gates stopped, a fresh worker takes the gates not run
+            channel.send("poisoned", message=lost)
+            return
     found = tampered()
     if found:
         channel.send("tamper", message=found)
+
+
+def _working_subject(kb: Any, module: Any, dims: Any, budget: int, subject_at: Any) -> tuple[Any, str | None]:
+    """The subject at the working shape (kgate.kernelbench.working_shape) and a note for the report, or
+    (None, note or None) when the probing gates keep the problem's own shape. The working shape is used
+    only if the reference accepts it and the kernel meets the oracle bound there: a kernel that breaks
+    at other sizes fails the shapes gate, not every probing gate at once."""
+    from kgate.shrink import judge_probe
+    from kgate.subject import UserCodeError
+
+    shape = kb.working_shape(module, dims, budget)
+    if shape is None:
+        return None, None
+    named = ", ".join(f"{n}={v}" for n, v in zip(dims.names, shape, strict=True))
+    own = ", ".join(f"{n}={v}" for n, v in zip(dims.names, dims.defaults, strict=True))
+    small = subject_at(shape)
+    try:
+        base = small.baseline(small.cases[0])
+        finding, _ = judge_probe(small, base.args, base.reference, base.oracle)
+    except UserCodeError as exc:
+        return None, (f"the problem's own shape for every gate: at the working shape ({named}) the "
+                      f"{exc.role} raised {type(exc.exc).__name__}")
+    except Exception as exc:  # noqa: BLE001 - e.g. a CUDA error: the gates at the own shape will say
+        return None, f"the problem's own shape for every gate: the working shape ({named}) raised {type(exc).__name__}"
+    if finding is not None:
+        return None, (f"the problem's own shape for every gate: the kernel misses the oracle at the working "
+                      f"shape ({named})")
+    gates = ", ".join(kb.FULL_SHAPE_GATES)
+    return small, (f"{gates} and the standard test at the problem's own shape ({own}); the other gates at "
+                   f"{named} (inputs of at most {budget} elements)")
 
 
 def main(argv: list[str] | None = None) -> int:

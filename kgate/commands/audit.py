@@ -29,7 +29,7 @@ from kgate.audit.results import ResultsFile, parse_shard, shard
 from kgate.audit.scheduler import Plan, arch_list, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
 from kgate.errors import UsageError
-from kgate.kernelbench import discover
+from kgate.kernelbench import WORK_ELEMENTS, discover
 from kgate.manifest import parse_memory
 from kgate.reports import junit
 from kgate.selection import matcher
@@ -99,6 +99,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="time limit for building one candidate's extension (default 900)")
     p.add_argument("--memory", default="32GiB", metavar="SIZE", help="resident memory limit per worker (default 32GiB)")
     p.add_argument("--seed", type=int, default=42, help="the standard test's seed (KernelBench's default 42)")
+    p.add_argument("--work-elements", type=int, default=WORK_ELEMENTS, metavar="N",
+                   help="contract, oracle, determinism and the standard test run at the problem's own shape; "
+                        "the other gates at its free sizes halved until the inputs hold at most N elements "
+                        f"(default {WORK_ELEMENTS}; 0: every gate at the problem's own shape)")
     p.add_argument("--out", default="kgate-audit", metavar="DIR",
                    help="results.jsonl, logs and the extension cache (default kgate-audit)")
     p.add_argument("--json", metavar="PATH", help="write the JSON report (kgate report + audit records) here")
@@ -184,7 +188,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         plan = make_plan(args.device, args.jobs, args.compile_jobs)
     plan.compile_stage = not args.no_compile_stage
     options = AuditOptions(gates=gate_names, out_dir=out, timeout=args.timeout, memory=memory,
-                           compile_timeout=args.compile_timeout, seed=args.seed,
+                           compile_timeout=args.compile_timeout, seed=args.seed, work_elements=args.work_elements,
                            repro_args=repro_args(args, problems, candidates, index),
                            threads=max(1, (_cpus() // (plan.slots * len(plan.devices)))) if plan.devices == ["cpu"]
                            else None,

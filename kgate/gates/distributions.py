@@ -52,7 +52,7 @@ def _peak(t: torch.Tensor, to: float) -> torch.Tensor:
 
 
 def _uniform(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    return torch.rand(t.shape, generator=gen, dtype=torch.float64)
+    return torch.rand(t.shape, generator=gen, dtype=torch.float64, device=t.device)
 
 
 def _clip(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -71,19 +71,25 @@ DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, tor
     "cauchy": ("Cauchy (heavy tails), clipped to the huge magnitude",
                lambda t, g, d: _clip(torch.tan(math.pi * (_uniform(t, g) - 0.5)), d)),
     "lognormal": ("lognormal, sigma 2 (heavy right tail)",
-                  lambda t, g, d: _clip(torch.exp(2 * torch.randn(t.shape, generator=g, dtype=torch.float64)), d)),
+                  lambda t, g, d: _clip(torch.exp(2 * torch.randn(t.shape, generator=g, dtype=torch.float64, device=t.device)), d)),
 }
 
 
 def transform(args: tuple, name: str, seed: int) -> tuple:
-    """Copies of `args` with every non-empty floating-point tensor drawn from distribution `name`."""
-    gen = torch.Generator().manual_seed(seed)
+    """Copies of `args` with every non-empty floating-point tensor drawn from distribution `name`.
+
+    Drawn on each tensor's own device with a generator of that device seeded with `seed`: the same
+    values for the same seed on the same kind of device (a reproducer names the device), and no
+    host-side float64 copies of inputs that can hold 10^9 elements."""
+    generators: dict[torch.device, torch.Generator] = {}
     make = DISTRIBUTIONS[name][1]
     out = []
     for a in args:
         if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 0:
-            values = make(a.detach().double().cpu(), gen, a.dtype)
-            a = values.to(dtype=a.dtype, device=a.device)
+            if a.device not in generators:
+                generators[a.device] = torch.Generator(device=a.device).manual_seed(seed)
+            values = make(a.detach().double(), generators[a.device], a.dtype)
+            a = values.to(dtype=a.dtype)
         elif isinstance(a, torch.Tensor):
             a = a.clone()
         out.append(a)

@@ -273,7 +273,7 @@ class Initialization(Gate):
             want = oracles.get(path)
             if not isinstance(want, torch.Tensor) or not got.is_floating_point() or want.shape != got.shape:
                 continue
-            bad = torch.isfinite(want.to(got.dtype).cpu()) & ~torch.isfinite(got.cpu())
+            bad = torch.isfinite(want.to(device=got.device, dtype=got.dtype)) & ~torch.isfinite(got)
             if bad.any():
                 flat = int(bad.reshape(-1).nonzero()[0, 0])
                 index = list(index_of(flat, tuple(got.shape)))

@@ -141,8 +141,8 @@ class SpecialValues(Gate):
                 continue
             if not (got.is_floating_point() or got.is_complex()) or got.shape != want.shape:
                 continue
-            expected = classify(want.to(got.dtype).cpu())
-            actual = classify(got.detach().cpu())
+            expected = classify(want.to(device=got.device, dtype=got.dtype))
+            actual = classify(got.detach())
             if mode != "exact":
                 # Declared: only finite vs non-finite must match (NaN and +-Inf count as one class).
                 expected, actual = expected.clamp(max=1), actual.clamp(max=1)
