@@ -101,6 +101,10 @@ class Subject:
                 synchronize(self.device)
                 raise_pending_launch_error(self.device)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            try:  # a launch error the kernel left pending before it raised is part of this failure
+                raise_pending_launch_error(self.device)
+            except Exception:  # noqa: BLE001 - raising it cleared it; the kernel's own exception is the verdict
+                pass
             raise UserCodeError("kernel", exc) from exc
         return out
 

@@ -262,3 +262,46 @@ def test_results_jsonl_has_one_record_per_gate(faults):
     keys = [(line["kernel"], line["gate"]) for line in lines]
     assert len(keys) == len(set(keys)) == sum(len(r.gates) for r in by_name.values())
     assert set(keys) == {(r.name, g.gate) for r in by_name.values() for g in r.gates}
+
+
+# --- launch errors an extension leaves pending ------------------------------------------------------
+
+class _PendingLaunchError:
+    """Stands in for the CUDA runtime's pending error: a kernel 'launches with a bad grid' by setting it;
+    kgate's check after the kernel raises it (and clears it, as cudaGetLastError does)."""
+
+    def __init__(self):
+        self.pending = False
+
+    def check(self, device):
+        if self.pending:
+            self.pending = False
+            raise torch.AcceleratorError("CUDA error: invalid argument" + TORCH_TAIL)
+
+
+@pytest.mark.parametrize("then_raises", [False, True])
+def test_a_launch_error_left_pending_is_the_kernels(monkeypatch, then_raises):
+    """Seen on the H200: an extension's launch failed at a generated shape, the extension did not check,
+    and the error surfaced in kgate's next CUDA call ('kgate internal error in gate shapes'). kgate checks
+    right after the kernel, on return and on raise, so it is the kernel's failure and nothing is left
+    pending for the reference, the factory or the next gate."""
+    runtime = _PendingLaunchError()
+    monkeypatch.setattr(kgate.subject, "raise_pending_launch_error", runtime.check)
+
+    def kernel(x):
+        if x.shape[-1] != 8:  # fine at the declared shape, a bad launch at the others
+            runtime.pending = True
+            if then_raises:
+                raise RuntimeError("cannot reshape tensor of 0 elements")
+        return x * 2
+
+    def make_inputs(seed, shape=None):
+        assert not runtime.pending, "an error left pending reached the inputs factory"
+        return (torch.randn(shape or (4, 8), generator=torch.Generator().manual_seed(seed)),)
+
+    subject = subject_for(kernel, lambda x: x * 2, make_inputs, shapes=[[4, 8]])
+    result = registry.get("shapes").check(subject)
+    assert result.verdict == "fail", result.message
+    expected = "RuntimeError: cannot reshape" if then_raises else "AcceleratorError: CUDA error: invalid argument"
+    assert f"kernel raised {expected}" in result.message
+    assert not runtime.pending
