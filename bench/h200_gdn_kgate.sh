@@ -24,7 +24,8 @@ if [ -n "${PREBUILD:-}" ]; then
 fi
 [ -n "${TESTS-1}" ] && (timeout "${TEST_S:-200}" python3 -m pytest -q tests/test_gdn.py -n 4 -p no:cacheprovider \
    >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log") &
-timeout "${KGATE_S:-330}" python3 -m kgate run fixtures/gdn/kgate.yaml --device cuda -j "${JOBS:-4}" --out "$OUT/kgate" \
+# -j 14 with seven entries: each entry's gates go to two workers at once (kgate run --help)
+timeout "${KGATE_S:-540}" python3 -m kgate run fixtures/gdn/kgate.yaml --device cuda -j "${JOBS:-14}" --out "$OUT/kgate" \
   ${KGATE_ARGS:-} >"$OUT/kgate.log" 2>&1
 echo "kgate rc=$?" >>"$OUT/kgate.log"
 wait

@@ -103,14 +103,19 @@ def test_free_size_parameters_change_inputs_but_not_weights():
         make(0, (2, 3))
 
 
+def _sized_problem(path, args, result, sizes, inputs_body):
+    """A KernelBench problem file `forward(args) -> result` with module-level `sizes`, loaded as the
+    inputs copy, and its free size parameters."""
+    _touch(path, f"import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def forward(self, {args}):\n"
+                 f"        return {result}\n{sizes}def get_inputs():\n    {inputs_body}\n"
+                 "def get_init_inputs():\n    return []\n")
+    module = kb.exec_problem(path, "inputs")
+    return module, kb.free_dims(module)
+
+
 def test_working_shape_halves_the_largest_size_until_within_budget(tmp_path):
-    problem = _touch(tmp_path / "big.py", "import torch\nimport torch.nn as nn\n"
-                     "class Model(nn.Module):\n    def forward(self, a, b):\n        return a @ b\n"
-                     "M = 2048\nK = 8192\nN = 4096\n"
-                     "def get_inputs():\n    return [torch.randn(M, K), torch.randn(K, N)]\n"
-                     "def get_init_inputs():\n    return []\n")
-    module = kb.exec_problem(problem, "inputs")
-    dims = kb.free_dims(module)
+    module, dims = _sized_problem(tmp_path / "big.py", "a, b", "a @ b", "M = 2048\nK = 8192\nN = 4096\n",
+                                  "return [torch.randn(M, K), torch.randn(K, N)]")
     assert dims.names == ["M", "K", "N"]
     assert kb.input_elements(module, dims, None) == 2048 * 8192 + 8192 * 4096  # counted on meta: no memory
     shape = kb.working_shape(module, dims, budget=1 << 16)
@@ -127,13 +132,8 @@ def test_working_shape_halves_the_largest_size_until_within_budget(tmp_path):
 
 def test_working_shape_skips_sizes_the_problem_rejects(tmp_path):
     # `dim` must stay even (get_inputs raises otherwise): halving 6 to 3 is illegal, so batch_size moves
-    problem = _touch(tmp_path / "even.py", "import torch\nimport torch.nn as nn\n"
-                     "class Model(nn.Module):\n    def forward(self, x):\n        return x\n"
-                     "batch_size = 4\ndim = 6\n"
-                     "def get_inputs():\n    assert dim % 2 == 0\n    return [torch.randn(batch_size, dim)]\n"
-                     "def get_init_inputs():\n    return []\n")
-    module = kb.exec_problem(problem, "inputs")
-    dims = kb.free_dims(module)
+    module, dims = _sized_problem(tmp_path / "even.py", "x", "x", "batch_size = 4\ndim = 6\n",
+                                  "assert dim % 2 == 0\n    return [torch.randn(batch_size, dim)]")
     assert dims.names == ["batch_size", "dim"]
     assert kb.working_shape(module, dims, budget=12) == (2, 6)
 
