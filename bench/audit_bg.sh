@@ -9,7 +9,8 @@
 #                                  (compile-only, nice 19, BUILD_JOBS at once), then wait for `go`
 #                                  (NO_PREBUILD=1: no separate build pass; the audit builds and judges at once,
 #                                  handing each candidate to the GPU as soon as its build is done)
-#   bash bench/audit_bg.sh go      let the judging start (the GPU is free for it)
+#   bash bench/audit_bg.sh go      let the judging start (the GPU is free for it); builds not done by then
+#                                  are made by the audit itself as it judges
 #   bash bench/audit_bg.sh collect [WAIT_S]   wait up to WAIT_S (default 0) for the audit to end, then copy
 #                                  results.jsonl, driver.log and the audit's output into $OUT
 #
@@ -52,7 +53,13 @@ _drive)
   t0=$(date +%s)
   if [ -z "${NO_PREBUILD:-}" ]; then
     echo "compile-only: start $(date -u +%T)"
-    nice -n 19 "${AUDIT[@]}" --compile-only --compile-jobs "${BUILD_JOBS:-8}" -q
+    nice -n 19 "${AUDIT[@]}" --compile-only --compile-jobs "${BUILD_JOBS:-8}" -q &
+    cpid=$!
+    while kill -0 "$cpid" 2>/dev/null && [ ! -f "$WORK/GO" ]; do sleep 2; done
+    # `go` before every build is done: stop the builds in flight (kgate kills them on SIGTERM; their
+    # locks are cleared before the audit builds them again) and let the audit build the rest as it judges
+    kill -0 "$cpid" 2>/dev/null && kill -TERM "$cpid"
+    wait "$cpid"
     echo "compile-only: rc=$? after $(( $(date +%s) - t0 )) s"
   fi
   while [ ! -f "$WORK/GO" ]; do sleep 2; done

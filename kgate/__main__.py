@@ -1,3 +1,3 @@
-from kgate.cli import main
+from kgate.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

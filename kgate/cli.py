@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from rich.console import Console
@@ -50,5 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def entry() -> int:
+    """The `kgate` console script and `python -m kgate`: main() with SIGTERM (a cancelled CI job, a
+    killed slice) handled like Ctrl-C, so the workers, each in a session of its own, are killed with
+    kgate instead of running on, and what was judged is kept."""
+    signal.signal(signal.SIGTERM, _terminated)
+    return main()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry())

@@ -119,6 +119,7 @@ class Runner:
         self.out_dir = options.out_dir
         self.results_path = results_path or self.out_dir / "results.jsonl"
         self._lock = threading.Lock()
+        self._cancel = threading.Event()  # set on an interrupt: every worker in flight is killed
 
     def gates_for(self, kernel: ResolvedKernel) -> list[str]:
         """Gate ids for this kernel: its selected gates, then with `backward: true` the same gates on the
@@ -146,7 +147,11 @@ class Runner:
         # Fewer kernels than jobs: each kernel's gates are spread over jobs // kernels workers.
         parts = max(1, self.options.jobs // max(1, len(self.kernels)))
         with ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
-            return list(pool.map(lambda k: self.run_kernel(k, parts), self.kernels))
+            try:
+                return list(pool.map(lambda k: self.run_kernel(k, parts), self.kernels))
+            except KeyboardInterrupt:
+                self._cancel.set()  # the threads kill their workers and end; then the interrupt goes on
+                raise
 
     def _stream(self, kernel: str, result: GateResult) -> None:
         with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
@@ -245,7 +250,8 @@ class Runner:
                 with open(log_path, "a", encoding="utf-8") as log:
                     log.write(f"\n--- kgate: a fresh worker for the remaining gates ({causes[-1]}) ---\n")
             exit_ = supervise("kgate.worker", {**job, "gates": remaining}, log_path=log_path, cwd=self.manifest.base,
-                              timeout=timeout, memory=memory, on_event=on_event, append_log=bool(causes))
+                              timeout=timeout, memory=memory, on_event=on_event, append_log=bool(causes),
+                              cancel=self._cancel)
             left = [g for g in remaining if g not in results]
             if state["lost"] is not None:
                 cause = "the CUDA context was lost"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -376,3 +377,21 @@ def test_compile_only_after_max_time_starts_nothing(tmp_path, capsys):
             "--device", "cpu", "--out", str(tmp_path), "--compile-only", "--max-time", "0", "-q"]
     assert kgate_main(args) == 3
     assert "0 built, 0 failed, 1 not started" in capsys.readouterr().out
+
+
+def test_a_killed_builds_lock_is_cleared_before_the_next_build(tmp_path):
+    """torch waits forever on the lock file of a build that was killed; the next build of that candidate
+    (a resumed audit, a fresh worker) would hang to its time limit and be recorded as a compile failure."""
+    from kgate.audit.evaluate import AuditOptions, clear_stale_locks, worker_env
+
+    (pair,) = [p for p in discover(CORPUS / "problems", CORPUS / "candidates") if p.id == "level1/19_ReLU"]
+    options = AuditOptions(gates=["oracle"], out_dir=tmp_path)
+    folder = tmp_path / "torch_extensions"
+    assert clear_stale_locks(pair, options) == []  # nothing built yet: nothing to do
+    build = Path(worker_env(pair, options, gpu=False)["TORCH_EXTENSIONS_DIR"]) / "ext_abc"
+    build.mkdir(parents=True)
+    (build / "lock").write_text("")
+    (build / "main.o").write_text("kept")
+    assert clear_stale_locks(pair, options) == [build / "lock"]
+    assert not (build / "lock").exists() and (build / "main.o").exists()
+    assert str(folder) in str(build)

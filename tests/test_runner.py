@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from kgate.manifest import load
 from kgate.runner import Runner, RunOptions
-from tests.conftest import DATA
+from tests.conftest import DATA, ROOT
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +114,36 @@ def test_jobs_beyond_the_kernels_spread_one_kernels_gates_over_workers(tmp_path)
     assert "SIGSEGV" in spread[1].error
     lines = (tmp_path / "spread" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 2 * len(gates)
+
+
+def _workers_in(folder):
+    """Pids of kgate workers whose working directory is `folder` (Linux /proc)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"kgate.worker" in (proc / "cmdline").read_bytes() \
+                    and (proc / "cwd").resolve() == folder.resolve():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sigterm_stops_kgate_and_its_workers(tmp_path, jobs):
+    """A cancelled CI job sends SIGTERM: kgate ends at once, kills its workers (each in a session of its
+    own, they would run on) and keeps what was judged."""
+    proc = subprocess.Popen([sys.executable, "-m", "kgate", "run", str(DATA / "hostile" / "kgate.yaml"), "-k",
+                             "good or hangs", "--gate", "oracle", "--timeout", "300", "-j", jobs, "--out",
+                             str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while not _workers_in(DATA / "hostile") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert _workers_in(DATA / "hostile"), "no worker started"
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=30)[0].decode()
+    assert proc.returncode == 2, output
+    assert "interrupted" in output
+    time.sleep(0.5)
+    assert _workers_in(DATA / "hostile") == []

@@ -83,8 +83,25 @@ def worker_env(pair: Pair, options: AuditOptions, *, gpu: bool) -> dict[str, str
     return env
 
 
+def clear_stale_locks(pair: Pair, options: AuditOptions) -> list[Path]:
+    """Remove the build locks left in the candidate's extension folder by a build that was killed (a
+    time limit, a stopped audit): torch waits forever for such a lock, so the next build would hang to
+    its time limit and be recorded as a failure. Safe because one candidate is built or judged by one
+    job at a time. Returns what was removed."""
+    folder = Path(worker_env(pair, options, gpu=False)["TORCH_EXTENSIONS_DIR"])
+    removed = []
+    for lock in folder.glob("*/lock") if folder.is_dir() else []:
+        try:
+            lock.unlink()
+            removed.append(lock)
+        except OSError:
+            pass
+    return removed
+
+
 def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event | None = None) -> dict[str, Any]:
     """Import the candidate with no GPU visible so load_inline builds its extension on the CPU."""
+    clear_stale_locks(pair, options)
     outcome: dict[str, Any] = {"ok": False, "seconds": 0.0, "build_failed": False, "message": ""}
     job = {"stage": "compile", "id": pair.id, "candidate": str(pair.candidate.resolve()), "device": "cpu",
            "memory": options.compile_memory}
@@ -133,6 +150,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
     fatal: str | None = None
     attempt = 0
     while remaining or (options.standard and record["standard"] is None):
+        clear_stale_locks(pair, options)  # a worker killed while building (no compile stage) left one
         state = {"current": None, "poisoned": None, "done": False}
         job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
                "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,

@@ -248,21 +248,27 @@ def _compile_only(console: Console, todo: list, options: AuditOptions, plan: Pla
     console.print(f"compile only: {len(builds)} of {len(todo)} candidate(s) build an extension; "
                   f"{plan.compile_jobs} build(s) at once", highlight=False)
 
+    cancel = threading.Event()
+
     def build(pair):
-        if stop_at is not None and time.monotonic() > stop_at:
+        if cancel.is_set() or (stop_at is not None and time.monotonic() > stop_at):
             return pair, None
-        return pair, compile_pair(pair, options)
+        return pair, compile_pair(pair, options, cancel=cancel)
 
     counts = {"built": 0, "failed": 0, "not started": 0}
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=plan.compile_jobs, thread_name_prefix="kgate-compile") as pool:
-        for pair, outcome in pool.map(build, builds):
-            kind = "not started" if outcome is None else ("built" if outcome.get("ok") else "failed")
-            counts[kind] += 1
-            if outcome is not None:
-                console.print(f"{kind:6s} {pair.id} ({outcome.get('wall_s', 0):.1f} s)"
-                              + (f": {str(outcome.get('message', ''))[-200:]}" if kind == "failed" else ""),
-                              highlight=False)
+        try:
+            for pair, outcome in pool.map(build, builds):
+                kind = "not started" if outcome is None else ("built" if outcome.get("ok") else "failed")
+                counts[kind] += 1
+                if outcome is not None:
+                    console.print(f"{kind:6s} {pair.id} ({outcome.get('wall_s', 0):.1f} s)"
+                                  + (f": {str(outcome.get('message', ''))[-200:]}" if kind == "failed" else ""),
+                                  highlight=False)
+        except KeyboardInterrupt:
+            cancel.set()  # the builds in flight are killed (their locks are cleared before a later build)
+            raise
     console.print(f"compile only: {counts['built']} built, {counts['failed']} failed, {counts['not started']} not "
                   f"started (--max-time) in {time.monotonic() - start:.0f} s; cache: {options.out_dir}",
                   highlight=False)
