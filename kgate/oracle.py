@@ -145,7 +145,7 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
         if r.is_complex():
             r = torch.view_as_real(r)
         if r.shape == o64.shape:
-            rdiff = r.to(device=o64.device, dtype=torch.float64).sub_(o64).abs_()
+            rdiff = r.to(device=o64.device, dtype=torch.float64).sub(o64).abs_()  # never in place: r may be o64's own
             rdiff = torch.where(finite, rdiff, zero).nan_to_num_(nan=math.inf)
             ref_err = float(rdiff.max()) if rdiff.numel() else 0.0
             del rdiff

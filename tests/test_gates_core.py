@@ -89,6 +89,21 @@ def test_oracle_broken_flag_only_far_beyond_bound():
     assert result.verdict == "fail" and result.broken
 
 
+def test_measure_leaves_its_tensors_alone():
+    """measure() computes in place on its own temporaries only: in float64 the oracle, the reference and
+    the kernel's output can be the very tensors the baseline cache holds (or one and the same)."""
+    from kgate.oracle import measure
+
+    oracle = torch.tensor([1.0, -2.0, math.nan, 4.0], dtype=torch.float64)
+    kernel = torch.tensor([1.5, -2.0, 3.0, math.inf], dtype=torch.float64)
+    before = (oracle.clone(), kernel.clone())
+    leaf = measure(kernel, oracle, oracle, path="out", factor=8, ulps=4, atol=0)
+    assert torch.equal(oracle.nan_to_num(), before[0].nan_to_num()) and torch.equal(kernel, before[1])
+    assert leaf.err == math.inf and leaf.index == [3] and leaf.ref_err == 0.0
+    leaf = measure(kernel[:2], None, oracle[:2], path="out", factor=8, ulps=4, atol=0)
+    assert leaf.err == 0.5 and leaf.expected == 1.0 and leaf.got == 1.5 and leaf.rel_err == 0.5
+
+
 def test_oracle_reference_error_is_calibrated_per_dtype():
     # A float16 kernel computing in float32 inside is within the bound; the same error in float32 is not.
     def half_ok(x):
