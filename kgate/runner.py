@@ -198,6 +198,14 @@ class Runner:
         self.events.kernel_finished(outcome)
         return outcome
 
+    def _cpu_threads(self, device: str) -> int | None:
+        """torch threads per worker on the CPU when several run at once: the cores shared out (each worker
+        would otherwise start one thread per core, and the workers then slow each other down many times
+        over; seen with two workers on two cores: a gate past its 20-minute limit)."""
+        if device != "cpu" or self.options.jobs <= 1:
+            return None
+        return max(1, (os.cpu_count() or 1) // self.options.jobs)
+
     def _judge(self, kernel: ResolvedKernel, device: str, gates: list[str], log_path: Path,
                results: dict[str, GateResult]) -> tuple[list[str], int]:
         """Run `gates` of `kernel` in a worker (and fresh ones after an early end), recording each result
@@ -207,7 +215,8 @@ class Runner:
         job = {"manifest": str(self.manifest.path.resolve()), "repro_manifest": str(self.manifest.path),
                "kernel": kernel.name, "device": device, "memory": memory,
                "seeds": self.options.seeds, "dtypes": self.options.dtypes,
-               "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None}
+               "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None,
+               "threads": self._cpu_threads(device)}
 
         def record(result: GateResult) -> None:
             with self._lock:

@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     if job["device"] == "cpu":
         # Triton kernels can run on the CPU only in Triton's interpreter, which reads this at import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    if job.get("threads"):  # workers side by side on the CPU share its cores instead of oversubscribing them
+        import torch
+
+        torch.set_num_threads(int(job["threads"]))
     # Deferred imports: the memory limit applies to them too.
 
     from kgate import gates as registry

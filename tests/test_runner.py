@@ -147,3 +147,12 @@ def test_sigterm_stops_kgate_and_its_workers(tmp_path, jobs):
     assert "interrupted" in output
     time.sleep(0.5)
     assert _workers_in(DATA / "hostile") == []
+
+
+def test_cpu_workers_side_by_side_share_the_cores(monkeypatch):
+    manifest = load(DATA / "hostile" / "kgate.yaml")
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert Runner(manifest, manifest.kernels, RunOptions(jobs=4))._cpu_threads("cpu") == 4
+    assert Runner(manifest, manifest.kernels, RunOptions(jobs=32))._cpu_threads("cpu") == 1
+    assert Runner(manifest, manifest.kernels, RunOptions(jobs=1))._cpu_threads("cpu") is None  # torch's default
+    assert Runner(manifest, manifest.kernels, RunOptions(jobs=4))._cpu_threads("cuda:0") is None
