@@ -398,10 +398,39 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
 
 
 def _kill(proc: subprocess.Popen) -> None:
+    """Kill the worker's process group and every other process of its session: build tools put their
+    children in groups of their own (ninja runs each compiler in a new process group), and those would
+    otherwise compile on, orphaned, after the worker is gone."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for pid in _session_members(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _session_members(sid: int) -> list[int]:
+    """Pids whose session is `sid` (Linux /proc; elsewhere none are found)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
+        if len(fields) > 3 and int(fields[3]) == sid:
+            members.append(int(entry))
+    return members
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:

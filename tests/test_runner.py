@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -156,3 +157,32 @@ def test_cpu_workers_side_by_side_share_the_cores(monkeypatch):
     assert Runner(manifest, manifest.kernels, RunOptions(jobs=32))._cpu_threads("cpu") == 1
     assert Runner(manifest, manifest.kernels, RunOptions(jobs=1))._cpu_threads("cpu") is None  # torch's default
     assert Runner(manifest, manifest.kernels, RunOptions(jobs=4))._cpu_threads("cuda:0") is None
+
+
+def test_a_killed_worker_takes_its_whole_session(tmp_path):
+    """ninja runs each compiler in a process group of its own: killing the worker's group alone left
+    them compiling on, orphaned. The kill reaches every process of the worker's session."""
+    from kgate.runner import _kill
+
+    pidfile = tmp_path / "grandchild.pid"
+    script = ("import os, subprocess, sys, time\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+              "preexec_fn=os.setpgrp)\n"
+              f"open({str(pidfile)!r}, 'w').write(str(child.pid))\n"
+              "time.sleep(120)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    grandchild = int(pidfile.read_text())
+    assert os.getpgid(grandchild) != proc.pid  # its own group, as ninja's compilers
+    _kill(proc)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{grandchild}").exists() and time.monotonic() < deadline:
+        if (Path(f"/proc/{grandchild}/stat").read_text().split(")")[-1].split()[0]) == "Z":
+            break  # killed, waiting for its (gone) parent's reaper
+        time.sleep(0.1)
+    alive = Path(f"/proc/{grandchild}").exists() and \
+        Path(f"/proc/{grandchild}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    assert not alive
