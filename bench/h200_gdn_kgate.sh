@@ -22,7 +22,7 @@ if [ -n "${PREBUILD:-}" ]; then
      --max-time "${PREBUILD_S:-300}" -q >"$OUT/prebuild.log" 2>&1
    echo "prebuild rc=$?" >>"$OUT/prebuild.log") &
 fi
-[ -n "${TESTS-1}" ] && (timeout "${TEST_S:-200}" python3 -m pytest -q tests/test_gdn.py -n 4 -p no:cacheprovider \
+[ -n "${TESTS-1}" ] && (timeout "${TEST_S:-200}" python3 -m pytest -q tests/test_gdn.py tests/test_gpu_faults.py -n 4 -p no:cacheprovider \
    >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log") &
 # -j 14 with seven entries: each entry's gates go to two workers at once (kgate run --help)
 timeout "${KGATE_S:-540}" python3 -m kgate run fixtures/gdn/kgate.yaml --device cuda -j "${JOBS:-14}" --out "$OUT/kgate" \

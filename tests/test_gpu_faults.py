@@ -305,3 +305,29 @@ def test_a_launch_error_left_pending_is_the_kernels(monkeypatch, then_raises):
     expected = "RuntimeError: cannot reshape" if then_raises else "AcceleratorError: CUDA error: invalid argument"
     assert f"kernel raised {expected}" in result.message
     assert not runtime.pending
+
+
+_BAD_LAUNCH = r"""
+#include <torch/extension.h>
+__global__ void kgate_noop() {}
+torch::Tensor bad_launch(torch::Tensor x) {
+    kgate_noop<<<0, 1>>>();  // an empty grid: "invalid configuration argument", left pending (no check)
+    return x;
+}
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device and nvcc")
+def test_a_real_pending_launch_error_is_the_kernels(tmp_path, monkeypatch):
+    """The same on a GPU, with a real extension whose launch fails and which does not check."""
+    from torch.utils.cpp_extension import load_inline
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    ext = load_inline(name="kgate_bad_launch", cpp_sources="torch::Tensor bad_launch(torch::Tensor x);",
+                      cuda_sources=_BAD_LAUNCH, functions=["bad_launch"], verbose=False)
+    subject = subject_for(lambda x: ext.bad_launch(x), lambda x: x,
+                          lambda seed, shape=None, device=None: (torch.ones(4, device=device),), device="cuda")
+    with pytest.raises(UserCodeError) as raised:
+        subject.run_kernel((torch.ones(4, device="cuda"),))
+    assert raised.value.role == "kernel" and "invalid configuration" in str(raised.value.exc)
+    torch.ones(4, device="cuda").add_(1)  # nothing left pending for kgate's own next launch
