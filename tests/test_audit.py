@@ -316,9 +316,15 @@ def test_a_crash_in_one_gate_costs_only_that_gate(tmp_path):
 def test_probing_gates_run_at_the_working_shape(tmp_path):
     # 19_ReLU's inputs are 4 x 33; a budget of 40 elements gives the working shape (4, 8)
     code = kgate_main([*BASE[:-2], "--gate", "oracle,shapes,distributions", "--work-elements", "40",
-                       "-k", "level1/19_ReLU and not __", "--out", str(tmp_path), "-q"])
+                       "-k", "level1/19_ReLU and not __", "--out", str(tmp_path / "run"),
+                       "--report", str(tmp_path / "report"), "-q"])
     assert code == 0
-    (record,) = _records(tmp_path).values()
+    (record,) = _records(tmp_path / "run").values()
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["working_shape"] == {"19_ReLU": record["notes"]["working_shape"]}
+    assert summary["not_applied"] == {}  # a working shape is not a gate that could not apply
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Where the probing gates ran" in report and "batch_size=4, dim=8" in report
     assert "batch_size=4, dim=8" in record["notes"]["working_shape"]
     assert "problem's own shape (batch_size=4, dim=33)" in record["notes"]["working_shape"]
     assert [g["verdict"] for g in record["gates"]] == ["pass", "pass", "pass"]

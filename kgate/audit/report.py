@@ -91,10 +91,14 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
         row["broken"] += c["broken"]
         row["all_gates_pass"] += not c["violation"]
     not_applied: dict[str, dict[str, str]] = defaultdict(dict)
+    working: dict[str, str] = {}  # problem -> where its probing gates ran (kgate.kernelbench.working_shape)
     for r, _ in judged:
         problem = r.get("problem_name") or "?"
         for gate, note in (r.get("notes") or {}).items():
-            not_applied[problem].setdefault(gate, note)
+            if gate == "working_shape":
+                working.setdefault(problem, note)
+            else:
+                not_applied[problem].setdefault(gate, note)
         for g in r["gates"]:
             if g["verdict"] == "skip":
                 not_applied[problem].setdefault(g["gate"], g["message"])
@@ -124,6 +128,7 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
         "retried_alone_after_oom": sum(bool(r.get("retried_alone")) for r, _ in judged),
         "confusion": confusion, "per_gate": per_gate, "per_level": {k: dict(v) for k, v in sorted(per_level.items())},
         "not_applied": {k: v for k, v in sorted(not_applied.items()) if v},
+        "working_shape": dict(sorted(working.items())),
         "harness": harness_summary,
         "seconds_per_candidate_median": durations[len(durations) // 2] if durations else None,
         "compile_seconds_median": compile_s[len(compile_s) // 2] if compile_s else None,
@@ -356,6 +361,15 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
         for problem, gates in summary["not_applied"].items():
             for gate, why in gates.items():
                 lines.append(f"| {problem} | {gate} | {str(why).replace('|', '/')[:200]} |")
+        lines.append("")
+    if summary.get("working_shape"):
+        lines += ["## Where the probing gates ran", "",
+                  "Contract, oracle, determinism and the standard test always run at the problem's own sizes; "
+                  "the other gates at a smaller working shape where the problem's inputs are large "
+                  "(`--work-elements`), or at the own sizes where the kernel or the reference does not accept "
+                  "the working shape.", "", "| problem | probing gates |", "|---|---|"]
+        for problem, note in summary["working_shape"].items():
+            lines.append(f"| {problem} | {str(note).replace('|', '/')[:240]} |")
         lines.append("")
     lines += ["## Hand audit", "",
               f"`sample.csv` holds up to {per_stratum} candidates per stratum (each gate x fail/error, each cell of "
