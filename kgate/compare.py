@@ -52,6 +52,12 @@ def index_of(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
+def on_device_of(t: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`t` on `other`'s device (itself when already there): comparisons run where the expected values
+    live, never through host copies (outputs can hold 10^9 elements)."""
+    return t if t.device == other.device else t.to(other.device)
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """An integer view with the same bits, so NaN payloads and -0.0 compare exactly."""
     t = t.detach()
@@ -89,9 +95,7 @@ def bitwise_mismatch(expected: torch.Tensor, got: torch.Tensor) -> Mismatch | No
     """None when bitwise equal (shape and dtype included)."""
     if expected.shape != got.shape or expected.dtype != got.dtype:
         return Mismatch(1, 1, (), f"{tuple(expected.shape)} {expected.dtype}", f"{tuple(got.shape)} {got.dtype}")
-    if got.device != expected.device:
-        got = got.to(expected.device)
-    a, b = bits(expected), bits(got)  # compared where they live: outputs can be 10^9 elements
+    a, b = bits(expected), bits(on_device_of(got, expected))
     diff = a != b
     if diff.dim() > expected.dim():  # complex: real/imag pairs
         diff = diff.any(dim=-1)
@@ -107,9 +111,7 @@ def value_mismatch(expected: torch.Tensor, got: torch.Tensor) -> Mismatch | None
     """Like bitwise_mismatch but NaN equals NaN and -0.0 equals 0.0 (value semantics)."""
     if expected.shape != got.shape or expected.dtype != got.dtype:
         return Mismatch(1, 1, (), f"{tuple(expected.shape)} {expected.dtype}", f"{tuple(got.shape)} {got.dtype}")
-    e, g = expected.detach(), got.detach()
-    if g.device != e.device:
-        g = g.to(e.device)
+    e, g = expected.detach(), on_device_of(got.detach(), expected)
     diff = e != g
     if e.is_floating_point() or e.is_complex():
         diff &= ~(torch.isnan(e) & torch.isnan(g))

@@ -392,16 +392,11 @@ def input_elements(module: types.ModuleType, dims: FreeDims, shape: tuple[int, .
     None when it cannot run there."""
     import torch
 
-    def count(obj: Any) -> int:
-        if isinstance(obj, torch.Tensor):
-            return obj.numel()
-        if isinstance(obj, (list, tuple)):
-            return sum(count(o) for o in obj)
-        return 0
+    from kgate.compare import tensors
 
     try:
         with torch.device("meta"):
-            return count(ProblemInputs(module, dims)(0, shape))
+            return sum(t.numel() for t in tensors(ProblemInputs(module, dims)(0, shape)))
     except Exception:  # noqa: BLE001 - that shape is not legal for this problem
         return None
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kgate.compare import index_of, map_tensors
+from kgate.compare import index_of, map_tensors, on_device_of
 
 BROKEN_FACTOR = 10.0  # an oracle miss of more than this many bounds counts as broken
 
@@ -103,19 +103,16 @@ def _max_abs(diff: torch.Tensor) -> tuple[float, int]:
     return float(flat[pos]), pos
 
 
-def _common_device(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both on one device: the oracle's when they differ (it is on the CPU only where the device
-    refused it, so the comparison must not go back there either)."""
-    return (a, b) if a.device == b.device else (a.to(b.device), b)
-
-
 def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.Tensor, *, path: str,
             factor: float, ulps: float, atol: float) -> LeafError:
     """Error of one kernel output against the oracle and the bound calibrated from the reference.
 
     Computed where the oracle lives (the GPU for a GPU kernel): outputs of KernelBench problems reach
     10^9 elements, and float64 temporaries of that size on the host cost minutes and tens of GiB."""
-    k, o = _common_device(kernel.detach(), oracle.detach())
+    # on the oracle's device: it is on the CPU only where the device refused it, so the comparison
+    # must not go back there either
+    o = oracle.detach()
+    k = on_device_of(kernel.detach(), o)
     if not (k.is_floating_point() or k.is_complex()):
         equal = torch.equal(k, o.to(k.dtype)) if k.shape == o.shape else False
         if equal:

@@ -33,6 +33,20 @@ class Channel:
         self._file.flush()
 
 
+def prepare_process(job: dict[str, Any]) -> None:
+    """What a worker (kgate's or the audit's) sets before it imports anything of the user's: the memory
+    limit, Triton's interpreter on the CPU, and its share of the CPU's threads."""
+    device = job.get("device", "cpu")
+    _limit_memory(job.get("memory"), device.split(":")[0])
+    if device == "cpu":
+        # Triton kernels can run on the CPU only in Triton's interpreter, which reads this at import.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if job.get("threads"):  # workers side by side on the CPU share its cores instead of oversubscribing them
+        import torch
+
+        torch.set_num_threads(int(job["threads"]))
+
+
 def _limit_memory(limit: int | None, device: str) -> None:
     # Address-space limits break CUDA (it reserves huge virtual ranges): there the parent watches RSS.
     if limit and device == "cpu":
@@ -64,14 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text())
     channel = Channel(int(job["event_fd"]))
-    _limit_memory(job.get("memory"), job["device"].split(":")[0])
-    if job["device"] == "cpu":
-        # Triton kernels can run on the CPU only in Triton's interpreter, which reads this at import.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    if job.get("threads"):  # workers side by side on the CPU share its cores instead of oversubscribing them
-        import torch
-
-        torch.set_num_threads(int(job["threads"]))
+    prepare_process(job)
     # Deferred imports: the memory limit applies to them too.
 
     from kgate import gates as registry

@@ -19,7 +19,7 @@ from typing import Any
 
 from kgate import gates as registry
 from kgate.gates.base import GateResult
-from kgate.kernelbench import Pair, repro_command, source_digest
+from kgate.kernelbench import WORK_ELEMENTS, Pair, repro_command, source_digest
 from kgate.runner import _exit_cause, _tail, supervise
 from kgate.standard_test import StandardResult, not_loaded
 
@@ -46,7 +46,7 @@ class AuditOptions:
     arch_list: str | None = None  # TORCH_CUDA_ARCH_LIST shared by both stages
     max_restarts: int = 2
     standard: bool = True
-    work_elements: int = 1 << 22  # kgate.kernelbench.WORK_ELEMENTS (0: every gate at the problem's own shape)
+    work_elements: int = WORK_ELEMENTS  # 0: every gate at the problem's own shape
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "out_dir": str(self.out_dir)}

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate.faults import context_lost
-from kgate.worker import Channel, _error_result, _limit_memory, prepare_device, run_gates
+from kgate.worker import Channel, _error_result, prepare_device, prepare_process, run_gates
 
 
 def _compile(channel: Channel, job: dict[str, Any]) -> None:
@@ -143,7 +143,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     own = subject_at(tuple(dims.defaults) if dims.names else None)
     work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))
-    small, note = _working_subject(kb, inputs_module, dims, work_elements, subject_at)
+    small, note = _working_subject(inputs_module, dims, work_elements, subject_at)
     if note:
         channel.send("note", key="working_shape", value=note)
     groups = [(own, names)]
@@ -160,11 +160,12 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         channel.send("tamper", message=found)
 
 
-def _working_subject(kb: Any, module: Any, dims: Any, budget: int, subject_at: Any) -> tuple[Any, str | None]:
+def _working_subject(module: Any, dims: Any, budget: int, subject_at: Any) -> tuple[Any, str | None]:
     """The subject at the working shape (kgate.kernelbench.working_shape) and a note for the report, or
     (None, note or None) when the probing gates keep the problem's own shape. The working shape is used
     only if the reference accepts it and the kernel meets the oracle bound there: a kernel that breaks
     at other sizes fails the shapes gate, not every probing gate at once."""
+    from kgate import kernelbench as kb
     from kgate.shrink import judge_probe
     from kgate.subject import UserCodeError
 
@@ -194,13 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text())
     channel = Channel(int(job["event_fd"]))
-    _limit_memory(job.get("memory"), job.get("device", "cpu").split(":")[0])
-    if job.get("device") == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    if job.get("threads"):
-        import torch
-
-        torch.set_num_threads(int(job["threads"]))
+    prepare_process(job)
     if job["stage"] == "compile":
         _compile(channel, job)
     else:

@@ -38,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="use this shape instead of the manifest's (repeatable), e.g. --shape 7,1000")
     p.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit per gate of one kernel")
     p.add_argument("--memory", metavar="SIZE", help="memory limit per worker, e.g. 8GiB")
-    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="workers at once (default 1): kernels judged in parallel; with fewer kernels than N, "
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
+                   help="workers at once (default 1): kernels judged in parallel; with fewer kernels than N, "
                         "each kernel's gates are spread over N // kernels workers")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML here")
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")

@@ -55,6 +55,10 @@ def _uniform(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return torch.rand(t.shape, generator=gen, dtype=torch.float64, device=t.device)
 
 
+def _normal(t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    return torch.randn(t.shape, generator=gen, dtype=torch.float64, device=t.device)
+
+
 def _clip(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values.clamp(-huge(dtype), huge(dtype))
 
@@ -71,7 +75,7 @@ DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, tor
     "cauchy": ("Cauchy (heavy tails), clipped to the huge magnitude",
                lambda t, g, d: _clip(torch.tan(math.pi * (_uniform(t, g) - 0.5)), d)),
     "lognormal": ("lognormal, sigma 2 (heavy right tail)",
-                  lambda t, g, d: _clip(torch.exp(2 * torch.randn(t.shape, generator=g, dtype=torch.float64, device=t.device)), d)),
+                  lambda t, g, d: _clip(torch.exp(2 * _normal(t, g)), d)),
 }
 
 
