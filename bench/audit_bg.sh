@@ -14,7 +14,8 @@
 #   bash bench/audit_bg.sh collect [WAIT_S]   wait up to WAIT_S (default 0) for the audit to end, then copy
 #                                  results.jsonl, driver.log and the audit's output into $OUT
 #
-# DEVICE (default cuda), JOBS (4), BUILD_JOBS (8), MEMORY (24GiB), GATE_TIMEOUT (120 s) tune it; CORPUS_FROM
+# DEVICE (default cuda), JOBS (4), BUILD_JOBS (8), MEMORY (24GiB), GATE_TIMEOUT (120 s), NICE (0: the audit's
+# priority, e.g. 10 while another job shares the machine) tune it; CORPUS_FROM
 # (default .third_party/kb-corpus) names another corpus. Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
@@ -65,7 +66,7 @@ _drive)
   while [ ! -f "$WORK/GO" ]; do sleep 2; done
   t1=$(date +%s)
   echo "audit: start $(date -u +%T)"
-  "${AUDIT[@]}" --resume --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
+  nice -n "${NICE:-0}" "${AUDIT[@]}" --resume --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
     --timeout "${GATE_TIMEOUT:-120}" -q --json "$WORK/audit.json"
   echo "audit: rc=$? after $(( $(date +%s) - t1 )) s"
   touch "$WORK/DONE"
