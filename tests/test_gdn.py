@@ -47,6 +47,14 @@ def bound(dtype):
     return C_FACTOR[dtype] * U[dtype]
 
 
+@pytest.fixture(params=gk.STATE_BWD_VARIANTS)
+def state_bwd_variant(request, monkeypatch):
+    """Runs the test once per reverse-state kernel variant (`chunk.STATE_BWD_VARIANT`, read by
+    `chunk_state_bwd` at every call; v1 is the default, v2 and v2u the alternatives timed against it)."""
+    monkeypatch.setattr(gk, "STATE_BWD_VARIANT", request.param)
+    return request.param
+
+
 def rel_err(x, ref, mag=None):
     ref = ref.double()
     den = ref.norm() if mag is None else torch.maximum(ref.norm(), mag.double().norm())
@@ -124,7 +132,7 @@ else:
 
 @pytest.mark.parametrize("member", list(MEMBERS))
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"B{c[0]}T{c[1]}H{c[2]}K{c[3]}V{c[4]}{'h0' if c[5] else ''}-{str(c[6])[6:]}")
-def test_forward_and_gradients(member, cfg):
+def test_forward_and_gradients(member, cfg, state_bwd_variant):
     B, T, H, DK, DV, h0, dtype = cfg
     gate, delta = MEMBERS[member]
     ins = make(B, T, H, DK, DV, gate, delta, dtype, h0)
@@ -184,7 +192,7 @@ HUGE_GATES = {  # variant: (b, t, h, log gate) set in the inputs; chunk 0 is tok
 
 @pytest.mark.parametrize("variant", list(HUGE_GATES))
 @pytest.mark.parametrize("member", ["gated_deltanet", "mamba2_gla"])
-def test_huge_gates_keep_the_decays_exact(member, variant):
+def test_huge_gates_keep_the_decays_exact(member, variant, state_bwd_variant):
     """After a huge log gate every later cumulative gate G_i of its chunk is huge too, and one float32
     G_i - G_j then lost ~eps * |G| (4e-3 at g = -74622: exp(G_i - G_j) off by 0.4 %; found by kgate's
     distributions gate on the fp32 backward). The gates are now two float32 parts of a float64 cumsum,
@@ -207,7 +215,7 @@ def test_huge_gates_keep_the_decays_exact(member, variant):
 
 
 @pytest.mark.parametrize("member", ["gated_deltanet", "mamba2_gla"])
-def test_all_gates_huge_give_dg_exactly_zero(member):
+def test_all_gates_huge_give_dg_exactly_zero(member, state_bwd_variant):
     """Every log gate huge (scaled to a peak of -1e6, as kgate's distributions gate 'huge' on g): every
     decay underflows, so the oracle's dg is exactly 0 and kgate's bound for it is 0 (its floor scales
     with max |dg|). dG takes only the terms that depend on G: the diagonal of the intra-chunk products
@@ -293,7 +301,7 @@ def test_stage_state_fwd_and_out(gate, delta):
 @pytest.mark.parametrize("wide", [False, True], ids=["narrow_bv", "wide_bv"])
 @pytest.mark.parametrize("delta", [True, False])
 @pytest.mark.parametrize("gate", ["data", "none"])
-def test_stage_state_bwd_and_grad(gate, delta, wide, monkeypatch):
+def test_stage_state_bwd_and_grad(gate, delta, wide, state_bwd_variant, monkeypatch):
     """The reverse-state stage, then `chunk_grad_bwd` (two kernels; float32 here, so the WY half's dk
     partial goes through dk's own buffer)."""
     if wide:  # the V block used with many heads (B * H >= 2 * SMs) on the GPU
@@ -317,6 +325,37 @@ def test_stage_state_bwd_and_grad(gate, delta, wide, monkeypatch):
         assert (a is None) == (b is None), name
         if a is not None:
             check(f"grad_bwd.{name}", a, b, F32)
+
+
+@pytest.mark.parametrize("T", [45, 131])
+@pytest.mark.parametrize("gate, delta", [("data", True), ("none", False)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, F32], ids=["bf16", "fp32"])
+def test_stage_state_bwd_at_head_dim_128(dtype, gate, delta, T, state_bwd_variant):
+    """The reverse-state stage at DK = 128, where the variants differ (v2 keeps dh as two 64-row
+    tiles, v2u as one; the stage shape above has DK = 64), against its float64 reference on the
+    kernel's own stored w and gates: one chunk (T = 45, the NT == 1 kernel) and three with a partial
+    one; bf16 (products on rounded operands) and float32."""
+    B, H, DK, DV = 1, 2, 128, 128
+    q, k, v, g, beta, h0 = make(B, T, H, DK, DV, gate, delta, dtype, True, seed=21)
+    scale = DK ** -0.5
+    o, ht, (G, Ai, w, h, vn) = gk._forward(q, k, v, g, beta, scale, h0, True, delta)
+    gen = torch.Generator().manual_seed(22)
+    do = torch.randn(o.shape, generator=gen).to(o)
+    dht = torch.randn(ht.shape, generator=gen).to(DEV) * 0.1
+    dh, dvn, dh0 = gk.chunk_state_bwd(q, k, w, G, do, dht, scale, True, delta)
+    assert dh.dtype == dvn.dtype == dtype and dh0.dtype == F32
+    dh64, dvn64, dh064 = naive.state_bwd_ref(d64(q), d64(k), d64(w), gk.gates_f64(G), d64(do), d64(dht), scale, delta)
+    check("state_bwd.dh", dh, dh64, dtype)
+    check("state_bwd.dv_new", dvn, dvn64, dtype)
+    check("state_bwd.dh0", dh0, dh064, dtype)
+
+
+def test_state_bwd_variant_is_checked(monkeypatch):
+    """An unknown `STATE_BWD_VARIANT` (e.g. a typo in GDN_STATE_BWD) is refused, not run as v1."""
+    monkeypatch.setattr(gk, "STATE_BWD_VARIANT", "v9")
+    q, k, v, g, beta, h0 = make(1, 8, 1, 64, 64, "data", True, F32, False)
+    with pytest.raises(ValueError, match="STATE_BWD_VARIANT"):
+        gk.gdn_chunk(q.requires_grad_(), k, v, g, beta)[0].sum().backward()
 
 
 @pytest.mark.parametrize("delta", [True, False])
@@ -377,7 +416,7 @@ def test_controls_catch_a_wrong_gate_and_a_wrong_scale():
         check("o", o_bad2, o64, F32)
 
 
-def test_backward_is_deterministic():
+def test_backward_is_deterministic(state_bwd_variant):
     B, T, H, DK, DV = 1, 130, 2, 64, 64
     ins = make(B, T, H, DK, DV, "data", True, torch.bfloat16, True)
     gen = torch.Generator().manual_seed(5)
@@ -536,7 +575,7 @@ def test_address_checker_catches_an_out_of_bounds_load():
 
 @needs_interpreter
 @pytest.mark.parametrize("member", ["deltanet", "gated_deltanet"])
-def test_h200_failing_case_addresses_stay_inside_the_tensors(member):
+def test_h200_failing_case_addresses_stay_inside_the_tensors(member, state_bwd_variant):
     """The failing H200 configuration, forward and backward, every masked-on address checked. With the
     GPU's launch choices: the state stages' V blocks are chosen by the same functions (the fix makes the
     single-chunk reverse-state block 64 on both paths). This passed before the fix too: the Triton-level
@@ -554,27 +593,32 @@ def test_h200_failing_case_addresses_stay_inside_the_tensors(member):
     assert torch.isfinite(o.float()).all() and all(torch.isfinite(g_.float()).all() for g_ in grads if g_ is not None)
 
 
-def test_single_chunk_reverse_state_stage_uses_the_h200_validated_v_block(monkeypatch):
+def test_single_chunk_reverse_state_stage_uses_the_h200_validated_v_block(state_bwd_variant, monkeypatch):
     """The fix: with one chunk (NT == 1, compiled as its own kernel by Triton) the reverse-state stage
     takes the 64-wide V block, which ran clean on the H200, never the narrow 32-wide one that coincided
-    with the illegal memory access. Decided before any device query, so checkable without a GPU."""
+    with the illegal memory access. Decided before any device query, so checkable without a GPU. Every
+    variant launches its own kernel (v1 `_state_bwd_kernel`, v2 and v2u `_state_bwd_v2_kernel`) with it."""
     cuda = torch.device("cuda")
     assert gk._state_bwd_bv(128, 2, 1, cuda) == 64
     assert gk._state_bwd_bv(64, 2, 1, cuda) == 64
     assert gk._state_bwd_bv(128, 2, 2, torch.device("cpu")) == gk._state_bv(128, 2, torch.device("cpu"))
 
     launched = []
-    real = gk._state_bwd_kernel
 
     class _Recorder:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            return real[grid]
+        def __init__(self, name):
+            self.name, self.real = name, getattr(gk, name)
 
-    monkeypatch.setattr(gk, "_state_bwd_kernel", _Recorder())
+        def __getitem__(self, grid):
+            launched.append((self.name, grid))
+            return self.real[grid]
+
+    for name in ("_state_bwd_kernel", "_state_bwd_v2_kernel"):
+        monkeypatch.setattr(gk, name, _Recorder(name))
     B, T, H, DK, DV, h0, dtype = H200_CASE
     q, k, v, g, beta, _ = make(B, T, H, DK, DV, "data", True, dtype, h0)
     G, Ai, w, u = gk.chunk_prepare_wy_fwd(k, v, beta, g)
     do = torch.randn(B, T, H, DV).to(q)
     gk.chunk_state_bwd(q, k, w, G, do, None, DK ** -0.5, False, True)
-    assert launched == [(DV // 64, B * H)]
+    kernel = "_state_bwd_kernel" if state_bwd_variant == "v1" else "_state_bwd_v2_kernel"
+    assert launched == [(kernel, (DV // 64, B * H))]
