@@ -298,14 +298,15 @@ def test_stage_state_fwd_and_out(gate, delta):
     check("out_fwd.o", o, o64, F32)
 
 
-@pytest.mark.parametrize("wide", [False, True], ids=["narrow_bv", "wide_bv"])
+@pytest.mark.parametrize("bv", [None, 64, 16], ids=["narrow_bv", "wide_bv", "bv16"])
 @pytest.mark.parametrize("delta", [True, False])
 @pytest.mark.parametrize("gate", ["data", "none"])
-def test_stage_state_bwd_and_grad(gate, delta, wide, state_bwd_variant, monkeypatch):
+def test_stage_state_bwd_and_grad(gate, delta, bv, state_bwd_variant, monkeypatch):
     """The reverse-state stage, then `chunk_grad_bwd` (two kernels; float32 here, so the WY half's dk
-    partial goes through dk's own buffer)."""
-    if wide:  # the V block used with many heads (B * H >= 2 * SMs) on the GPU
-        monkeypatch.setattr(gk, "_state_bv", lambda DV, BH, device: gk._bv(DV))
+    partial goes through dk's own buffer). V blocks: the one chosen for few heads (32), the one used
+    with many heads (B * H >= 2 * SMs, 64), and 16, which `sweep.py --bvs` can try on the GPU."""
+    if bv is not None:
+        monkeypatch.setattr(gk, "_state_bv", lambda DV, BH, device: bv)
     q, k, v, g, beta, h0 = _stage_inputs(gate, delta)
     scale = q.shape[-1] ** -0.5
     o, ht, (G, Ai, w, h, vn) = gk._forward(q, k, v, g, beta, scale, h0, True, delta)
