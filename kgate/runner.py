@@ -213,7 +213,7 @@ class Runner:
         timeout = self.options.timeout or kernel.limits.timeout
         memory = self.options.memory or kernel.limits.memory
         job = {"manifest": str(self.manifest.path.resolve()), "repro_manifest": str(self.manifest.path),
-               "kernel": kernel.name, "device": device, "memory": memory,
+               "kernel": kernel.name, "device": device, "memory": memory, "timeout": timeout,
                "seeds": self.options.seeds, "dtypes": self.options.dtypes,
                "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None,
                "threads": self._cpu_threads(device)}

@@ -14,6 +14,7 @@ is never taken for a rejection.
 from __future__ import annotations
 
 import shlex
+import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ from kgate.compare import clone_tree, flatten, map_tensors
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
 from kgate.oracle import upcast
+
+_monotonic = time.monotonic  # bound at import, before any kernel code runs (it may patch time)
 
 T = TypeVar("T")
 
@@ -82,7 +85,14 @@ class Subject:
         # Set by the worker: a kgate.gates.isolation.Snapshot taken before the kernel's module was
         # imported, which the isolation gate compares against (None in-process: the gate takes its own).
         self.pristine_state: Any = None
+        # Set by the worker at each gate's start (`kgate.worker.run_gates`): the monotonic time after
+        # which a searching gate starts no new probe and reports what it judged (None: no limit).
+        self.deadline: float | None = None
         self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
+
+    def out_of_time(self) -> bool:
+        """Whether the gate's search budget is spent (see `deadline`)."""
+        return self.deadline is not None and _monotonic() > self.deadline
 
     # -- calling user code -------------------------------------------------------------------------
 

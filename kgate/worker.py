@@ -22,6 +22,10 @@ from typing import Any
 EVENT_FD_ENV = "KGATE_EVENT_FD"
 # Bound before user code runs: a kernel that patches time.perf_counter must not skew the durations.
 _clock = time.perf_counter
+_monotonic = time.monotonic
+# The share of the per-gate time limit a searching gate may spend starting probes (Subject.deadline);
+# the rest is for the probe in flight, the shrinking of a finding and the device synchronization.
+SEARCH_SHARE = 0.5
 
 
 class Channel:
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                       repro_manifest=job.get("repro_manifest", job["manifest"]))
     subject.pristine_state = pristine
 
-    lost = run_gates(channel, subject, names, job.get("memory"))
+    lost = run_gates(channel, subject, names, job.get("memory"), job.get("timeout"))
     if lost is not None:
         # This process can launch nothing more: the runner starts a fresh worker for the gates not run.
         channel.send("context_lost", message=lost)
@@ -128,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | None) -> str | None:
+def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | None,
+              timeout: float | None = None) -> str | None:
     """Run the named gates on `subject`, sending gate_start and result events; a gate that raises
-    gets `error`. After each gate the device is synchronized (inside the gate's time), so a fault the
+    gets `error`. With the per-gate `timeout`, each gate's subject gets a search deadline of
+    `SEARCH_SHARE` x timeout: a gate that searches (accumulation) starts no new probe after it and
+    reports what it judged, instead of being killed at the limit with nothing. After each gate the device is synchronized (inside the gate's time), so a fault the
     GPU reports asynchronously is charged to the gate whose launches caused it. A fault that destroys
     the CUDA context (kgate.faults) gives that gate `error` and ends the loop: returns the CUDA
     message (the caller then stops, and a fresh worker runs the gates not reached), else None."""
@@ -154,6 +161,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
 
                     backward_subject = BackwardSubject(subject)
                 target = backward_subject
+            target.deadline = _monotonic() + SEARCH_SHARE * timeout if timeout else None
             result = gate.check(target).to_json()
             result["gate"] = name
         except UserCodeError as exc:

@@ -186,3 +186,70 @@ def test_crafted_inputs_the_reference_rejects_are_retried_one_argument_at_a_time
     assert good.verdict == "pass", good.message
     assert "skipped 2 the reference rejects: positive values uniform in [0.5, 1.5) in argument 1 alone" \
         in good.message
+
+
+def _with_budget(subject, probes_allowed):
+    """Let `probes_allowed` probes start, then report the search budget spent (Subject.out_of_time)."""
+    calls = {"n": 0}
+
+    def out_of_time():
+        calls["n"] += 1
+        return calls["n"] > probes_allowed
+
+    subject.out_of_time = out_of_time
+    return subject
+
+
+def test_a_spent_search_budget_skips_and_says_so():
+    subject = _with_budget(subject_for(correct.matmul_fp32_accumulator, correct.matmul_reference,
+                                       correct.make_matrices, shapes=[[8, 256, 8]]), 0)
+    result = registry.get("accumulation").check(subject)
+    assert result.verdict == "skip", result.message
+    assert "search budget" in result.message and "the factory's inputs" in result.message
+
+
+def test_a_budget_spent_after_some_probes_passes_on_what_was_judged_and_names_the_cut():
+    full = matmul(correct.matmul_fp32_accumulator)
+    subject = _with_budget(subject_for(correct.matmul_fp32_accumulator, correct.matmul_reference,
+                                       correct.make_matrices, shapes=[[8, 256, 8]]), 2)
+    result = registry.get("accumulation").check(subject)
+    assert result.verdict == "pass", result.message
+    assert "search budget" in result.message and "not every crafted input was tried" in result.message
+    assert "search budget" not in full.message
+    judged = int(result.message.split(" separating probe")[0].rsplit(" ", 1)[-1])
+    assert 1 <= judged <= 2
+
+
+def test_a_budget_does_not_hide_a_violation_found_before_it_ran_out():
+    subject = _with_budget(subject_for(violating.matmul_fp16_accumulator, correct.matmul_reference,
+                                       correct.make_matrices, shapes=[[8, 256, 8]]), 3)
+    result = registry.get("accumulation").check(subject)
+    assert result.verdict == "fail", result.message
+
+
+def test_the_worker_gives_each_gate_a_search_deadline(monkeypatch):
+    from kgate import worker
+
+    seen = []
+
+    class Spy:
+        name, tolerance_free = "spy", False
+
+        def check(self, subject):
+            seen.append(subject.deadline)
+            return registry.get("accumulation").skipped("spy")
+
+    monkeypatch.setattr(registry, "get", lambda name: Spy())
+    monkeypatch.setattr(registry, "is_backward", lambda name: False)
+
+    class Channel:
+        def send(self, *args, **kwargs):
+            pass
+
+    subject = subject_for(correct.matmul_fp32_accumulator, correct.matmul_reference, correct.make_matrices,
+                          shapes=[[8, 256, 8]])
+    before = worker._monotonic()
+    worker.run_gates(Channel(), subject, ["spy"], None, 100.0)
+    worker.run_gates(Channel(), subject, ["spy"], None, None)
+    assert before + worker.SEARCH_SHARE * 100.0 <= seen[0] <= worker._monotonic() + worker.SEARCH_SHARE * 100.0
+    assert seen[1] is None

@@ -151,7 +151,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         at_own = [n for n in names if registry.base_name(n) in kb.FULL_SHAPE_GATES]
         groups = [(own, at_own), (small, [n for n in names if n not in at_own])]
     for subject, group in groups:
-        lost = run_gates(channel, subject, group, job.get("memory"))
+        lost = run_gates(channel, subject, group, job.get("memory"), job.get("timeout"))
         if lost is not None:  # a sticky CUDA error: run_gates stopped, a fresh worker takes the gates not run
             channel.send("poisoned", message=lost)
             return

@@ -51,6 +51,14 @@ PRODUCT_CHUNK = 1 << 22  # float64 elements of matmul products materialised at o
 aten = torch.ops.aten
 
 
+class _OutOfTime(Exception):
+    """The subject's search budget ran out before the probe named by `where`."""
+
+    def __init__(self, where: str):
+        super().__init__(where)
+        self.where = where
+
+
 class LowPrecisionAccumulation(TorchDispatchMode):
     """Run the reductions that torch dispatches with a running sum rounded to `acc` after each addition.
 
@@ -299,7 +307,37 @@ class Accumulation(Gate):
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
-        judged, covered, power, unexplained, rejected = 0, Counter(), [], 0, []
+        covered, power, rejected = Counter(), [], []
+        try:
+            found = self._search(subject, covered, power, rejected)
+        except _OutOfTime as stop:
+            found, cut = None, stop.where
+        else:
+            cut = None
+        if found is not None:
+            return found
+        judged, unexplained = len(power), sum(n for _, n in power)
+        power = [p for p, _ in power]
+        stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before "
+                   f"the probe {cut}: not every crafted input was tried" if cut else "")
+        if judged == 0:
+            note = f" (skipped {len(rejected)} probe(s) the reference rejects)" if rejected else ""
+            if not covered and not cut:
+                return self.skipped("the reference performs no reduction that kgate emulates with a low-precision "
+                                    f"accumulator (or has no floating-point inputs): nothing to separate{note}")
+            return self.skipped(f"the crafted inputs never made fp16/bf16 accumulation of the reference measurably "
+                                f"worse than its own error ({_ops(covered)} emulated; reductions may be too short "
+                                f"for the dtype): nothing to judge{note}{stopped}")
+        message = (f"no sign of low-precision accumulation in {judged} separating probe(s) ({_ops(covered)}); "
+                   f"the strongest: low-precision accumulation would err {max(power):.3g} x the bound")
+        if unexplained:
+            message += (f"; {unexplained} output(s) miss the bound by an amount no emulated accumulator gives "
+                        f"(the oracle gate judges those)")
+        return self.passed(message + rejected_note(rejected) + stopped)
+
+    def _search(self, subject: Subject, covered: Counter, power: list, rejected: list) -> GateResult | None:
+        """Every case's crafted probes (raises _OutOfTime once the subject's search budget is spent);
+        appends (power, unexplained outputs) of each separating probe to `power`; returns a failure."""
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
             floats = [i for i, a in enumerate(base.args)
@@ -312,6 +350,8 @@ class Accumulation(Gate):
                     where = _alone(label, argument)
                     if argument is not None:
                         where += " (the others as the factory made them)"
+                    if subject.out_of_time():
+                        raise _OutOfTime(f"{where} ({case.label()})")
                     return self._probe(subject, case, where, inputs, covered)
 
                 # The factory's inputs (first) change nothing: no argument to retry alone.
@@ -322,23 +362,8 @@ class Accumulation(Gate):
                     if isinstance(outcome, GateResult):
                         return outcome
                     if outcome is not False:
-                        judged += 1
-                        power.append(outcome[0])
-                        unexplained += len(outcome[1])
-        if judged == 0:
-            note = f" (skipped {len(rejected)} probe(s) the reference rejects)" if rejected else ""
-            if not covered:
-                return self.skipped("the reference performs no reduction that kgate emulates with a low-precision "
-                                    f"accumulator (or has no floating-point inputs): nothing to separate{note}")
-            return self.skipped(f"the crafted inputs never made fp16/bf16 accumulation of the reference measurably "
-                                f"worse than its own error ({_ops(covered)} emulated; reductions may be too short "
-                                f"for the dtype): nothing to judge{note}")
-        message = (f"no sign of low-precision accumulation in {judged} separating probe(s) ({_ops(covered)}); "
-                   f"the strongest: low-precision accumulation would err {max(power):.3g} x the bound")
-        if unexplained:
-            message += (f"; {unexplained} output(s) miss the bound by an amount no emulated accumulator gives "
-                        f"(the oracle gate judges those)")
-        return self.passed(message + rejected_note(rejected))
+                        power.append((outcome[0], len(outcome[1])))
+        return None
 
     def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,
                covered: Counter) -> GateResult | tuple[float, list] | bool | None:
