@@ -13,6 +13,7 @@ is never taken for a rejection.
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 import traceback
@@ -63,6 +64,31 @@ def raise_pending_launch_error(device: torch.device) -> None:
     operation, blamed on kgate. One tiny launch right after the kernel raises it where it belongs."""
     if device.type == "cuda":
         torch.empty(1, device=device).zero_()
+
+
+# The host memory a worker may use (bytes; set by kgate.worker.prepare_process from the job's limit).
+HOST_MEMORY: int | None = None
+# A float64 oracle on the CPU holds its upcast inputs, its outputs and temporaries: this many times the
+# float64 size of the inputs is what `host_can_hold` asks for.
+ORACLE_HOST_FACTOR = 3
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def host_can_hold(args: Any) -> bool:
+    """Whether a float64 copy of `args` (ORACLE_HOST_FACTOR times over) fits in what is left of the
+    worker's host memory limit. At KernelBench's own sizes (inputs of 2 x 10^9 elements) a float64 oracle
+    moved to the CPU took the worker past its limit: killed, and the candidate recorded as an error."""
+    if HOST_MEMORY is None:
+        return True
+    need = ORACLE_HOST_FACTOR * 8 * sum(t.numel() for _, t in flatten(args) if isinstance(t, torch.Tensor))
+    return need <= HOST_MEMORY - _resident_bytes()
 
 
 class Subject:
@@ -128,10 +154,14 @@ class Subject:
         return out
 
     def oracle(self, args: tuple) -> Any:
-        """The reference in float64 on upcast copies of `args`; on the CPU if the device refuses."""
+        """The reference in float64 on upcast copies of `args`; on the CPU if the device refuses and the
+        worker's host memory can hold it (`host_can_hold`; else the device's error stands: for an audit,
+        a GPU out-of-memory error has the candidate judged again alone, with the whole GPU)."""
         devices = [self.oracle_device] + ([torch.device("cpu")] if self.oracle_device.type != "cpu" else [])
         last: BaseException | None = None
         for device in devices:
+            if last is not None and not host_can_hold(args):
+                break
             try:
                 with torch.no_grad():
                     out = self.reference_fn(*upcast(args, device))

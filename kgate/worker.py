@@ -49,6 +49,9 @@ def prepare_process(job: dict[str, Any]) -> None:
         import torch
 
         torch.set_num_threads(int(job["threads"]))
+    from kgate import subject  # imports torch: after the interpreter's switch above
+
+    subject.HOST_MEMORY = job.get("memory")  # the float64 oracle falls back to the CPU only within it
 
 
 def _limit_memory(limit: int | None, device: str) -> None:

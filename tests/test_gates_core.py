@@ -334,3 +334,42 @@ def test_spread_does_not_excuse_overflow_on_the_overflow_probe():
     assert result.verdict == "fail" and "overflow-prone" in result.message
     assert result.expected == "finite" and result.got.startswith("non-finite")
     assert check("special_values", norm, norm, rows, special_values_match="spread", **kw).verdict == "pass"
+
+
+def _oom_on_the_device(calls):
+    def reference(x):
+        calls.append(x.device.type)
+        if x.device.type != "cpu":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return x * 2
+
+    return reference
+
+
+def test_the_oracle_falls_back_to_the_cpu_when_the_host_can_hold_it(monkeypatch):
+    from kgate import subject as subject_module
+    from tests.gate_harness import subject_for
+
+    calls = []
+    subject = subject_for(lambda x: x * 2, _oom_on_the_device(calls), lambda case, device: (torch.ones(4, 4),))
+    subject.oracle_device = torch.device("meta")
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", None)
+    out = subject.oracle((torch.ones(4, 4),))
+    assert calls == ["meta", "cpu"] and out.dtype == torch.float64 and torch.equal(out, torch.full((4, 4), 2.0,
+                                                                                                  dtype=torch.float64))
+
+
+def test_the_oracle_keeps_the_devices_out_of_memory_error_when_the_host_cannot_hold_it(monkeypatch):
+    from kgate import subject as subject_module
+    from tests.gate_harness import subject_for
+
+    calls = []
+    subject = subject_for(lambda x: x * 2, _oom_on_the_device(calls), lambda case, device: (torch.ones(4, 4),))
+    subject.oracle_device = torch.device("meta")
+    # room for the process as it is and 100 bytes more: a float64 copy of 16 elements (x3) needs 384
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 100)
+    with pytest.raises(UserCodeError, match="CUDA out of memory"):
+        subject.oracle((torch.ones(4, 4),))
+    assert calls == ["meta"]
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 2**30)
+    assert subject_module.host_can_hold((torch.ones(4, 4),))
