@@ -123,3 +123,38 @@ def test_slow_kernel_gets_a_shorter_sweep_not_a_timeout():
     result = run(slow, limits={"timeout": 0.4})
     assert result.verdict == "pass" and "stopped after" in result.message
     assert "half the gate's 0.4 s time limit" in result.message
+
+
+def _refuses_empty(x):
+    if x.numel() == 0:
+        raise RuntimeError("CUDA error: invalid argument (a grid of 0 blocks)")
+    return correct.softmax_rows(x)
+
+
+def test_a_kernel_failing_only_on_empty_inputs_fails_marked_empty_only():
+    result = run(_refuses_empty)
+    assert result.verdict == "fail", result.message
+    assert result.details["empty_only"] is True and 0 in result.details["smallest"]
+    assert "fails only on empty inputs" in result.message
+
+
+def test_a_failure_on_real_data_is_not_shrunk_to_an_empty_shape():
+    def tail_dropping_and_refuses_empty(x):
+        out = _refuses_empty(x)
+        if x.shape[-1] % 2:
+            out = out.clone()
+            out[..., -1] = 0.0
+        return out
+
+    result = run(tail_dropping_and_refuses_empty)
+    assert result.verdict == "fail", result.message
+    assert result.details["empty_only"] is False and 0 not in result.details["smallest"]
+    assert "only on empty" not in result.message
+
+
+def test_empty_shapes_come_last_in_the_sweep():
+    shapes = edge_shapes([(7, 1000), (3, 50)], cap=65536)
+    kinds = [why for _, why in shapes]
+    first_empty = kinds.index("empty (size 0 in dim 0)")
+    assert all(k == "empty (size 0 in dim 0)" for k in kinds[first_empty:])
+    assert {s for s, why in shapes if why.startswith("empty")} == {(0, 1000), (0, 50)}

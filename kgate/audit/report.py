@@ -9,6 +9,8 @@ Definitions (the DESIGN notes' vocabulary, per candidate):
   counted apart and is not a violation;
 - *broken*: a violation that no tolerance explains: a tolerance-free gate failed, the candidate
   crashed or could not load, or it missed the float64 oracle by more than 10x the calibrated bound;
+- *empty only*: every violation is the shapes gate failing on its empty (size-0) batch and nothing
+  else (counted in both numbers above, and apart: "on non-empty inputs" leaves these out);
 - *standard accepts*: KernelBench's own check (kgate.standard_test) accepted it at atol=rtol=1e-2.
 """
 
@@ -42,8 +44,14 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
     standard = record.get("standard") or {}
     crashed = bool(record.get("error")) or standard.get("compiled") is False
     tamper = bool(record.get("tamper"))
+    # A kernel whose only violation is the shapes gate's empty batch (a launch of zero blocks is a CUDA
+    # error; the reference returns an empty result): a real contract violation, but not a wrong number on
+    # real data, so the report counts it apart.
+    empty_only = bool(violations) and not tamper and not crashed and all(
+        g["gate"].split("[")[0] == "shapes" and (g.get("details") or {}).get("empty_only") for g in violations)
     return {
         "judged": judged,
+        "empty_only": judged and empty_only,
         "standard_accepts": standard.get("verdict") == "pass",
         "standard_accepts_1e-4": bool((standard.get("accepted_at") or {}).get("0.0001")),
         "violation": judged and (bool(violations) or tamper),
@@ -64,6 +72,8 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
     accept = sum(c["standard_accepts"] for _, c in judged)
     violation = sum(c["violation"] for _, c in judged)
     broken = sum(c["broken"] for _, c in judged)
+    empty_only = sum(c["empty_only"] for _, c in judged)
+    broken_on_data = sum(c["broken"] and not c["empty_only"] for _, c in judged)
     confusion = {
         "standard_accepts_gates_pass": sum(c["standard_accepts"] and not c["violation"] for _, c in judged),
         "standard_accepts_gates_reject": sum(c["standard_accepts"] and c["violation"] for _, c in judged),
@@ -122,6 +132,9 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
         "standard_accepts": accept, "standard_accepts_pct": _pct(accept, n),
         "violation": violation, "violation_pct": _pct(violation, n),
         "broken": broken, "broken_pct": _pct(broken, n),
+        "violation_empty_only": empty_only, "violation_empty_only_pct": _pct(empty_only, n),
+        "violation_on_data": violation - empty_only, "violation_on_data_pct": _pct(violation - empty_only, n),
+        "broken_on_data": broken_on_data, "broken_on_data_pct": _pct(broken_on_data, n),
         "all_gates_pass": n - violation, "all_gates_pass_pct": _pct(n - violation, n),
         "tampered": sum(bool(r.get("tamper")) for r, _ in judged),
         "internal_errors": sum(bool(c["internal"]) for _, c in judged),
@@ -169,6 +182,8 @@ def render(console: Any, summary: dict[str, Any]) -> None:
     rows = [("standard test accepts (atol=rtol=1e-2)", summary["standard_accepts"], summary["standard_accepts_pct"]),
             (">= 1 gate violation", summary["violation"], summary["violation_pct"]),
             ("broken (tolerance-free, crash, > 10x bound)", summary["broken"], summary["broken_pct"]),
+            ("violation only on empty inputs", summary["violation_empty_only"], summary["violation_empty_only_pct"]),
+            ("broken on non-empty inputs", summary["broken_on_data"], summary["broken_on_data_pct"]),
             ("every gate passes", summary["all_gates_pass"], summary["all_gates_pass_pct"])]
     c = summary["confusion"]
     rows += [("standard accepts, gates reject", c["standard_accepts_gates_reject"],
@@ -317,6 +332,10 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
              f"| >= 1 gate violation | {summary['violation']} | {summary['violation_pct']} |",
              f"| broken (tolerance-free failure, crash, or > 10x the bound) | {summary['broken']} | "
              f"{summary['broken_pct']} |",
+             f"| violation only on empty inputs (the shapes gate's size-0 batch, nothing else) | "
+             f"{summary['violation_empty_only']} | {summary['violation_empty_only_pct']} |",
+             f"| >= 1 violation on non-empty inputs | {summary['violation_on_data']} | {summary['violation_on_data_pct']} |",
+             f"| broken on non-empty inputs | {summary['broken_on_data']} | {summary['broken_on_data_pct']} |",
              f"| every gate passes | {summary['all_gates_pass']} | {summary['all_gates_pass_pct']} |",
              f"| candidate modified the problem module | {summary['tampered']} | {_pct(summary['tampered'], n)} |",
              "", "## Standard test vs gates", "",

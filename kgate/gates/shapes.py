@@ -2,10 +2,12 @@
 
 Generated from each declared shape: every size 1, size 1 in one dimension, every size the largest
 prime not above it, one dimension larger than a block of 4096 (4097), sizes 3, 17 and 131 (odd,
-non-multiples of 8/16/32/64/128) and declared size +-1 in one dimension, and an empty batch
+non-multiples of 8/16/32/64/128) and declared size +-1 in one dimension, and, last, an empty batch
 (size 0 in dimension 0). At most `MAX_GENERATED` shapes, each of at most `CAP_FACTOR` x the largest
 declared shape's elements (at least `MIN_CAP`), and whose inputs hold at most `INPUT_FACTOR` x the
-declared inputs' elements: the sweep stays cheap on a CPU.
+declared inputs' elements: the sweep stays cheap on a CPU. A kernel that fails only on the empty
+batch gets `details.empty_only` (the audit report counts those apart), and a failure on real data is
+never shrunk to an empty shape.
 
 Each shape, in every dtype with the first seed, is judged like the contract and oracle gates: the
 kernel must not raise where the reference accepts the inputs, must give the reference's structure,
@@ -34,6 +36,7 @@ INPUT_FACTOR = 8
 MIN_INPUT_CAP = 1 << 20
 BLOCK_PLUS_ONE = 4097
 ODD_SIZES = (3, 17, 131)
+EMPTY = "empty (size 0 in dim 0)"
 
 
 def largest_prime_at_most(n: int) -> int:
@@ -72,9 +75,6 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
                 big = tuple(BLOCK_PLUS_ONE if d == dim else min(s, 1) for d, s in enumerate(shape))
             add(big, f"dim {dim} larger than one block ({BLOCK_PLUS_ONE})")
     for shape in ranked:
-        if shape[0] != 0:
-            add((0,) + shape[1:], "empty (size 0 in dim 0)")
-    for shape in ranked:
         for dim, size in enumerate(shape):
             for value in (size + 1, size - 1):
                 if size >= 8 and value % 2:
@@ -83,7 +83,10 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
         for dim in range(len(shape)):
             for value in ODD_SIZES:
                 add(_with(shape, dim, value), f"odd size {value} in dim {dim}")
-    return chosen[:MAX_GENERATED]
+    # Empty inputs last, and always: a kernel that fails only there is told apart from one that fails on
+    # real data (`empty_only` in the verdict's details).
+    empty = list(dict.fromkeys((0,) + shape[1:] for shape in ranked if shape[0] != 0 and (0,) + shape[1:] not in seen))
+    return chosen[:MAX_GENERATED - len(empty)] + [(shape, EMPTY) for shape in empty]
 
 
 def _with(shape: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:
@@ -144,7 +147,7 @@ class Shapes(Gate):
         # Half the gate's time limit for the generated sweep, a quarter for shrinking: a slow kernel gets
         # a shorter sweep (said in the message), not a timeout that loses the verdict.
         timeout = subject.entry.limits.timeout
-        deadline = time.monotonic() + timeout / 2
+        deadline = subject.deadline if subject.deadline is not None else time.monotonic() + timeout / 2
         swept = 0
         for shape, why in generated:
             if time.monotonic() > deadline:
@@ -200,7 +203,11 @@ class Shapes(Gate):
     def _fail(self, subject: Subject, case: Case, why: str, finding: Finding, evidence: list) -> GateResult:
         found: dict[tuple[int, ...], Finding] = {case.shape: finding}
 
+        empty_only = numel(case.shape) == 0
+
         def fails(shape: tuple[int, ...]) -> bool:
+            if numel(shape) == 0 and not empty_only:
+                return False  # a failure on real data stays one: shrinking it to no data would hide it
             probe = Case(shape, case.dtype, case.seed)
             try:
                 base = subject.baseline(probe)
@@ -219,11 +226,12 @@ class Shapes(Gate):
         origin = why
         if smallest != case.shape:
             origin = f"shrunk from {_fmt(case.shape)}, {why}, in {shrunk.note()}"
-        result = self.failed(subject, f"shape {_fmt(smallest)} ({origin}): {final.message}", case=minimal,
+        tail = "; every non-empty shape swept passed (the kernel fails only on empty inputs)" if empty_only else ""
+        result = self.failed(subject, f"shape {_fmt(smallest)} ({origin}): {final.message}{tail}", case=minimal,
                              expected=final.expected, got=final.got, where=final.where, broken=final.broken,
                              evidence=evidence,
                              details={**final.details, "kind": final.kind, "found_at": list(case.shape),
-                                      "why": why, "smallest": list(smallest)})
+                                      "why": why, "smallest": list(smallest), "empty_only": empty_only})
         result.tolerance_free = final.tolerance_free
         return result
 
