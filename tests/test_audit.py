@@ -403,23 +403,23 @@ def test_a_killed_builds_lock_is_cleared_before_the_next_build(tmp_path):
     assert str(folder) in str(build)
 
 
-def _record(id_, gates, **extra):
+def _fake_record(id_, gates, **extra):
     return {"id": id_, "level": 1, "problem_name": "p", "labels": {}, "standard": {"verdict": "pass"},
             "gates": gates, "error": None, "problem_error": None, "tamper": None, **extra}
 
 
-def _gate(name, verdict, broken=False, details=None, message="m"):
+def _fake_gate(name, verdict, broken=False, details=None, message="m"):
     return {"gate": name, "verdict": verdict, "broken": broken, "details": details or {}, "message": message}
 
 
 def test_the_summary_counts_failures_only_on_empty_inputs_apart():
-    passing = [_gate(g, "pass") for g in ("oracle", "layouts")]
+    passing = [_fake_gate(g, "pass") for g in ("oracle", "layouts")]
     records = [
-        _record("empty-only", passing + [_gate("shapes", "fail", True, {"empty_only": True})]),
-        _record("on-data", passing + [_gate("shapes", "fail", True, {"empty_only": False})]),
-        _record("empty-and-layouts", [_gate("oracle", "pass"), _gate("layouts", "fail", True),
-                                      _gate("shapes", "fail", True, {"empty_only": True})]),
-        _record("clean", passing + [_gate("shapes", "pass")]),
+        _fake_record("empty-only", passing + [_fake_gate("shapes", "fail", True, {"empty_only": True})]),
+        _fake_record("on-data", passing + [_fake_gate("shapes", "fail", True, {"empty_only": False})]),
+        _fake_record("empty-and-layouts", [_fake_gate("oracle", "pass"), _fake_gate("layouts", "fail", True),
+                                           _fake_gate("shapes", "fail", True, {"empty_only": True})]),
+        _fake_record("clean", passing + [_fake_gate("shapes", "pass")]),
     ]
     s = summarize(records, ["oracle", "layouts", "shapes"])
     assert (s["violation"], s["broken"]) == (3, 3)
