@@ -15,7 +15,8 @@
 #                                  results.jsonl, driver.log and the audit's output into $OUT
 #
 # DEVICE (default cuda), JOBS (4), BUILD_JOBS (8), MEMORY (24GiB), GATE_TIMEOUT (120 s), NICE (0: the audit's
-# priority, e.g. 10 while another job shares the machine) tune it; CORPUS_FROM
+# priority, e.g. 10 while another job shares the machine), PCH (default --pch: one precompiled torch/extension.h
+# for every build; PCH= builds without it) tune it; CORPUS_FROM
 # (default .third_party/kb-corpus) names another corpus. Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
@@ -24,7 +25,7 @@ CORPUS=$SRC/kb-corpus
 cmd=${1:-}
 
 AUDIT=(python3 -m kgate audit --format kernelbench --problems "$CORPUS/problems" --candidates "$CORPUS/candidates"
-       --device "${DEVICE:-cuda}" --compile-timeout 600 --out "$WORK")
+       --device "${DEVICE:-cuda}" --compile-timeout 600 --out "$WORK" ${PCH---pch})
 [ -f "$CORPUS/index.csv" ] && AUDIT+=(--index "$CORPUS/index.csv")
 
 case "$cmd" in

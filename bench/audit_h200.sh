@@ -6,6 +6,7 @@
 # in $OUT/results.jsonl; exit 3 means candidates are left: bring results.jsonl back into
 # .third_party/audit-run/ and run the slice again. Exit 0 or 1: every candidate is judged.
 # `bash bench/audit_h200.sh throughput` runs bench/audit_throughput.py on LIMIT (24) candidates instead.
+# PCH= (empty) builds without the shared precompiled torch/extension.h (kgate audit --pch, on by default here).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 BUDGET=${1:-420}
@@ -29,7 +30,8 @@ if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: th
   fi
   python3 bench/audit_throughput.py "${KEEP[@]}" --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" \
     --index "$CORPUS/index.csv" --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" \
-    --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json"
+    --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json" \
+    ${PCH---pch}
   exit $?
 fi
 # The carried results are the truth unless this (warm) machine already holds more.
@@ -43,7 +45,7 @@ python3 -m kgate audit --format kernelbench \
   --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" --index "$CORPUS/index.csv" \
   --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" --memory "${MEMORY:-24GiB}" \
   --timeout "${GATE_TIMEOUT:-120}" --compile-timeout 600 \
-  --out "$WORK" --resume --max-time "$BUDGET" ${SELECT:+-k "$SELECT"}
+  --out "$WORK" --resume --max-time "$BUDGET" ${PCH---pch} ${SELECT:+-k "$SELECT"}
 rc=$?
 cp "$WORK/results.jsonl" "$RESULTS_OUT/results.jsonl"
 echo "kgate audit exit code $rc; $(wc -l <"$RESULTS_OUT/results.jsonl") record(s) in $RESULTS_OUT/results.jsonl" \

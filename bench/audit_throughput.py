@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("kgate-bench"))
     parser.add_argument("--keep-cache", action="store_true", help="do not empty the extension cache first")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--pch", action="store_true", help="as kgate audit --pch (its build is timed with the compile "
+                        "stage)")
     args = parser.parse_args(argv)
 
     pairs = sorted(discover(args.problems, args.candidates, args.index), key=lambda p: p.id)
@@ -71,13 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(args.out / "torch_extensions", ignore_errors=True)
     plan = make_plan(args.device, args.jobs, args.compile_jobs)
     base = dict(out_dir=args.out, timeout=args.timeout, arch_list=arch_list(plan.devices),
-                threads=1 if plan.devices == ["cpu"] else None)
+                threads=1 if plan.devices == ["cpu"] else None, pch=args.pch)
     print(f"{len(pairs)} candidate(s); {plan.describe()}", flush=True)
 
     from concurrent.futures import ThreadPoolExecutor
 
     to_build = [p for p in pairs if p.problem is not None and needs_compile(p)]
     start = time.perf_counter()
+    if args.pch and to_build:
+        from kgate.audit import pch
+
+        print(pch.build(), flush=True)
     with ThreadPoolExecutor(max_workers=plan.compile_jobs) as pool:
         builds = list(pool.map(lambda p: compile_pair(p, AuditOptions(gates=[], **base)), to_build))
     compile_wall = time.perf_counter() - start

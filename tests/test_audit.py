@@ -425,3 +425,48 @@ def test_the_summary_counts_failures_only_on_empty_inputs_apart():
     assert (s["violation"], s["broken"]) == (3, 3)
     assert s["violation_empty_only"] == 1 and s["violation_on_data"] == 2 and s["broken_on_data"] == 2
     assert s["violation_empty_only_pct"] == 25.0
+
+
+def test_pch_build_uses_torchs_builder_and_workers_keep_the_header(monkeypatch):
+    from torch.utils import cpp_extension
+
+    from kgate.audit import pch
+
+    calls = []
+    monkeypatch.setattr(cpp_extension, pch._BUILDER, lambda cflags, paths: calls.append((cflags, paths)))
+    monkeypatch.setattr(cpp_extension, pch._REMOVER, lambda: calls.append("removed"))
+    assert "precompiled" in pch.build() and calls == [([], [])]
+    pch.keep_shared()
+    getattr(cpp_extension, pch._REMOVER)()
+    getattr(cpp_extension, pch._BUILDER)(["-O3"], [])
+    assert calls == [([], [])]  # neither deletes nor rebuilds any more
+
+
+def test_a_failed_pch_build_leaves_the_audit_as_it_was(monkeypatch):
+    from torch.utils import cpp_extension
+
+    from kgate.audit import pch
+
+    def refuse(cflags, paths):
+        raise PermissionError("read-only torch folder")
+
+    monkeypatch.setattr(cpp_extension, pch._BUILDER, refuse)
+    line = pch.build()
+    assert "could not precompile" in line and "read-only" in line and "building without it" in line
+
+
+@pytest.mark.slow
+def test_with_pch_the_shared_header_survives_the_builds_and_the_candidate_is_judged(tmp_path):
+    import torch.utils.cpp_extension as ce
+
+    gch = Path(ce._TORCH_PATH) / "include" / "torch" / "extension.h.gch"
+    args = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "extension"),
+            "--device", "cpu", "--gate", "contract", "--out", str(tmp_path), "-q", "--pch"]
+    try:
+        assert kgate_main(args) == 0
+        (record,) = _records(tmp_path).values()
+        assert record["compile"]["ok"] and record["standard"]["verdict"] == "pass"
+        # a worker's own load_inline (use_pch=False) would have deleted it: the workers keep it
+        assert gch.is_file()
+    finally:
+        ce.remove_extension_h_precompiler_headers()  # 0.8 GB; torch rebuilds it when asked

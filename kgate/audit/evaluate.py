@@ -47,6 +47,7 @@ class AuditOptions:
     max_restarts: int = 2
     standard: bool = True
     work_elements: int = WORK_ELEMENTS  # 0: every gate at the problem's own shape
+    pch: bool = False  # workers keep the parent's precompiled torch/extension.h (kgate.audit.pch)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "out_dir": str(self.out_dir)}
@@ -104,7 +105,7 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
     clear_stale_locks(pair, options)
     outcome: dict[str, Any] = {"ok": False, "seconds": 0.0, "build_failed": False, "message": ""}
     job = {"stage": "compile", "id": pair.id, "candidate": str(pair.candidate.resolve()), "device": "cpu",
-           "memory": options.compile_memory}
+           "memory": options.compile_memory, "pch": options.pch}
 
     def on_event(event: dict[str, Any]) -> str | None:
         if event.get("event") == "compiled":
@@ -157,7 +158,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                "memory": options.memory, "timeout": options.timeout, "seed": options.seed,
                "gate_seeds": options.gate_seeds, "work_elements": options.work_elements,
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
-               "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads}
+               "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads, "pch": options.pch}
 
         def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining
                      ) -> str | None:

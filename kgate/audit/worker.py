@@ -196,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text())
     channel = Channel(int(job["event_fd"]))
     prepare_process(job)
+    if job.get("pch"):  # before any candidate code: the shared precompiled header stays as the parent built it
+        from kgate.audit import pch
+
+        pch.keep_shared()
     if job["stage"] == "compile":
         _compile(channel, job)
     else:

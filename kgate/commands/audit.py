@@ -81,6 +81,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compile-jobs", type=int, metavar="N", help="extension builds at once (default half the cores)")
     p.add_argument("--no-compile-stage", action="store_true",
                    help="build extensions inside the evaluation instead of in a separate CPU stage")
+    p.add_argument("--pch", action="store_true",
+                   help="precompile torch/extension.h once before the builds and keep it shared (GCC uses it in "
+                        "every build whose flags match: about a third less C++ compile time per load_inline "
+                        "candidate); writes ~0.8 GB into torch's include folder. Local backend only")
     p.add_argument("--compile-only", action="store_true",
                    help="only build the selected candidates' extensions into OUT's cache (no GPU needed, nothing "
                         "judged or recorded); a later audit with the same --out finds them built. Lets the CPU "
@@ -192,7 +196,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                            repro_args=repro_args(args, problems, candidates, index),
                            threads=max(1, (_cpus() // (plan.slots * len(plan.devices)))) if plan.devices == ["cpu"]
                            else None,
-                           arch_list=None if args.backend == "ray" else arch_list(plan.devices))
+                           arch_list=None if args.backend == "ray" else arch_list(plan.devices),
+                           pch=args.pch and args.backend == "local")
     if not args.quiet:
         where = "Ray" + (f" at {args.address}" if args.address else " (local instance)") if args.backend == "ray" \
             else plan.describe()
@@ -200,6 +205,12 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                       + (f", {len(pairs) - len(todo)} already judged" if args.resume else "")
                       + f"; {len(gate_names)} gates + the standard test; {where}", highlight=False)
     stop_at = time.monotonic() + args.max_time if args.max_time is not None else None
+    if options.pch and any(p.problem is not None and needs_compile(p) for p in todo):
+        from kgate.audit import pch
+
+        line = pch.build()
+        if not args.quiet or "without it" in line:
+            console.print(line, highlight=False)
     if args.compile_only:
         return _compile_only(console, todo, options, plan, stop_at)
     cancel = threading.Event()
