@@ -428,6 +428,52 @@ def working_shape(module: types.ModuleType, dims: FreeDims, budget: int = WORK_E
     return tuple(shape) if shape != list(dims.defaults) else None
 
 
+UPPER, LOWER, DIAGONAL, SYMMETRIC = "upper-triangular", "lower-triangular", "diagonal", "symmetric"
+
+
+def matrix_structure(t: Any) -> str | None:
+    """The structure a problem's `get_inputs()` gave a floating tensor of square matrices (last two dims
+    n x n, n >= 2): exact zeros below or above the diagonal, or equal to its transpose. KernelBench's
+    triangular, diagonal and symmetric matmul problems state their inputs' domain only this way; a
+    kernel may rely on it (skip the known-zero half, read A^T for A)."""
+    import torch
+
+    if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 2
+            and t.shape[-1] == t.shape[-2] >= 2 and t.numel() > 0):
+        return None
+    lower_zero = not bool(t.tril(-1).any())
+    upper_zero = not bool(t.triu(1).any())
+    if lower_zero and upper_zero:
+        return DIAGONAL if bool(t.diagonal(dim1=-2, dim2=-1).any()) else None
+    if lower_zero:
+        return UPPER
+    if upper_zero:
+        return LOWER
+    return SYMMETRIC if torch.equal(t, t.mT) else None
+
+
+def conform(original: tuple, probe: tuple) -> tuple:
+    """`probe` (a gate's changed copy of `original`) with each top-level argument given the matrix
+    structure of its counterpart in `original` (`matrix_structure`): the probes stay inside the
+    problem's input domain, as its reference is only meant for such inputs."""
+    import torch
+
+    out = list(probe)
+    for i, (before, after) in enumerate(zip(original, probe)):
+        kind = matrix_structure(before)
+        if kind is None or not isinstance(after, torch.Tensor) or after.shape != before.shape:
+            continue
+        if kind == UPPER:
+            out[i] = after.triu()
+        elif kind == LOWER:
+            out[i] = after.tril()
+        elif kind == DIAGONAL:
+            out[i] = torch.diag_embed(after.diagonal(dim1=-2, dim2=-1))
+        else:
+            out[i] = after.triu() + after.triu(1).mT
+    return tuple(out)
+
+
 class ProblemInputs:
     """The problem's get_inputs() as a kgate inputs factory: `shape` sets the free size parameters.
 

@@ -116,6 +116,12 @@ class Subject:
         self.deadline: float | None = None
         self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
 
+    def conform(self, original: tuple, probe: tuple) -> tuple:
+        """A probing gate's changed copy of `original`, brought back inside the inputs' domain where the
+        subject knows more of it than the reference's exceptions tell (a KernelBench problem's
+        triangular or symmetric matrices: `kgate.kernelbench.conform`). Here: unchanged."""
+        return probe
+
     def out_of_time(self) -> bool:
         """Whether the gate's search budget is spent (see `deadline`)."""
         return self.deadline is not None and _monotonic() > self.deadline
@@ -226,7 +232,9 @@ def unless_rejected(compute: Callable[[], T]) -> T | None:
 
 
 def within_domain(original: tuple, probe: tuple, arguments: list[int],
-                  judge: Callable[[tuple, int | None], T | None]) -> Iterator[tuple[int | None, tuple, T | None]]:
+                  judge: Callable[[tuple, int | None], T | None],
+                  conform: Callable[[tuple, tuple], tuple] | None = None
+                  ) -> Iterator[tuple[int | None, tuple, T | None]]:
     """Judge `probe`, a copy of `original` whose top-level `arguments` were all changed at once. Where
     the reference rejects it (`judge(probe, None)` returns None, see `unless_rejected`) and it changed
     more than one argument, judge instead each argument i changed alone (`judge(inputs, i)`), taken from
@@ -236,7 +244,10 @@ def within_domain(original: tuple, probe: tuple, arguments: list[int],
     Yields (None for the probe as given, else the index of the one changed argument; the inputs
     judged; judge's result, None where the reference rejects them). A probe as given that the
     reference rejects is yielded only when there is nothing to retry; a caller may stop at any time.
+    `conform` (a Subject's) brings each probe back into the inputs' known structure first.
     """
+    if conform is not None:
+        probe = conform(original, probe)
     outcome = judge(probe, None)
     if outcome is not None or len(arguments) < 2:
         yield None, probe, outcome
@@ -244,7 +255,7 @@ def within_domain(original: tuple, probe: tuple, arguments: list[int],
     for i in arguments:
         single = list(clone_tree(original))
         single[i] = probe[i]
-        single = tuple(single)
+        single = tuple(single) if conform is None else conform(original, tuple(single))
         yield i, single, judge(single, i)
 
 

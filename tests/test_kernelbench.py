@@ -191,3 +191,67 @@ def test_pair_entry_offers_what_gates_read_from_a_manifest_kernel(write_manifest
     manifest_only = {"index", "manifest", "kernel", "reference", "line"}  # file positions of a YAML entry
     assert set(vars(resolved)) - manifest_only <= set(vars(entry))
     assert type(entry.entry) is type(resolved.entry)
+
+
+def _tri_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    n = (shape or (16, 16))[0]
+    return tuple(torch.randn(n, n, generator=gen).triu().to(dtype=dtype, device=device) for _ in range(2))
+
+
+def _tri_reference(a, b):
+    return torch.triu(a @ b)
+
+
+def _tri_kernel(a, b):
+    """Relies on the problem's domain: reads only the upper halves (the lower ones are known zeros)."""
+    return torch.triu(a.triu() @ b.triu())
+
+
+def test_matrix_structure_names_what_get_inputs_gave():
+    from kgate.kernelbench import DIAGONAL, LOWER, SYMMETRIC, UPPER, matrix_structure
+
+    x = torch.randn(2, 5, 5)
+    assert matrix_structure(x.triu()) == UPPER and matrix_structure(x.tril()) == LOWER
+    assert matrix_structure(x + x.mT) == SYMMETRIC and matrix_structure(torch.diag_embed(torch.randn(2, 5))) == DIAGONAL
+    assert matrix_structure(x) is None and matrix_structure(torch.randn(5)) is None
+    assert matrix_structure(torch.zeros(5, 5)) is None and matrix_structure(torch.randn(5, 4).triu()) is None
+
+
+def test_conform_keeps_each_argument_in_its_structure():
+    from kgate.kernelbench import conform, matrix_structure
+
+    a, s, g = torch.randn(6, 6).triu(), torch.randn(6, 6), torch.randn(6, 6)
+    s = s + s.mT
+    probe = (torch.full((6, 6), float("nan")), torch.randn(6, 6), torch.ones(6, 6))
+    out = conform((a, s, g), probe)
+    assert matrix_structure(out[0].nan_to_num(1.0)) is not None and not out[0].tril(-1).any()
+    assert torch.equal(out[1], out[1].mT) and torch.equal(out[1].triu(), probe[1].triu())
+    assert out[2] is probe[2]
+
+
+@pytest.mark.parametrize("gate", ["special_values", "distributions"])
+def test_probes_stay_in_a_triangular_problems_domain(gate):
+    from kgate import gates as registry
+    from kgate.kernelbench import conform
+    from tests.gate_harness import subject_for
+
+    # n = 12: the seeded NaN injection lands in the lower (known-zero) half of an input
+    plain = subject_for(_tri_kernel, _tri_reference, _tri_inputs, shapes=[[12, 12]])
+    # without the problem's structure the probes leave its domain and the structure-reliant kernel "fails"
+    assert registry.get(gate).check(plain).verdict == "fail"
+    kept = subject_for(_tri_kernel, _tri_reference, _tri_inputs, shapes=[[12, 12]])
+    kept.conform = conform
+    result = registry.get(gate).check(kept)
+    assert result.verdict == "pass", result.message
+    # and a kernel wrong inside the domain is still caught: values off by 0.1 %, or NaN dropped
+    def off(a, b):
+        return _tri_kernel(a, b) * (1 + 1e-3)
+
+    def nan_dropping(a, b):
+        return torch.nan_to_num(_tri_kernel(a, b), nan=0.0)
+
+    wrong = subject_for(off if gate == "distributions" else nan_dropping, _tri_reference, _tri_inputs,
+                        shapes=[[12, 12]])
+    wrong.conform = conform
+    assert registry.get(gate).check(wrong).verdict == "fail"

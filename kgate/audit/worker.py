@@ -134,6 +134,9 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         def repro(self, gate: str, case: Case | None = None) -> str:
             return kb.repro_command(audit_args, job["id"], gate)
 
+        def conform(self, original: tuple, probe: tuple) -> tuple:
+            return kb.conform(original, probe)  # triangular/diagonal/symmetric inputs stay so
+
     def subject_at(shape: tuple[int, ...] | None) -> PairSubject:
         entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),

@@ -355,7 +355,8 @@ class Accumulation(Gate):
                     return self._probe(subject, case, where, inputs, covered)
 
                 # The factory's inputs (first) change nothing: no argument to retry alone.
-                for argument, _, outcome in within_domain(base.args, crafted, floats if n else [], judge):
+                for argument, _, outcome in within_domain(base.args, crafted, floats if n else [], judge,
+                                                          subject.conform):
                     if outcome is None:
                         rejected.append(f"{_alone(label, argument)} ({case.label()})")
                         continue

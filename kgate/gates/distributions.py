@@ -135,7 +135,7 @@ class Distributions(Gate):
 
             for name in DISTRIBUTIONS:
                 probe = transform(base.args, name, case.seed)
-                for argument, inputs, outcome in within_domain(base.args, probe, floats, judge):
+                for argument, inputs, outcome in within_domain(base.args, probe, floats, judge, subject.conform):
                     label = name if argument is None else f"{name} on argument {argument}"
                     if argument is not None:
                         per_argument.add(name)
@@ -181,7 +181,7 @@ class Distributions(Gate):
                 view = args[i].reshape(-1)
                 view[flat] = probe[i].reshape(-1)[flat]
                 args[i] = view.reshape(args[i].shape)
-            return tuple(args)
+            return subject.conform(original, tuple(args))
 
         def fails(chosen: list[tuple[int, int]]) -> bool:
             result = self._judge(subject, mixed(chosen), case, None)

@@ -97,7 +97,8 @@ class SpecialValues(Gate):
                 # reference rejects that it is retried one argument at a time.
                 arguments = floats if injected is None else []
                 for argument, inputs, oracle in within_domain(
-                        base.args, probe, arguments, lambda p, _: unless_rejected(lambda: subject.oracle(p))):
+                        base.args, probe, arguments, lambda p, _: unless_rejected(lambda: subject.oracle(p)),
+                        subject.conform):
                     where = label if argument is None else f"argument {argument} scaled to overflow-prone magnitudes"
                     if oracle is None:
                         rejected.append(f"{where} ({case.label()})")
