@@ -333,6 +333,16 @@ def test_probing_gates_run_at_the_working_shape(tmp_path):
     assert _gate(record, "shapes")["details"]["generated"], _gate(record, "shapes")
 
 
+def test_no_working_shape_is_set_up_when_no_selected_gate_would_probe_there(tmp_path):
+    # the same budget as above, but only gates that keep the problem's own shape: nothing to set up
+    code = kgate_main([*BASE[:-2], "--gate", "oracle,determinism", "--work-elements", "40",
+                       "-k", "level1/19_ReLU and not __", "--out", str(tmp_path / "run"), "-q"])
+    assert code == 0
+    (record,) = _records(tmp_path / "run").values()
+    assert "working_shape" not in record["notes"]
+    assert [g["verdict"] for g in record["gates"]] == ["pass", "pass"]
+
+
 def test_a_kernel_that_only_works_at_its_own_shape_keeps_it_for_every_gate(tmp_path):
     candidates = tmp_path / "candidates" / "level1"
     candidates.mkdir(parents=True)

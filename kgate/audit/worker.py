@@ -146,7 +146,9 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     own = subject_at(tuple(dims.defaults) if dims.names else None)
     work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))
-    small, note = _working_subject(inputs_module, dims, work_elements, subject_at)
+    small, note = None, None
+    if any(registry.base_name(n) not in kb.FULL_SHAPE_GATES for n in names):  # some gate would probe there
+        small, note = _working_subject(inputs_module, dims, work_elements, subject_at)
     if note:
         channel.send("note", key="working_shape", value=note)
     groups = [(own, names)]
