@@ -13,6 +13,8 @@
 #                                  are made by the audit itself as it judges
 #   bash bench/audit_bg.sh collect [WAIT_S]   wait up to WAIT_S (default 0) for the audit to end, then copy
 #                                  results.jsonl, driver.log and the audit's output into $OUT
+#   bash bench/audit_bg.sh stop    end the audit now (finished records kept; `collect` after it), freeing
+#                                  the machine for a measurement
 #
 # DEVICE (default cuda), JOBS (4), BUILD_JOBS (8), MEMORY (24GiB), GATE_TIMEOUT (120 s), NICE (0: the audit's
 # priority, e.g. 10 while another job shares the machine), PCH (default --pch: one precompiled torch/extension.h
@@ -46,8 +48,11 @@ start)
   fi
   rm -f "$WORK/GO" "$WORK/DONE"
   [ -n "${NO_PREBUILD:-}" ] && touch "$WORK/GO"
-  (cd "$SRC" && PYTHONPATH=/tmp/site:$SRC setsid nohup bash "$SRC/bench/audit_bg.sh" _drive \
-     >"$WORK/driver.log" 2>&1 </dev/null & echo $! >"$WORK/driver.pid")
+  # `cd` apart from the `&`: then $! is setsid itself, which (not a group leader here) does not fork, so
+  # driver.pid is the driver's session and process group, the one `stop` signals
+  (cd "$SRC" || exit 2
+   PYTHONPATH=/tmp/site:$SRC setsid nohup bash "$SRC/bench/audit_bg.sh" _drive >"$WORK/driver.log" 2>&1 </dev/null &
+   echo $! >"$WORK/driver.pid")
   echo "audit driver started (pid $(cat "$WORK/driver.pid")); building extensions"
   ;;
 _drive)
@@ -75,6 +80,16 @@ _drive)
 go)
   touch "$WORK/GO" && echo "audit: judging may start"
   ;;
+stop)
+  # the driver's whole session (it was started with setsid): kgate cancels on SIGTERM, keeps every finished
+  # record and leaves the candidates in flight to --resume; then the GPU is free (e.g. for timing)
+  if [ -f "$WORK/driver.pid" ] && kill -0 "$(cat "$WORK/driver.pid")" 2>/dev/null; then
+    kill -TERM -- -"$(cat "$WORK/driver.pid")" 2>/dev/null
+    for _ in $(seq 60); do kill -0 "$(cat "$WORK/driver.pid")" 2>/dev/null || break; sleep 1; done
+    kill -KILL -- -"$(cat "$WORK/driver.pid")" 2>/dev/null
+  fi
+  echo "audit: stopped; $(cat "$WORK/results.jsonl" 2>/dev/null | wc -l) record(s) kept"
+  ;;
 collect)
   wait_s=${2:-0}
   end=$(( $(date +%s) + wait_s ))
@@ -85,6 +100,6 @@ collect)
   tail -5 "$WORK/driver.log" 2>/dev/null
   ;;
 *)
-  echo "usage: bash bench/audit_bg.sh start|go|collect [WAIT_S]" >&2; exit 2
+  echo "usage: bash bench/audit_bg.sh start|go|stop|collect [WAIT_S]" >&2; exit 2
   ;;
 esac

@@ -173,6 +173,47 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     assert len(ids) == 5
 
 
+def _workers_of(out: Path) -> list[int]:
+    """Audit worker processes of the audit writing into `out` (their extension folder is under it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (b"kgate.audit.worker" in (proc / "cmdline").read_bytes()
+                    and str(out.resolve()).encode() in (proc / "environ").read_bytes()):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_during_a_hang_kills_the_worker_and_records_nothing_for_it(tmp_path):
+    out = tmp_path / "run"
+    args = [*BASE[:-1], "contract", "-k", "hang", "--jobs", "1", "--timeout", "120", "--out", str(out), "-q"]
+    proc = subprocess.Popen([sys.executable, "-m", "kgate", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _workers_of(out):
+            time.sleep(0.2)
+        assert _workers_of(out), "the hanging candidate's worker never started"
+        time.sleep(3)  # well inside the standard test's hang
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        assert time.monotonic() - started < 30
+        time.sleep(0.5)
+        assert _workers_of(out) == [], "an interrupted audit left a worker running"
+        assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text().strip()
+    finally:
+        for pid in [proc.pid, *_workers_of(out)]:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def test_max_time_stops_early_and_exits_3(tmp_path):
     out = tmp_path / "run"
     args = [*BASE[:-1], "contract", "-k", PLAIN, "--jobs", "1", "--out", str(out), "-q"]

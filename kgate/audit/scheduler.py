@@ -127,6 +127,23 @@ class Progress:
     def finished(self, record: dict[str, Any]) -> None: ...
 
 
+CANCEL_WAIT_S = 30.0
+
+
+def _await_cancelled(finished: list[threading.Event], compile_pool: ThreadPoolExecutor) -> None:
+    """After `cancel` is set (an interrupt): give the threads the moments they need to kill their workers
+    (`supervise` sees `cancel` within a poll) before the interrupt ends this process. Without this wait
+    the process exited first and a worker stuck in a hang lived on as an orphan, holding its GPU memory.
+    Waits on each thread's own `finished` event: a Thread.join() that the interrupt broke off can leave
+    is_alive() False for a thread still running (CPython 3.11)."""
+    compile_pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    for event in finished:
+        event.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for t in list(getattr(compile_pool, "_threads", ())):  # builds in flight: their supervise kills them too
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
 def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callable[[dict[str, Any]], None],
               progress: Progress | None = None, stop_at: float | None = None,
               cancel: threading.Event | None = None) -> int:
@@ -195,15 +212,19 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 judged[0] += 1
             progress.finished(record)
 
-    def guarded(device: str) -> None:
+    def guarded(device: str, finished: threading.Event) -> None:
         try:
             loop(device)
         except BaseException as exc:  # noqa: BLE001 - surfaced in the main thread
             errors.append(exc)
             cancel.set()
+        finally:
+            finished.set()
 
-    threads = [threading.Thread(target=guarded, args=(d,), name=f"kgate-eval-{d}-{s}", daemon=True)
-               for d in plan.devices for s in range(plan.slots)]
+    finished = [threading.Event() for _ in plan.devices for _ in range(plan.slots)]
+    threads = [threading.Thread(target=guarded, args=(d, finished[i * plan.slots + s]), name=f"kgate-eval-{d}-{s}",
+                                daemon=True)
+               for i, d in enumerate(plan.devices) for s in range(plan.slots)]
     for t in threads:
         t.start()
     try:
@@ -212,6 +233,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 t.join(timeout=0.2)
     except BaseException:
         cancel.set()
+        _await_cancelled(finished, compile_pool)
         raise
     finally:
         compile_pool.shutdown(wait=False, cancel_futures=True)
