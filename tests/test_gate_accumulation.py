@@ -103,10 +103,11 @@ def test_the_mode_does_not_import_dynamo_or_patch_torch():
     assert torch.manual_seed is seed_fn and "torch._dynamo" not in sys.modules
 
 
-x = torch.rand(6, 300, dtype=torch.float64) + 0.5
-w = torch.rand(300, 40, dtype=torch.float64)
-b = torch.rand(40, dtype=torch.float64)
-x3 = torch.rand(2, 5, 300, dtype=torch.float64)
+_gen = torch.Generator().manual_seed(0)  # fixed data: with the global RNG it depended on the tests imported first
+x = torch.rand(6, 300, dtype=torch.float64, generator=_gen) + 0.5
+w = torch.rand(300, 40, dtype=torch.float64, generator=_gen)
+b = torch.rand(40, dtype=torch.float64, generator=_gen)
+x3 = torch.rand(2, 5, 300, dtype=torch.float64, generator=_gen)
 OPS = {
     "sum": lambda: x.sum(-1), "sum_all": lambda: x.sum(), "mean": lambda: x.mean(dim=1, keepdim=True),
     "mm": lambda: x @ w, "linear": lambda: F.linear(x3, w.t(), b), "bmm": lambda: x3 @ x3.transpose(1, 2),

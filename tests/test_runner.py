@@ -137,17 +137,28 @@ def test_sigterm_stops_kgate_and_its_workers(tmp_path, jobs):
     proc = subprocess.Popen([sys.executable, "-m", "kgate", "run", str(DATA / "hostile" / "kgate.yaml"), "-k",
                              "good or hangs", "--gate", "oracle", "--timeout", "300", "-j", jobs, "--out",
                              str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not _workers_in(DATA / "hostile") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)
-    assert _workers_in(DATA / "hostile"), "no worker started"
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=30)[0].decode()
-    assert proc.returncode == 2, output
-    assert "interrupted" in output
-    time.sleep(0.5)
-    assert _workers_in(DATA / "hostile") == []
+    results = tmp_path / "results.jsonl"
+    try:
+        # wait until `good` is judged and a worker is up: then it is the hanging kernel's (with -j 1 the
+        # good kernel's worker ends first, and a check between the two workers would see none)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (
+                results.exists() and '"good"' in results.read_text() and _workers_in(DATA / "hostile")):
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert _workers_in(DATA / "hostile"), "no worker started"
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=30)[0].decode()
+        assert proc.returncode == 2, output
+        assert "interrupted" in output
+        time.sleep(0.5)
+        assert _workers_in(DATA / "hostile") == []
+        assert '"good"' in results.read_text()  # what was judged is kept
+    finally:
+        if proc.poll() is None:  # a failed check must not leave kgate and its hanging worker running
+            proc.kill()
+            for pid in _workers_in(DATA / "hostile"):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def test_cpu_workers_side_by_side_share_the_cores(monkeypatch):
