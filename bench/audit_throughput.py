@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.pch and to_build:
         from kgate.audit import pch
 
-        print(pch.build(), flush=True)
+        print(pch.build()[1], flush=True)
     with ThreadPoolExecutor(max_workers=plan.compile_jobs) as pool:
         builds = list(pool.map(lambda p: compile_pair(p, AuditOptions(gates=[], **base)), to_build))
     compile_wall = time.perf_counter() - start

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from kgate.compare import clone_tree, flatten, map_tensors
+from kgate.compare import clone_tree, flatten, map_tensors, tensors
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
 from kgate.oracle import upcast
@@ -87,7 +87,7 @@ def host_can_hold(args: Any) -> bool:
     moved to the CPU took the worker past its limit: killed, and the candidate recorded as an error."""
     if HOST_MEMORY is None:
         return True
-    need = ORACLE_HOST_FACTOR * 8 * sum(t.numel() for _, t in flatten(args) if isinstance(t, torch.Tensor))
+    need = ORACLE_HOST_FACTOR * 8 * sum(t.numel() for t in tensors(args))
     return need <= HOST_MEMORY - _resident_bytes()
 
 

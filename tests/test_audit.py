@@ -20,6 +20,7 @@ from kgate.audit.scheduler import DeviceLease
 from kgate.cli import main as kgate_main
 from kgate.kernelbench import Pair, discover
 from tests.conftest import DATA, ROOT
+from tests.process_support import worker_pids
 
 CORPUS = DATA / "kernelbench"
 GATES = "contract,oracle,special_values,shapes"
@@ -175,17 +176,7 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
 
 def _workers_of(out: Path) -> list[int]:
     """Audit worker processes of the audit writing into `out` (their extension folder is under it)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if (b"kgate.audit.worker" in (proc / "cmdline").read_bytes()
-                    and str(out.resolve()).encode() in (proc / "environ").read_bytes()):
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
+    return worker_pids("kgate.audit.worker", lambda proc: str(out.resolve()).encode() in (proc / "environ").read_bytes())
 
 
 def test_sigterm_during_a_hang_kills_the_worker_and_records_nothing_for_it(tmp_path):
@@ -486,7 +477,8 @@ def test_pch_build_uses_torchs_builder_and_workers_keep_the_header(monkeypatch):
     calls = []
     monkeypatch.setattr(cpp_extension, pch._BUILDER, lambda cflags, paths: calls.append((cflags, paths)))
     monkeypatch.setattr(cpp_extension, pch._REMOVER, lambda: calls.append("removed"))
-    assert "precompiled" in pch.build() and calls == [([], [])]
+    built, line = pch.build()
+    assert built and "precompiled" in line and calls == [([], [])]
     pch.keep_shared()
     getattr(cpp_extension, pch._REMOVER)()
     getattr(cpp_extension, pch._BUILDER)(["-O3"], [])
@@ -502,8 +494,8 @@ def test_a_failed_pch_build_leaves_the_audit_as_it_was(monkeypatch):
         raise PermissionError("read-only torch folder")
 
     monkeypatch.setattr(cpp_extension, pch._BUILDER, refuse)
-    line = pch.build()
-    assert "could not precompile" in line and "read-only" in line and "building without it" in line
+    built, line = pch.build()
+    assert not built and "could not precompile" in line and "read-only" in line and "building without it" in line
 
 
 @pytest.mark.slow

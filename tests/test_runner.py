@@ -15,6 +15,7 @@ import pytest
 from kgate.manifest import load
 from kgate.runner import Runner, RunOptions
 from tests.conftest import DATA, ROOT
+from tests.process_support import worker_pids
 
 
 @pytest.fixture(scope="module")
@@ -118,16 +119,8 @@ def test_jobs_beyond_the_kernels_spread_one_kernels_gates_over_workers(tmp_path)
 
 
 def _workers_in(folder):
-    """Pids of kgate workers whose working directory is `folder` (Linux /proc)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and b"kgate.worker" in (proc / "cmdline").read_bytes() \
-                    and (proc / "cwd").resolve() == folder.resolve():
-                found.append(int(proc.name))
-        except OSError:
-            continue
-    return found
+    """Pids of kgate workers whose working directory is `folder`."""
+    return worker_pids("kgate.worker", lambda proc: (proc / "cwd").resolve() == folder.resolve())
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])

@@ -22,20 +22,21 @@ _BUILDER = "_check_and_build_extension_h_precompiler_headers"
 _REMOVER = "remove_extension_h_precompiler_headers"
 
 
-def build() -> str:
-    """Build (or keep, if current) torch's precompiled extension.h; returns a line for the log."""
+def build() -> tuple[bool, str]:
+    """Build (or keep, if current) torch's precompiled extension.h; returns (whether it is in place, a
+    line for the log)."""
     from torch.utils import cpp_extension
 
     builder = getattr(cpp_extension, _BUILDER, None)
     if builder is None:
-        return "--pch: this torch has no precompiled-header builder; building without it"
+        return False, "--pch: this torch has no precompiled-header builder; building without it"
     start = time.perf_counter()
     try:
         builder([], [])
     except Exception as exc:  # noqa: BLE001 - any failure here only costs the speed-up
-        return f"--pch: could not precompile torch/extension.h ({type(exc).__name__}: {str(exc)[:300]}); " \
-               "building without it"
-    return f"--pch: torch/extension.h precompiled in {time.perf_counter() - start:.1f} s (kept if current)"
+        return False, (f"--pch: could not precompile torch/extension.h ({type(exc).__name__}: {str(exc)[:300]}); "
+                       "building without it")
+    return True, f"--pch: torch/extension.h precompiled in {time.perf_counter() - start:.1f} s (kept if current)"
 
 
 def keep_shared() -> None:

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from kgate.gates import base_name
 from kgate.gates.base import GateResult
 from kgate.report import KernelResult, Report, environment, now
 
@@ -48,7 +49,7 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
     # error; the reference returns an empty result): a real contract violation, but not a wrong number on
     # real data, so the report counts it apart.
     empty_only = bool(violations) and not tamper and not crashed and all(
-        g["gate"].split("[")[0] == "shapes" and (g.get("details") or {}).get("empty_only") for g in violations)
+        base_name(g["gate"]) == "shapes" and (g.get("details") or {}).get("empty_only") for g in violations)
     return {
         "judged": judged,
         "empty_only": judged and empty_only,

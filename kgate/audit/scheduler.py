@@ -221,10 +221,10 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         finally:
             finished.set()
 
-    finished = [threading.Event() for _ in plan.devices for _ in range(plan.slots)]
-    threads = [threading.Thread(target=guarded, args=(d, finished[i * plan.slots + s]), name=f"kgate-eval-{d}-{s}",
-                                daemon=True)
-               for i, d in enumerate(plan.devices) for s in range(plan.slots)]
+    slots = [(d, s, threading.Event()) for d in plan.devices for s in range(plan.slots)]
+    finished = [done for _, _, done in slots]
+    threads = [threading.Thread(target=guarded, args=(d, done), name=f"kgate-eval-{d}-{s}", daemon=True)
+               for d, s, done in slots]
     for t in threads:
         t.start()
     try:

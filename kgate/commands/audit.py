@@ -208,8 +208,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     if options.pch and any(p.problem is not None and needs_compile(p) for p in todo):
         from kgate.audit import pch
 
-        line = pch.build()
-        if not args.quiet or "without it" in line:
+        built, line = pch.build()
+        if not args.quiet or not built:
             console.print(line, highlight=False)
     if args.compile_only:
         return _compile_only(console, todo, options, plan, stop_at)

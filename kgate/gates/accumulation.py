@@ -307,17 +307,16 @@ class Accumulation(Gate):
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
-        covered, power, rejected = Counter(), [], []
+        covered, separating, rejected = Counter(), [], []
         try:
-            found = self._search(subject, covered, power, rejected)
+            found = self._search(subject, covered, separating, rejected)
         except _OutOfTime as stop:
             found, cut = None, stop.where
         else:
             cut = None
         if found is not None:
             return found
-        judged, unexplained = len(power), sum(n for _, n in power)
-        power = [p for p, _ in power]
+        judged, unexplained = len(separating), sum(n for _, n in separating)
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before "
                    f"the probe {cut}: not every crafted input was tried" if cut else "")
         if judged == 0:
@@ -329,15 +328,16 @@ class Accumulation(Gate):
                                 f"worse than its own error ({_ops(covered)} emulated; reductions may be too short "
                                 f"for the dtype): nothing to judge{note}{stopped}")
         message = (f"no sign of low-precision accumulation in {judged} separating probe(s) ({_ops(covered)}); "
-                   f"the strongest: low-precision accumulation would err {max(power):.3g} x the bound")
+                   f"the strongest: low-precision accumulation would err {max(p for p, _ in separating):.3g} x "
+                   f"the bound")
         if unexplained:
             message += (f"; {unexplained} output(s) miss the bound by an amount no emulated accumulator gives "
                         f"(the oracle gate judges those)")
         return self.passed(message + rejected_note(rejected) + stopped)
 
-    def _search(self, subject: Subject, covered: Counter, power: list, rejected: list) -> GateResult | None:
+    def _search(self, subject: Subject, covered: Counter, separating: list, rejected: list) -> GateResult | None:
         """Every case's crafted probes (raises _OutOfTime once the subject's search budget is spent);
-        appends (power, unexplained outputs) of each separating probe to `power`; returns a failure."""
+        appends (power, unexplained outputs) of each separating probe to `separating`; returns a failure."""
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
             floats = [i for i, a in enumerate(base.args)
@@ -363,7 +363,7 @@ class Accumulation(Gate):
                     if isinstance(outcome, GateResult):
                         return outcome
                     if outcome is not False:
-                        power.append((outcome[0], len(outcome[1])))
+                        separating.append((outcome[0], len(outcome[1])))
         return None
 
     def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,

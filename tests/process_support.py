@@ -1,0 +1,20 @@
+"""Finding kgate's worker processes from a test (Linux /proc): did one start, is one left running?"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+
+def worker_pids(module: str, match: Callable[[Path], bool]) -> list[int]:
+    """Pids of processes running `python -m MODULE` for which `match(/proc/PID)` holds."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if module.encode() in (proc / "cmdline").read_bytes().split(b"\0") and match(proc):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
