@@ -319,6 +319,58 @@ def test_gpu_oom_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
     assert "retried_alone" not in by_id["small"]
 
 
+def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_path):
+    """Taking the whole device in mid-run would idle every other slot while the longest candidate in flight
+    ends; the second try of a candidate that ran out of memory while sharing comes after the shared work."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    events = []
+    lock = threading.Lock()
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+        with lock:
+            events.append(("start", pair.id, gpu_memory_fraction))
+        time.sleep(0.05)
+        with lock:
+            events.append(("end", pair.id, gpu_memory_fraction))
+        oom = pair.id.startswith("big") and gpu_memory_fraction is not None
+        return {"id": pair.id, "oom": oom, "gates": [], "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    ids = ["big1", "s1", "s2", "big2", "s3", "s4", "s5", "s6"]
+    pairs = [Pair(i, CORPUS / f"{i}.py", None) for i in ids]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=2, compile_jobs=1, compile_stage=False)
+    records = []
+    judged = scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append)
+    assert judged == len(ids) and sorted(r["id"] for r in records) == sorted(ids)
+    alone_starts = [n for n, e in enumerate(events) if e[0] == "start" and e[2] is None]
+    shared_ends = [n for n, e in enumerate(events) if e[0] == "end" and e[2] is not None]
+    assert len(alone_starts) == 2
+    assert min(alone_starts) > max(shared_ends), events
+    for n in alone_starts:  # alone means alone: nothing else runs until it ends
+        assert events[n + 1][:2] == ("end", events[n][1]), events
+    assert {r["id"] for r in records if r.get("retried_alone")} == {"big1", "big2"}
+
+
+def test_a_deadline_leaves_the_second_tries_to_resume(monkeypatch, tmp_path):
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+        time.sleep(0.3)
+        return {"id": pair.id, "oom": pair.id == "big" and gpu_memory_fraction is not None, "gates": [],
+                "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair("big", CORPUS / "x.py", None), Pair("small", CORPUS / "y.py", None)]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=2, compile_jobs=1, compile_stage=False)
+    records = []
+    judged = scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append,
+                                 stop_at=time.monotonic() + 0.1)
+    assert judged == 1 and [r["id"] for r in records] == ["small"]  # no record of big: --resume judges it
+
+
 def test_manifest_kernelbench_entry_errors_name_line_and_key(write_manifest, capsys):
     bad = write_manifest("""
         version: 1

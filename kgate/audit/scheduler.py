@@ -6,7 +6,9 @@ is done (candidates that build nothing go at once). The evaluation pool has `slo
 device; with more than one slot on a GPU each worker may use only its share of the GPU's memory
 (`torch.cuda.set_per_process_memory_fraction`). A candidate that runs out of GPU memory while it
 shared the device is judged again alone, with the whole device, so a neighbour's appetite never
-becomes its verdict.
+becomes its verdict. Those second tries wait until no shared work is left: taking the whole device
+in mid-run would leave every other slot idle while the longest candidate in flight finishes (on the
+H200 audit, 7 such drains mid-run idled most of the 6 slots).
 """
 
 from __future__ import annotations
@@ -170,18 +172,29 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
             ready.put((pair, None))
 
     leases = {d: DeviceLease(plan.slots) for d in plan.devices}
-    lock = threading.Lock()
+    lock = threading.Condition()
     taken = [0]
     judged = [0]
     errors: list[BaseException] = []
+    alone_later: list[tuple[Pair, dict[str, Any] | None]] = []  # out of GPU memory while sharing
+    sharing = [len(plan.devices) * plan.slots]  # evaluation threads that may still take shared work
 
-    def loop(device: str) -> None:
+    def timed_out() -> bool:
+        return stop_at is not None and time.monotonic() > stop_at
+
+    def record_it(record: dict[str, Any]) -> None:
+        sink(record)
+        with lock:
+            judged[0] += 1
+        progress.finished(record)
+
+    def shared(device: str) -> None:
         lease = leases[device]
         gpu = device.startswith("cuda")
         fraction = round(0.95 / plan.slots, 4) if gpu and plan.slots > 1 else None
         while not cancel.is_set():
             with lock:
-                if taken[0] >= len(pairs) or (stop_at is not None and time.monotonic() > stop_at):
+                if taken[0] >= len(pairs) or timed_out():
                     return
                 taken[0] += 1
             while True:
@@ -198,19 +211,45 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                                        cancel=cancel)
             finally:
                 lease.release()
-            if record.get("oom") and gpu and plan.slots > 1 and not cancel.is_set():
-                lease.acquire(exclusive=True)
-                try:
-                    record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel)
-                    record["retried_alone"] = True
-                finally:
-                    lease.release(exclusive=True)
             if cancel.is_set():
                 return  # an interrupted candidate is not recorded: --resume judges it again
-            sink(record)
+            if record.get("oom") and gpu and plan.slots > 1:
+                with lock:
+                    alone_later.append((pair, outcome))
+                continue
+            record_it(record)
+
+    def alone(device: str) -> None:
+        """The candidates that ran out of memory while sharing, each with a whole device, once no shared
+        work is left to take (a deadline passed first leaves them to --resume)."""
+        lease = leases[device]
+        while not cancel.is_set():
             with lock:
-                judged[0] += 1
-            progress.finished(record)
+                lock.wait_for(lambda: alone_later or sharing[0] == 0 or cancel.is_set(), timeout=0.2)
+                if cancel.is_set() or timed_out() or (not alone_later and sharing[0] == 0):
+                    return
+                if not alone_later:
+                    continue
+                pair, outcome = alone_later.pop(0)
+            lease.acquire(exclusive=True)
+            try:
+                progress.started(pair, device)
+                record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel)
+                record["retried_alone"] = True
+            finally:
+                lease.release(exclusive=True)
+            if cancel.is_set():
+                return
+            record_it(record)
+
+    def loop(device: str) -> None:
+        try:
+            shared(device)
+        finally:
+            with lock:
+                sharing[0] -= 1
+                lock.notify_all()
+        alone(device)
 
     def guarded(device: str, finished: threading.Event) -> None:
         try:
