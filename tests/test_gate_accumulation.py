@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from kgate import gates as registry
+from kgate.gates import accumulation
 from kgate.gates.accumulation import PAIRWISE, SEQUENTIAL, LowPrecisionAccumulation
 from tests.gate_harness import check, subject_for
 
@@ -67,6 +68,46 @@ def test_bf16_accumulator_is_told_from_fp16():
     result = check("accumulation", bf16_rowsum, correct.rowsum_reference, correct.make_rows, shapes=[[4, 1000]],
                    dtypes=["float32"])
     assert result.verdict == "fail" and result.details["consistent_with"] == "bfloat16", result.message
+    # positive values (tried first) leave float16 and bfloat16 both possible: the factory's inputs name it
+    assert result.details["inputs"] == "the factory's inputs" and not result.details["also_consistent_with"]
+
+
+def test_a_failure_no_later_input_disambiguates_is_reported_with_every_accumulator_it_fits(monkeypatch):
+    real = accumulation.crafted_inputs
+    monkeypatch.setattr(accumulation, "crafted_inputs", lambda args, seed: real(args, seed)[:1])
+    result = check("accumulation", bf16_rowsum, correct.rowsum_reference, correct.make_rows, shapes=[[4, 1000]],
+                   dtypes=["float32"])
+    assert result.verdict == "fail" and result.details["inputs"].startswith("positive values uniform")
+    assert result.details["consistent_with"] == "float16" and result.details["also_consistent_with"] == ["bfloat16"]
+    assert "these inputs do not tell them apart" in result.message
+
+
+def test_a_decisive_positive_probe_settles_the_case(monkeypatch):
+    settled = matmul(correct.matmul_fp32_accumulator)
+    assert settled.verdict == "pass" and "1 separating probe(s)" in settled.message
+    assert "settled by positive values alone" in settled.message
+    monkeypatch.setattr(accumulation, "DECISIVE", float("inf"))
+    every = matmul(correct.matmul_fp32_accumulator)
+    assert every.verdict == "pass" and "3 separating probe(s)" in every.message
+    assert "settled" not in every.message
+    # settling never hides a low-precision accumulator: it fails on that very probe
+    assert matmul(violating.matmul_fp16_accumulator).verdict == "fail"
+
+
+@pytest.mark.parametrize("shape", [(3, 37, 5), (2, 2, 4, 9, 3)])
+def test_long_sequential_matmul_sums_block_by_block_as_reduce_last_does(monkeypatch, shape):
+    """K above SEQUENTIAL_MAX_STEPS: every output's running sum of pairwise-summed K blocks, computed a block
+    of all outputs at a time, is bitwise the per-output reduction of the materialised products."""
+    monkeypatch.setattr(accumulation, "SEQUENTIAL_MAX_STEPS", 4)
+    monkeypatch.setattr(accumulation, "PRODUCT_CHUNK", 16)  # several chunks of rows
+    *batch, m, k, n = shape
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(*batch, m, k, generator=gen, dtype=torch.float64)
+    b = torch.randn(*batch, k, n, generator=gen, dtype=torch.float64)
+    mode = LowPrecisionAccumulation(torch.float16, SEQUENTIAL)
+    got = mode.lp_matmul(a, b)
+    want = mode.reduce_last((a.unsqueeze(-1) * b.unsqueeze(-3)).transpose(-1, -2))
+    assert got.shape == want.shape and torch.equal(got, want)
 
 
 def test_fp16_running_total_that_passes_the_oracle_gate_is_caught():
@@ -206,10 +247,11 @@ def test_a_spent_search_budget_skips_and_says_so():
                                        correct.make_matrices, shapes=[[8, 256, 8]]), 0)
     result = registry.get("accumulation").check(subject)
     assert result.verdict == "skip", result.message
-    assert "search budget" in result.message and "the factory's inputs" in result.message
+    assert "search budget" in result.message and "positive values uniform" in result.message
 
 
-def test_a_budget_spent_after_some_probes_passes_on_what_was_judged_and_names_the_cut():
+def test_a_budget_spent_after_some_probes_passes_on_what_was_judged_and_names_the_cut(monkeypatch):
+    monkeypatch.setattr(accumulation, "DECISIVE", float("inf"))  # no case settled by its first probe
     full = matmul(correct.matmul_fp32_accumulator)
     subject = _with_budget(subject_for(correct.matmul_fp32_accumulator, correct.matmul_reference,
                                        correct.make_matrices, shapes=[[8, 256, 8]]), 2)

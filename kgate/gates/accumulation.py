@@ -1,7 +1,7 @@
 """accumulation: the kernel's error is that of the reference's accumulator, not of an fp16/bf16 one.
 
-The probe runs the reference three ways on inputs crafted so that sums grow (the factory's inputs,
-positive values uniform in [0.5, 1.5), positive lognormal values): in float64 (the oracle), in the
+The probe runs the reference three ways on inputs crafted so that sums grow (positive values uniform
+in [0.5, 1.5), the factory's inputs, positive lognormal values): in float64 (the oracle), in the
 kernel's dtype (the reference as written: its own accumulator), and in float64 with every reduction
 it performs carried out by an emulated low-precision accumulator (float16 and bfloat16; float32 too
 for float64 kernels), once in pairwise order (the most favourable a kernel can use) and once
@@ -20,6 +20,13 @@ pass message). The verdict is relative, fp16/bf16-vs-fp32 accumulation of the sa
 inputs, with no tolerance of its own beyond the oracle bound. Where no probe separates the
 accumulators (no floating inputs, no reduction the emulator knows, reductions too short for the
 dtype), the gate is skipped and says why.
+
+Positive values make every reduction grow with none cancelling, so their probe separates most. Where
+it separates decisively (an emulated low-precision accumulator errs `DECISIVE` x the bound or more)
+and the kernel meets the bound at every output, the kernel's accumulator is shown that much more
+precise than fp16/bf16 on these very operations: the case is settled and its other crafted inputs
+are not run (on KernelBench's level-2 GEMMs each probe costs seconds of emulated float64 sums). The
+pass message says which cases were settled so.
 
 A crafted probe the reference rejects (raises on: positive values for every input may be outside its
 domain) is retried with the crafted values in one argument at a time, the others as the factory made
@@ -43,10 +50,13 @@ from kgate.shrink import ORACLE, judge_probe
 from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 SEPARATION = 2.0
+DECISIVE = 100.0
+UNIFORM, FACTORY = "positive values uniform in [0.5, 1.5)", "the factory's inputs"
 CONSISTENT_FACTOR = 4.0
 PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
 SEQUENTIAL_MAX_STEPS = 16384  # longer running sums add pairwise-summed blocks, to bound the Python loop
-PRODUCT_CHUNK = 1 << 22  # float64 elements of matmul products materialised at once (pairwise order)
+PRODUCT_CHUNK = 1 << 22  # float64 elements of matmul products materialised at once (32 MiB) ...
+PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (256 MiB), where each chunk costs dozens of kernel launches
 
 aten = torch.ops.aten
 
@@ -141,18 +151,41 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         """a (..., M, K) @ b (..., K, N) with the K-sum in the low-precision accumulator."""
         a, b = a.to(torch.float64), b.to(torch.float64)
         k = a.shape[-1]
+        m, n = a.shape[-2], b.shape[-1]
         if self.order == SEQUENTIAL and k <= SEQUENTIAL_MAX_STEPS:
             acc = self.round(a[..., :, 0:1] * b[..., 0:1, :])
             for i in range(1, k):
                 acc = self.round(acc + a[..., :, i:i + 1] * b[..., i:i + 1, :])
             return acc
-        m, n = a.shape[-2], b.shape[-1]
         batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-        rows = max(1, PRODUCT_CHUNK // max(1, batch * k * n))
+        if self.order == SEQUENTIAL:
+            return self._blocked_sequential_matmul(a, b, batch)
+        rows = max(1, _product_chunk(a.device) // max(1, batch * k * n))
         parts = []
         for start in range(0, m, rows):
             prods = a[..., start:start + rows, :].unsqueeze(-1) * b.unsqueeze(-3)  # (..., r, K, N)
             parts.append(self.reduce_last(prods.transpose(-1, -2)))
+        return torch.cat(parts, dim=-2) if parts else a.new_zeros(a.shape[:-1] + (n,))
+
+    def _blocked_sequential_matmul(self, a: torch.Tensor, b: torch.Tensor, batch: int) -> torch.Tensor:
+        """The sequential K-sum of more than SEQUENTIAL_MAX_STEPS terms, as `reduce_last` does it (blocks of
+        the zero-padded K summed pairwise, the block sums added in a running sum), one block of every
+        output at a time: SEQUENTIAL_MAX_STEPS steps in all, not that many per chunk of rows."""
+        k, m, n = a.shape[-1], a.shape[-2], b.shape[-1]
+        block = math.ceil(k / SEQUENTIAL_MAX_STEPS)
+        pad = (-k) % block
+        a = torch.nn.functional.pad(a, (0, pad))
+        b = torch.nn.functional.pad(b, (0, 0, 0, pad))
+        rows = max(1, _product_chunk(a.device) // max(1, batch * block * n))
+        parts = []
+        for start in range(0, m, rows):
+            sub = a[..., start:start + rows, :]
+            acc = None
+            for i in range(0, k + pad, block):
+                prods = sub[..., :, i:i + block].unsqueeze(-1) * b[..., i:i + block, :].unsqueeze(-3)  # (..., r, blk, N)
+                step = self._pairwise(prods.transpose(-1, -2))
+                acc = self.round(step) if acc is None else self.round(acc + step)
+            parts.append(acc)
         return torch.cat(parts, dim=-2) if parts else a.new_zeros(a.shape[:-1] + (n,))
 
     def _count(self, x: torch.Tensor, dims: Any) -> int:
@@ -169,6 +202,10 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         c = 1 if correction is None else correction
         var = self.lp_sum((x.to(torch.float64) - mean) ** 2, dim, keepdim) / max(n - c, 0)
         return var, (mean if keepdim else mean.reshape(var.shape))
+
+
+def _product_chunk(device: torch.device) -> int:
+    return PRODUCT_CHUNK if device.type == "cpu" else PRODUCT_CHUNK_GPU
 
 
 def _like(emulated: Any, real: Any) -> Any:
@@ -280,7 +317,8 @@ _HANDLERS = {
 # -- the gate ------------------------------------------------------------------------------------------------
 
 def crafted_inputs(args: tuple, seed: int) -> list[tuple[str, tuple]]:
-    """The factory's inputs, then copies whose floating-point tensors make sums grow without cancelling."""
+    """The probes' inputs: positive values (every sum grows, none cancels: the one probe that can settle a
+    case), the factory's own, then positive values with a wide range."""
     gen = torch.Generator().manual_seed(seed)
 
     def remake(draw) -> tuple:
@@ -288,9 +326,8 @@ def crafted_inputs(args: tuple, seed: int) -> list[tuple[str, tuple]]:
                            if t.is_floating_point() else t.clone())
 
     return [
-        ("the factory's inputs", clone_tree(args)),
-        ("positive values uniform in [0.5, 1.5)",
-         remake(lambda t: 0.5 + torch.rand(t.shape, generator=gen, dtype=torch.float64))),
+        (UNIFORM, remake(lambda t: 0.5 + torch.rand(t.shape, generator=gen, dtype=torch.float64))),
+        (FACTORY, clone_tree(args)),
         ("positive lognormal values (sigma 1)",
          remake(lambda t: torch.exp(torch.randn(t.shape, generator=gen, dtype=torch.float64)))),
     ]
@@ -307,11 +344,11 @@ class Accumulation(Gate):
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
-        covered, separating, rejected = Counter(), [], []
+        covered, separating, rejected, settles, ambiguous = Counter(), [], [], [], []
         try:
-            found = self._search(subject, covered, separating, rejected)
+            found = self._search(subject, covered, separating, rejected, settles, ambiguous)
         except _OutOfTime as stop:
-            found, cut = None, stop.where
+            found, cut = (ambiguous[0] if ambiguous else None), stop.where
         else:
             cut = None
         if found is not None:
@@ -333,11 +370,17 @@ class Accumulation(Gate):
         if unexplained:
             message += (f"; {unexplained} output(s) miss the bound by an amount no emulated accumulator gives "
                         f"(the oracle gate judges those)")
+        if settles:
+            message += (f"; settled by positive values alone (low-precision accumulation >= {DECISIVE:g} x the bound "
+                        f"there) in {len(settles)} case(s): their other crafted inputs were not tried")
         return self.passed(message + rejected_note(rejected) + stopped)
 
-    def _search(self, subject: Subject, covered: Counter, separating: list, rejected: list) -> GateResult | None:
+    def _search(self, subject: Subject, covered: Counter, separating: list, rejected: list,
+                settles: list, ambiguous: list) -> GateResult | None:
         """Every case's crafted probes (raises _OutOfTime once the subject's search budget is spent);
-        appends (power, unexplained outputs) of each separating probe to `separating`; returns a failure."""
+        appends (power, unexplained outputs) of each separating probe to `separating` and the cases a
+        decisive positive-values probe settled to `settles`; returns a failure (the first failure found, when
+        none of the later ones names its accumulator unambiguously: those go to `ambiguous` meanwhile)."""
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
             floats = [i for i, a in enumerate(base.args)
@@ -345,7 +388,7 @@ class Accumulation(Gate):
                              for _, t in flatten(a))]
             if not floats:
                 continue
-            for n, (label, crafted) in enumerate(crafted_inputs(base.args, case.seed)):
+            for label, crafted in crafted_inputs(base.args, case.seed):
                 def judge(inputs: tuple, argument: int | None, case: Case = case, label: str = label):
                     where = _alone(label, argument)
                     if argument is not None:
@@ -354,17 +397,28 @@ class Accumulation(Gate):
                         raise _OutOfTime(f"{where} ({case.label()})")
                     return self._probe(subject, case, where, inputs, covered)
 
-                # The factory's inputs (first) change nothing: no argument to retry alone.
-                for argument, _, outcome in within_domain(base.args, crafted, floats if n else [], judge,
-                                                          subject.conform):
+                # The factory's inputs change nothing: no argument to retry alone.
+                settled = False
+                for argument, _, outcome in within_domain(base.args, crafted, [] if label == FACTORY else floats,
+                                                          judge, subject.conform):
                     if outcome is None:
                         rejected.append(f"{_alone(label, argument)} ({case.label()})")
                         continue
                     if isinstance(outcome, GateResult):
-                        return outcome
+                        if not outcome.details.get("also_consistent_with"):
+                            return outcome
+                        # a failure whose accumulator these inputs cannot name: kept, while the other
+                        # crafted inputs are tried for one that tells the accumulators apart
+                        ambiguous.append(outcome)
+                        continue
                     if outcome is not False:
                         separating.append((outcome[0], len(outcome[1])))
-        return None
+                        settled = (label == UNIFORM and argument is None and outcome[0] >= DECISIVE
+                                   and not outcome[1])
+                if settled:
+                    settles.append(case.label())
+                    break
+        return ambiguous[0] if ambiguous else None
 
     def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,
                covered: Counter) -> GateResult | tuple[float, list] | bool | None:
@@ -437,7 +491,9 @@ class Accumulation(Gate):
         inside = [a for a, e in consistent.items() if min(e) <= leaf.err <= max(e)]
         if inside:
             acc = min(inside, key=lambda a: torch.finfo(a).eps)
+            others = [dtype_name(a) for a in inside if a != acc]
         else:
+            others = []
             acc = min(consistent, key=lambda a: min(_log_ratio(leaf.err, x) for x in consistent[a]))
         order = min(range(2), key=lambda o: _log_ratio(leaf.err, consistent[acc][o]))
         ranges = "; ".join(f"{dtype_name(a)} accumulator {e[0]:.3g} (pairwise) to {e[1]:.3g} (sequential)"
@@ -445,13 +501,16 @@ class Accumulation(Gate):
         where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
         ref = "unknown" if leaf.ref_err is None else f"{leaf.ref_err:.3g}"
         message = (f"{where}: kernel error {leaf.err:.3g} is consistent with {dtype_name(acc)} accumulation (nearest: "
-                   f"{(PAIRWISE, SEQUENTIAL)[order]} order, {consistent[acc][order]:.3g}), while the reference in "
+                   f"{(PAIRWISE, SEQUENTIAL)[order]} order, {consistent[acc][order]:.3g}"
+                   f"{'; also within the range of ' + ' and '.join(others) + ': these inputs do not tell them apart' if others else ''}"
+                   f"), while the reference in "
                    f"{case.dtype} errs {ref} (bound {leaf.bound:.3g}); the reference emulated with a low-precision "
                    f"accumulator errs: {ranges}; inputs: {label} ({_ops(covered)} emulated)")
         return self.failed(subject, message, case=case, expected=f"{leaf.expected!r} (float64 oracle)",
                            got=repr(leaf.got), where=where, broken=leaf.ratio > BROKEN_FACTOR,
                            details={"consistent_with": dtype_name(acc), "order": (PAIRWISE, SEQUENTIAL)[order],
-                                    "kernel_err": leaf.err, "bound": leaf.bound, "inputs": label,
+                                    "also_consistent_with": others, "kernel_err": leaf.err, "bound": leaf.bound,
+                                    "inputs": label,
                                     "emulated": {dtype_name(a): list(e) for a, e in low.items()}})
 
 
