@@ -50,7 +50,7 @@ def bound(dtype):
 @pytest.fixture(params=gk.STATE_BWD_VARIANTS)
 def state_bwd_variant(request, monkeypatch):
     """Runs the test once per reverse-state kernel variant (`chunk.STATE_BWD_VARIANT`, read by
-    `chunk_state_bwd` at every call; v1 is the default, v2 and v2u the alternatives timed against it)."""
+    `chunk_state_bwd` at every call; v2 is the default, v1 and v2u the alternatives timed against it)."""
     monkeypatch.setattr(gk, "STATE_BWD_VARIANT", request.param)
     return request.param
 
@@ -352,7 +352,7 @@ def test_stage_state_bwd_at_head_dim_128(dtype, gate, delta, T, state_bwd_varian
 
 
 def test_state_bwd_variant_is_checked(monkeypatch):
-    """An unknown `STATE_BWD_VARIANT` (e.g. a typo in GDN_STATE_BWD) is refused, not run as v1."""
+    """An unknown `STATE_BWD_VARIANT` (e.g. a typo in GDN_STATE_BWD) is refused, not run as the default."""
     monkeypatch.setattr(gk, "STATE_BWD_VARIANT", "v9")
     q, k, v, g, beta, h0 = make(1, 8, 1, 64, 64, "data", True, F32, False)
     with pytest.raises(ValueError, match="STATE_BWD_VARIANT"):
