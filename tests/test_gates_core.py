@@ -170,6 +170,17 @@ def test_determinism_fails_address_dependent_output():
     assert result.verdict == "fail"
 
 
+def test_determinism_fails_only_what_the_reference_holds():
+    """A kernel that inherits the reference's own run-to-run differences is not blamed for them: the gate
+    skips and names both; a racy kernel beside a deterministic reference fails and says so."""
+    inherited = check("determinism", racy_sum, racy_sum, rows, shapes=[[3, 4097]])
+    assert inherited.verdict == "skip", inherited.message
+    assert "the reference called the same way differs too" in inherited.message
+    assert "the kernel's call 2 differs from call 1" in inherited.message
+    blamed = check("determinism", racy_sum, lambda x: x.sum(-1), rows, shapes=[[3, 4097]])
+    assert blamed.verdict == "fail" and "the reference called the same way is bitwise equal" in blamed.message
+
+
 def test_determinism_skips_when_declared():
     assert check("determinism", racy_sum, lambda x: x.sum(-1), rows, nondeterministic=True).verdict == "skip"
 
