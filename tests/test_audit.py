@@ -121,6 +121,23 @@ def test_report_numbers_match_the_records(audited):
     assert (out / "junit.xml").read_text().count("<testsuite ") == len(records)
 
 
+def test_every_record_names_the_kgate_that_judged_it_and_the_report_flags_a_mix(audited, tmp_path):
+    from kgate.audit.evaluate import kgate_stamp
+    from kgate.audit.report import write_markdown
+
+    records = list(audited[2].values())
+    stamps = {json.dumps(r["kgate"], sort_keys=True) for r in records}
+    assert stamps == {json.dumps(kgate_stamp(), sort_keys=True)} and len(kgate_stamp()["source"]) == 16
+    one = write_markdown(tmp_path / "one", summarize(records, GATES.split(",")), records, command="x")
+    assert "more than one kgate source" not in one.read_text()
+    mixed = [dict(r, kgate={"version": "0.1.0", "source": "0" * 16}) if n < 2 else r for n, r in enumerate(records)]
+    mixed[2] = {k: v for k, v in mixed[2].items() if k != "kgate"}  # a record from before the stamp
+    summary = summarize(mixed, GATES.split(","))
+    assert summary["kgate_sources"] == {kgate_stamp()["source"]: len(records) - 3, "0" * 16: 2, "unrecorded": 1}
+    text = write_markdown(tmp_path / "mixed", summary, mixed, command="x").read_text()
+    assert "more than one kgate source" in text and f"`{'0' * 16}`: 2" in text and "`unrecorded`: 1" in text
+
+
 def test_shards_cover_every_candidate_exactly_once():
     pairs = [Pair(f"c{i:03d}", CORPUS / "x.py", None) for i in range(23)]
     for n in (1, 2, 3, 7, 30):

@@ -9,6 +9,7 @@ its `error`. A hang or memory blow-up is killed and not retried. The result is o
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
@@ -125,6 +126,17 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
     return outcome
 
 
+@functools.cache
+def kgate_stamp() -> dict[str, str]:
+    """Which kgate judged a record: its version and a digest of its own source files (the gates' code),
+    so that a report joined from several runs (--resume across sessions) can say whether every record
+    comes from the same kgate."""
+    import kgate
+
+    root = Path(kgate.__file__).resolve().parent
+    return {"version": kgate.__version__, "source": source_digest(*sorted(root.rglob("*.py")))}
+
+
 def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_fraction: float | None = None,
                   compiled: dict[str, Any] | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
     """The standard test and the gates for one pair; returns the audit record (never raises for user code)."""
@@ -135,7 +147,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                               "device": device, "compile": compiled, "standard": None, "gates": [], "error": None,
                               "problem_error": None, "tamper": None, "free_dims": None, "notes": {},
                               "load_s": None, "standard_s": None, "restarts": 0, "oom": False, "complete": True,
-                              "repro": repro_command(options.repro_args, pair.id, None)}
+                              "repro": repro_command(options.repro_args, pair.id, None), "kgate": kgate_stamp()}
     results: dict[str, GateResult] = {}
     if pair.problem is None:
         record["problem_error"] = pair.problem_error or "no problem"

@@ -144,6 +144,8 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
         "not_applied": {k: v for k, v in sorted(not_applied.items()) if v},
         "working_shape": dict(sorted(working.items())),
         "harness": harness_summary,
+        "kgate_sources": dict(Counter(str((r.get("kgate") or {}).get("source") or "unrecorded")
+                                      for r, _ in judged).most_common()),
         "seconds_per_candidate_median": durations[len(durations) // 2] if durations else None,
         "compile_seconds_median": compile_s[len(compile_s) // 2] if compile_s else None,
     }
@@ -343,6 +345,11 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
              "| | gates pass | gates reject |", "|---|---:|---:|",
              f"| standard accepts | {c['standard_accepts_gates_pass']} | {c['standard_accepts_gates_reject']} |",
              f"| standard rejects | {c['standard_rejects_gates_pass']} | {c['standard_rejects_gates_reject']} |", ""]
+    sources = summary.get("kgate_sources") or {}
+    if len(sources) > 1:
+        lines[6:6] = ["**The judged records come from more than one kgate source** (records joined across runs "
+                      "with --resume; digest of kgate's source files: count): "
+                      + ", ".join(f"`{k}`: {v}" for k, v in sources.items()) + ".", ""]
     if "confusion_matrix.png" in images:
         lines += ["![confusion matrix](confusion_matrix.png)", ""]
     lines += ["## Per gate", "",
