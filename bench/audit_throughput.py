@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kgate import gates as registry
 from kgate.audit.evaluate import AuditOptions, compile_pair, needs_compile
+from kgate.audit.report import timeline_median
 from kgate.audit.scheduler import arch_list, make_plan, run_local
 from kgate.kernelbench import discover
 from kgate.selection import matcher
@@ -41,7 +42,9 @@ def _mode(pairs, options, plan, label):
     judged = [r for r in records if not r.get("problem_error") and not r.get("environment_error")]
     return {"mode": label, "kernels": len(records), "judged": len(judged), "wall_s": round(wall, 2),
             "s_per_kernel": round(wall / n, 3), "worker_s_per_kernel": round(worker, 3),
-            "kernels_per_hour": round(3600 * n / wall, 1) if wall else None}
+            "kernels_per_hour": round(3600 * n / wall, 1) if wall else None,
+            # median seconds from a candidate's start to each worker event (kgate.audit.report)
+            "timeline_median": timeline_median(records)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['with_compile_kernels_per_hour']} |")
     print(f"\ncompile stage: {compile_row['kernels']} built in {compile_row['wall_s']} s wall; "
           f"gates / standard per kernel: {ratio}x")
+    for row in (standard, full):
+        print(f"{row['mode']}: median seconds from a candidate's start to: "
+              + ", ".join(f"{k} {v}" for k, v in row["timeline_median"].items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

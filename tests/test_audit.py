@@ -60,6 +60,8 @@ def test_correct_candidates_pass_both(audited):
         assert all(g["verdict"] in ("pass", "skip") for g in r["gates"]), r["gates"]
         # timings the throughput figures come from: the standard test's own, and the whole record's
         assert 0 < r["standard_s"] < r["duration_s"], (r["standard_s"], r["duration_s"])
+        t = r["timeline"]  # where a candidate's time goes: worker up, loaded, standard test, gates, done
+        assert 0 < t["loading"] < t["loaded"] < t["standard"] < t["gate_start"] < t["done"] <= r["duration_s"], t
 
 
 def test_standard_accepts_what_the_gates_reject(audited):

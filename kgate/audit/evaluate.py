@@ -147,7 +147,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                               "device": device, "compile": compiled, "standard": None, "gates": [], "error": None,
                               "problem_error": None, "tamper": None, "free_dims": None, "notes": {},
                               "load_s": None, "standard_s": None, "restarts": 0, "oom": False, "complete": True,
-                              "repro": repro_command(options.repro_args, pair.id, None), "kgate": kgate_stamp()}
+                              "repro": repro_command(options.repro_args, pair.id, None), "kgate": kgate_stamp(),
+                              "timeline": {}}
     results: dict[str, GateResult] = {}
     if pair.problem is None:
         record["problem_error"] = pair.problem_error or "no problem"
@@ -159,6 +160,11 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         return _finish(record, names, results, message, started)
 
     log = options.out_dir / "logs" / f"{_safe(pair.id)}.log"
+    # seconds from the start of this evaluation to the first event of each kind from the first worker
+    # (loading: the worker is up, kgate imported and the device set up; loaded: the problem, the reference
+    # and the candidate are built; standard; gate_start: the working shape is set up; done): where the
+    # time of a candidate goes besides the gates' own durations
+    timeline: dict[str, float] = record["timeline"]
     remaining = list(names)
     fatal: str | None = None
     attempt = 0
@@ -172,9 +178,11 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
                "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads, "pch": options.pch}
 
-        def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining
-                     ) -> str | None:
+        def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining,
+                     first: bool = attempt == 0) -> str | None:
             kind = event.get("event")
+            if first and isinstance(kind, str) and kind not in timeline:
+                timeline[kind] = round(time.perf_counter() - started, 3)
             if kind == "loading":
                 return "loading the problem and the candidate"  # the clock restarts after kgate's own imports
             if kind == "loaded":

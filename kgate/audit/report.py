@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import random
+import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -147,8 +148,23 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
         "kgate_sources": dict(Counter(str((r.get("kgate") or {}).get("source") or "unrecorded")
                                       for r, _ in judged).most_common()),
         "seconds_per_candidate_median": durations[len(durations) // 2] if durations else None,
+        "timeline_median": timeline_median([r for r, _ in judged]),
         "compile_seconds_median": compile_s[len(compile_s) // 2] if compile_s else None,
     }
+
+
+def timeline_median(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Per worker event (loading, loaded, standard, gate_start, done), the median of the seconds from a
+    candidate's start to that event, over the records that have it."""
+    seen: dict[str, list[float]] = {}
+    for r in records:
+        for kind, at in (r.get("timeline") or {}).items():
+            if kind in TIMELINE_EVENTS and isinstance(at, (int, float)):
+                seen.setdefault(kind, []).append(float(at))
+    return {k: round(statistics.median(seen[k]), 3) for k in TIMELINE_EVENTS if k in seen}
+
+
+TIMELINE_EVENTS = ("loading", "loaded", "standard", "gate_start", "done")
 
 
 # -- kgate's own report formats ---------------------------------------------------------------------
