@@ -301,6 +301,17 @@ def test_ray_backend_on_a_local_instance(tmp_path):
     assert by_id["level1/19_ReLU"]["candidate"] == str(pairs[0].candidate)  # the driver's paths, not the node's
 
 
+def test_ray_tasks_budget_gpu_memory_like_the_local_backend():
+    """A task sharing a GPU asks Ray for its share and its worker may use only that share of the memory;
+    the second try of a candidate that ran out of it asks for the whole GPU, with no memory limit."""
+    from kgate.audit.ray_backend import task_share
+
+    assert task_share(gpu=True, slots=4, alone=False) == (0.25, 0.2375)
+    assert task_share(gpu=True, slots=4, alone=True) == (1.0, None)
+    assert task_share(gpu=True, slots=1, alone=False) == (1.0, None)
+    assert task_share(gpu=False, slots=4, alone=False) == (0.0, None)
+
+
 @pytest.mark.slow
 def test_compile_stage_builds_once_and_the_cache_serves_later_runs(tmp_path):
     args = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "extension"),

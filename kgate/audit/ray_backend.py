@@ -5,7 +5,10 @@ Each task receives the problem's and the candidate's source text (the nodes need
 system, only kgate installed), writes them to a node-local folder, and runs the compile stage and
 the evaluation there with the same worker processes and limits as a local run. The driver appends
 each record to results.jsonl as it arrives, so `--resume` works the same. A GPU task asks Ray for
-1/slots of a GPU; Ray's CUDA_VISIBLE_DEVICES then makes it `cuda:0` inside the task.
+1/slots of a GPU (Ray's CUDA_VISIBLE_DEVICES then makes it `cuda:0` inside the task) and its worker may
+use only that share of the GPU's memory, as in the local backend; a candidate that runs out of GPU
+memory there is judged again in a task that asks for a whole GPU, which Ray starts only when no
+shared task holds that GPU: a neighbour's appetite never becomes a candidate's verdict.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ NODE_CACHE = Path(tempfile.gettempdir()) / "kgate-ray"
 
 
 def _remote_evaluate(pair_json: dict[str, Any], problem_src: bytes | None, candidate_src: bytes,
-                     options_json: dict[str, Any], device: str) -> dict[str, Any]:
+                     options_json: dict[str, Any], device: str, fraction: float | None = None) -> dict[str, Any]:
     """Runs on a Ray worker: materialize the pair locally, compile if needed, evaluate."""
     pair = Pair.from_json(pair_json)
     options = AuditOptions.from_json(options_json)
@@ -42,7 +45,7 @@ def _remote_evaluate(pair_json: dict[str, Any], problem_src: bytes | None, candi
         problem.write_bytes(problem_src)
     local = Pair(pair.id, candidate, problem, pair.level, pair.problem_error, pair.labels)
     compiled = compile_pair(local, options) if problem is not None and needs_compile(local) else None
-    record = evaluate_pair(local, options, device, compiled=compiled)
+    record = evaluate_pair(local, options, device, gpu_memory_fraction=fraction, compiled=compiled)
     record["candidate"], record["problem"] = pair_json["candidate"], pair_json["problem"] or ""
     try:
         import socket
@@ -51,6 +54,16 @@ def _remote_evaluate(pair_json: dict[str, Any], problem_src: bytes | None, candi
     except OSError:
         pass
     return record
+
+
+def task_share(gpu: bool, slots: int, alone: bool) -> tuple[float, float | None]:
+    """(GPUs the Ray task asks for, the share of the GPU's memory its worker may use) for a task that
+    shares a GPU with slots - 1 others, or has one to itself (`alone`, or one slot per GPU)."""
+    if not gpu:
+        return 0.0, None
+    if alone or slots <= 1:
+        return 1.0, None
+    return 1.0 / slots, round(0.95 / slots, 4)
 
 
 def _ensure(path: Path) -> Path:
@@ -79,33 +92,42 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
             raise InfrastructureError(f"--address {address}: cannot connect to Ray: {exc}") from None
     gpu = device.startswith("cuda")
     task_device = "cuda:0" if gpu else "cpu"
-    remote = ray.remote(_remote_evaluate).options(num_cpus=1, num_gpus=(1.0 / slots) if gpu else 0,
-                                                  max_retries=0)
     options_json = options.to_json()
     window = max(2, 2 * slots * max(1, int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1))))
     queue = list(pairs)
-    in_flight: dict[Any, Pair] = {}
+    in_flight: dict[Any, tuple[Pair, bool]] = {}  # task -> (pair, alone)
     judged = 0
+
+    def submit(pair: Pair, alone: bool) -> None:
+        gpus, fraction = task_share(gpu, slots, alone)
+        remote = ray.remote(_remote_evaluate).options(num_cpus=1, num_gpus=gpus, max_retries=0)
+        problem_src = pair.problem.read_bytes() if pair.problem is not None else None
+        ref = remote.remote(pair.to_json(), problem_src, pair.candidate.read_bytes(), options_json, task_device,
+                            fraction)
+        in_flight[ref] = (pair, alone)
+        progress.started(pair, "ray")
+
     try:
         while (queue or in_flight) and not cancel.is_set():
             while queue and len(in_flight) < window and (stop_at is None or time.monotonic() < stop_at):
-                pair = queue.pop(0)
-                problem_src = pair.problem.read_bytes() if pair.problem is not None else None
-                ref = remote.remote(pair.to_json(), problem_src, pair.candidate.read_bytes(), options_json,
-                                    task_device)
-                in_flight[ref] = pair
-                progress.started(pair, "ray")
+                submit(queue.pop(0), alone=False)
             if stop_at is not None and time.monotonic() >= stop_at:
                 queue.clear()
             if not in_flight:
                 break
             done, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)
             for ref in done:
-                pair = in_flight.pop(ref)
+                pair, alone = in_flight.pop(ref)
                 try:
                     record = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - a lost node or a kgate bug on the node
                     raise InfrastructureError(f"Ray task for {pair.id} failed: {exc}") from None
+                if record.get("oom") and task_share(gpu, slots, alone)[1] is not None:
+                    if stop_at is None or time.monotonic() < stop_at:
+                        submit(pair, alone=True)  # not recorded now; past the deadline, left to --resume
+                    continue
+                if alone and gpu and slots > 1:
+                    record["retried_alone"] = True
                 sink(record)
                 judged += 1
                 progress.finished(record)
