@@ -383,6 +383,40 @@ def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_p
     assert {r["id"] for r in records if r.get("retried_alone")} == {"big1", "big2"}
 
 
+def test_several_devices_share_the_work_each_within_its_slots(monkeypatch, tmp_path):
+    """The per-GPU worker pool (issue 8) without GPUs: two devices x two slots judge every pair once,
+    both devices work, no device ever runs more than its slots at once, and a second try alone takes
+    one whole device while the other goes on."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    lock = threading.Lock()
+    running = {"cuda:0": 0, "cuda:1": 0}
+    peak = dict(running)
+    seen = []
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+        with lock:
+            running[device] += 1
+            peak[device] = max(peak[device], running[device])
+            seen.append((pair.id, device, gpu_memory_fraction))
+        time.sleep(0.02)
+        with lock:
+            running[device] -= 1
+        oom = pair.id == "p03" and gpu_memory_fraction is not None
+        return {"id": pair.id, "oom": oom, "gates": [], "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair(f"p{i:02d}", CORPUS / f"p{i}.py", None) for i in range(24)]
+    plan = scheduler.Plan(devices=["cuda:0", "cuda:1"], slots=2, compile_jobs=1, compile_stage=False)
+    records = []
+    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 24
+    assert sorted(r["id"] for r in records) == [p.id for p in pairs]
+    assert {d for _, d, _ in seen} == {"cuda:0", "cuda:1"} and max(peak.values()) <= 2
+    assert [f for i, _, f in seen if i == "p03"] == [0.475, None]
+    assert next(r for r in records if r["id"] == "p03")["retried_alone"]
+
+
 def test_a_deadline_leaves_the_second_tries_to_resume(monkeypatch, tmp_path):
     from kgate.audit import scheduler
     from kgate.audit.evaluate import AuditOptions

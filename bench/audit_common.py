@@ -1,0 +1,86 @@
+"""What the audit benchmarks share (bench/audit_throughput.py, bench/audit_scaling.py): the fixed set of
+candidates, the compile stage timed on its own, and one timed pass of the evaluation pool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kgate.audit.evaluate import AuditOptions, compile_pair, needs_compile
+from kgate.audit.report import timeline_median
+from kgate.audit.scheduler import Plan, run_local
+from kgate.kernelbench import Pair, discover
+from kgate.selection import matcher
+
+
+def add_corpus_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--problems", required=True, type=Path)
+    parser.add_argument("--candidates", required=True, type=Path)
+    parser.add_argument("--index", type=Path)
+    parser.add_argument("-k", dest="select", help="only candidates whose id matches (like kgate audit -k)")
+    parser.add_argument("--limit", type=int, help="the first N candidates in id order")
+    parser.add_argument("--compile-jobs", type=int)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--out", type=Path, default=Path("kgate-bench"))
+    parser.add_argument("--keep-cache", action="store_true", help="do not empty the extension cache first")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--pch", action="store_true", help="as kgate audit --pch (its build is timed with the compile "
+                        "stage)")
+
+
+def select(args: argparse.Namespace) -> list[Pair]:
+    """The fixed set: every paired candidate in id order, narrowed by -k and --limit."""
+    pairs = sorted(discover(args.problems, args.candidates, args.index), key=lambda p: p.id)
+    if args.select:
+        keep = matcher(args.select, [p.id for p in pairs])
+        pairs = [p for p in pairs if keep(p.id)]
+    pairs = pairs[: args.limit] if args.limit else pairs
+    if not pairs:
+        sys.exit("no candidates selected")
+    if not args.keep_cache:
+        shutil.rmtree(args.out / "torch_extensions", ignore_errors=True)
+    return pairs
+
+
+def compile_stage(pairs: list[Pair], base: dict[str, Any], jobs: int, pch: bool) -> tuple[dict[str, Any], float]:
+    """Build every extension the candidates need (as `kgate audit`'s compile stage does), timed; returns
+    (the stage's row, its wall seconds)."""
+    to_build = [p for p in pairs if p.problem is not None and needs_compile(p)]
+    start = time.perf_counter()
+    if pch and to_build:
+        from kgate.audit import pch as header
+
+        print(header.build()[1], flush=True)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        builds = list(pool.map(lambda p: compile_pair(p, AuditOptions(gates=[], **base)), to_build))
+    wall = time.perf_counter() - start
+    row = {"mode": "compile", "kernels": len(to_build), "built": sum(bool(b.get("ok")) for b in builds),
+           "wall_s": round(wall, 2),
+           "worker_s_per_kernel": round(sum(b.get("wall_s", 0) for b in builds) / max(1, len(builds)), 3)}
+    print(json.dumps(row), flush=True)
+    return row, wall
+
+
+def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Judge every pair once with `plan` (extensions already built); returns (the figures, the records)."""
+    records: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    run_local(pairs, options, plan, records.append)
+    wall = time.perf_counter() - start
+    n = max(1, len(records))
+    worker = sum(float(r.get("duration_s") or 0) for r in records) / n
+    judged = [r for r in records if not r.get("problem_error") and not r.get("environment_error")]
+    row = {"mode": label, "kernels": len(records), "judged": len(judged), "wall_s": round(wall, 2),
+           "s_per_kernel": round(wall / n, 3), "worker_s_per_kernel": round(worker, 3),
+           "kernels_per_hour": round(3600 * n / wall, 1) if wall else None,
+           # median seconds from a candidate's start to each worker event (kgate.audit.report)
+           "timeline_median": timeline_median(records)}
+    print(json.dumps(row), flush=True)
+    return row, records

@@ -1,0 +1,73 @@
+"""The audit benchmarks (bench/audit_throughput.py, bench/audit_scaling.py) on the bundled corpus, on the
+CPU: they run end to end, report what they claim, and the scaling run's verdict check can fail."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from tests.conftest import DATA, ROOT
+
+CORPUS = DATA / "kernelbench"
+SELECT = "ReLU and not (hang or segfault or exit or crash or syntax)"
+
+
+def _load(name):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+CORPUS_ARGS = ["--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"), "-k", SELECT]
+
+
+@pytest.mark.slow
+def test_scaling_runs_each_device_count_and_compares_verdicts(tmp_path):
+    scaling = _load("audit_scaling")
+    out_json, out_md = tmp_path / "scaling.json", tmp_path / "scaling.md"
+    assert scaling.main([*CORPUS_ARGS, "--device", "cpu", "--devices", "1,2", "--out", str(tmp_path / "o"),
+                         "--json", str(out_json), "--markdown", str(out_md)]) == 0
+    result = json.loads(out_json.read_text())
+    first, second = result["runs"]
+    assert (first["devices"], second["devices"], second["workers"]) == (1, 2, 2)
+    assert first["kernels"] == second["kernels"] == result["candidates"] == 5
+    assert first["efficiency"] == 1.0 and second["efficiency"] > 0
+    assert second["differences"] == []  # the same kgate on the same candidates: the same verdicts
+    text = out_md.read_text()
+    assert "| 2 | 2 | 5 |" in text and "identical" in text and "python bench/audit_scaling.py" in text
+
+
+def test_scaling_names_every_verdict_that_differs():
+    scaling = _load("audit_scaling")
+    gates = [{"gate": "oracle", "verdict": "pass"}, {"gate": "determinism", "verdict": "pass"}]
+    a = [{"id": "x", "standard": {"verdict": "pass"}, "gates": gates},
+         {"id": "y", "standard": {"verdict": "pass"}, "gates": gates}]
+    b = [{"id": "x", "standard": {"verdict": "pass"}, "gates": [gates[0], {"gate": "determinism", "verdict": "fail"}]},
+         {"id": "z", "standard": {"verdict": "pass"}, "gates": gates}]
+    assert scaling.differences(a, b) == ["x: determinism pass -> fail", "y: judged in only one run",
+                                         "z: judged in only one run"]
+    assert scaling.differences(a, a) == []
+    assert scaling.device_counts("1,all", 8) == [1, 8] and scaling.device_counts("1,2,2", 4) == [1, 2]
+    with pytest.raises(SystemExit):
+        scaling.device_counts("1,3", 2)
+
+
+@pytest.mark.slow
+def test_throughput_times_both_modes(tmp_path):
+    throughput = _load("audit_throughput")
+    out = tmp_path / "t.json"
+    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--out", str(tmp_path / "o"),
+                            "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    standard, full = result["modes"]
+    assert standard["kernels"] == full["kernels"] == 5
+    assert "gate_start" in full["timeline_median"] and "gate_start" not in standard["timeline_median"]
+    assert result["gates_over_standard"] > 0
