@@ -48,7 +48,10 @@ harness_correct) pairs them explicitly.
 Every candidate runs in its own worker process with time and memory limits: a compile failure, crash,
 segfault, hang, out-of-memory or os._exit is that candidate's `error` and the audit goes on. Candidates that
 build extensions (load_inline) are compiled first on the CPU cores, in parallel, into a cache under --out.
-Each finished candidate is appended to OUT/results.jsonl; --resume skips those already there."""
+With several workers on one GPU (--jobs), each may use only its share of the GPU's memory; a candidate that
+runs out of it is judged again alone, with the whole GPU, once no shared work is left (a neighbour's
+appetite never becomes a verdict). Each finished candidate is appended to OUT/results.jsonl; --resume
+skips those already there."""
 
 EPILOG = """exit codes: 0 every judged candidate passed every gate, 1 some violation, 2 usage or infrastructure
 error (or no candidate could be judged at all, e.g. CUDA candidates on a machine without CUDA), 3 stopped
