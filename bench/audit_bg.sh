@@ -18,7 +18,8 @@
 #
 # DEVICE (default cuda), JOBS (4), BUILD_JOBS (8), MEMORY (24GiB), GATE_TIMEOUT (120 s), NICE (0: the audit's
 # priority, e.g. 10 while another job shares the machine), PCH (default --pch: one precompiled torch/extension.h
-# for every build; PCH= builds without it) tune it; CORPUS_FROM
+# for every build; PCH= builds without it), REJUDGE (=1: --rejudge-stale, judge again the records another kgate
+# made, once the rest is done) tune it; CORPUS_FROM
 # (default .third_party/kb-corpus) names another corpus. Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
@@ -72,7 +73,7 @@ _drive)
   while [ ! -f "$WORK/GO" ]; do sleep 2; done
   t1=$(date +%s)
   echo "audit: start $(date -u +%T)"
-  nice -n "${NICE:-0}" "${AUDIT[@]}" --resume --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
+  nice -n "${NICE:-0}" "${AUDIT[@]}" --resume ${REJUDGE:+--rejudge-stale} --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
     --timeout "${GATE_TIMEOUT:-120}" -q --json "$WORK/audit.json"
   echo "audit: rc=$? after $(( $(date +%s) - t1 )) s"
   touch "$WORK/DONE"

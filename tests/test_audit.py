@@ -232,6 +232,29 @@ def test_max_time_stops_early_and_exits_3(tmp_path):
     assert len(_records(out)) == 2
 
 
+def test_rejudge_stale_judges_again_only_what_another_kgate_recorded(tmp_path):
+    out = tmp_path / "run"
+    args = [*BASE[:-1], "contract", "-k", PLAIN, "--jobs", "1", "--out", str(out), "-q"]
+    assert kgate_main(args) == 0
+    first = _records(out)
+    lines = (out / "results.jsonl").read_text().splitlines()
+    old = json.loads(lines[0])
+    old["kgate"] = {"version": "0.0.1", "source": "0" * 16}  # as if an earlier kgate had judged it
+    lines[0] = json.dumps(old)
+    (out / "results.jsonl").write_text("\n".join(lines) + "\n{\"torn")  # and a torn last line
+    assert kgate_main([*args, "--resume", "--rejudge-stale"]) == 0
+    now = _records(out)
+    assert set(now) == set(first)
+    assert now[old["id"]]["kgate"] != old["kgate"] and now[old["id"]]["duration_s"] != old["duration_s"]
+    other = next(i for i in first if i != old["id"])
+    assert now[other] == first[other]  # the current kgate's record is kept as it was
+    replaced = [json.loads(line) for line in (out / "results.replaced.jsonl").read_text().splitlines()]
+    assert [r["kgate"] for r in replaced] == [old["kgate"]]
+    assert kgate_main([*args, "--resume", "--rejudge-stale"]) == 0  # nothing stale now: nothing judged again
+    assert _records(out) == now and len((out / "results.jsonl").read_text().splitlines()) == 2
+    assert kgate_main([*args, "--rejudge-stale"]) == 2  # needs --resume
+
+
 def test_device_lease_gives_one_candidate_the_whole_device():
     lease = DeviceLease(2)
     lease.acquire()

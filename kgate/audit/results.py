@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ class ResultsFile:
     def __init__(self, path: Path):
         self.path = path
         self._lock = threading.Lock()
+        self.moved = 0  # records start() moved to `replaced`
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Complete records by candidate id (the first one wins if a file was concatenated twice)."""
@@ -38,14 +40,50 @@ class ResultsFile:
                 records.setdefault(record["id"], record)
         return records
 
-    def start(self, *, resume: bool) -> dict[str, dict[str, Any]]:
+    def start(self, *, resume: bool, drop: Callable[[dict[str, Any]], bool] | None = None
+              ) -> dict[str, dict[str, Any]]:
+        """Begin an audit: an empty file, or (`resume`) the records already there, minus those `drop`
+        selects, which move to `replaced` (appended there first, so a crash between the two steps leaves
+        a record in both files, never in neither) to be judged again."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not resume:
             self.path.write_text("", encoding="utf-8")
             return {}
+        if drop is not None:
+            self.moved = self._move_out(drop)
         done = self.read()
         self._repair()
         return done
+
+    @property
+    def replaced(self) -> Path:
+        return self.path.with_name(self.path.stem + ".replaced.jsonl")
+
+    def _move_out(self, drop: Callable[[dict[str, Any]], bool]) -> int:
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return 0
+        keep, out = [], []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn line: dropped as reading would
+            (out if isinstance(record, dict) and drop(record) else keep).append(line)
+        if not out:
+            return 0
+        with open(self.replaced, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in out))
+            f.flush()
+            os.fsync(f.fileno())
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in keep))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        return len(out)
 
     def _repair(self) -> None:
         """End a torn last line with a newline so the next record starts on its own line."""

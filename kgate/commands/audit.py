@@ -24,7 +24,7 @@ from rich.progress import (
 
 from kgate import gates as registry
 from kgate.audit import report as audit_report
-from kgate.audit.evaluate import AuditOptions, compile_pair, needs_compile
+from kgate.audit.evaluate import AuditOptions, compile_pair, kgate_stamp, needs_compile
 from kgate.audit.results import ResultsFile, parse_shard, shard
 from kgate.audit.scheduler import Plan, arch_list, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
@@ -94,6 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "build while the GPU does other work")
     p.add_argument("--shard", metavar="I/N", help="judge only shard I of N (every candidate is in exactly one shard)")
     p.add_argument("--resume", action="store_true", help="keep OUT/results.jsonl and skip the candidates it holds")
+    p.add_argument("--rejudge-stale", action="store_true",
+                   help="with --resume: judge again the selected candidates whose record another kgate made (a "
+                        "different version or source, or none recorded), so that the report comes from one kgate; "
+                        "their old records move to OUT/results.replaced.jsonl")
     p.add_argument("--max-time", type=float, metavar="SECONDS",
                    help="start no new candidate after this long; exit 3 if some are left (then --resume)")
     p.add_argument("--backend", choices=["local", "ray"], default="local", help="where candidates run (default local)")
@@ -181,11 +185,18 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
             raise UsageError(f"-k {args.select!r} selects no candidate")
     pairs = shard(pairs, spec)
     results = ResultsFile(out / "results.jsonl")
+    ids = {p.id for p in pairs}
+    if args.rejudge_stale and not args.resume:
+        raise UsageError("--rejudge-stale goes with --resume (without it every candidate is judged anew anyway)")
+    current = kgate_stamp()
+    stale = (lambda r: r.get("id") in ids and r.get("kgate") != current) if args.rejudge_stale else None
     try:
-        done = results.start(resume=args.resume)
+        done = results.start(resume=args.resume, drop=stale)
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out}: {exc}") from None
-    ids = {p.id for p in pairs}
+    if results.moved and not args.quiet:
+        console.print(f"kgate audit: {results.moved} record(s) made by another kgate moved to "
+                      f"{results.replaced}; judging those candidates again", highlight=False)
     todo = [p for p in pairs if p.id not in done]
     if args.backend == "ray":
         # The devices are the cluster's, not this machine's: Ray places each task on a GPU (or a CPU).
