@@ -104,11 +104,13 @@ def _max_abs(diff: torch.Tensor) -> tuple[float, int]:
 
 
 def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.Tensor, *, path: str,
-            factor: float, ulps: float, atol: float) -> LeafError:
+            factor: float, ulps: float, atol: float, scale_at_least: float = 0.0) -> LeafError:
     """Error of one kernel output against the oracle and the bound calibrated from the reference.
 
     Computed where the oracle lives (the GPU for a GPU kernel): outputs of KernelBench problems reach
-    10^9 elements, and float64 temporaries of that size on the host cost minutes and tens of GiB."""
+    10^9 elements, and float64 temporaries of that size on the host cost minutes and tens of GiB.
+    `scale_at_least` raises the magnitude the floor is taken of (a caller's typical output magnitude, for
+    inputs whose exact outputs are all zero)."""
     # on the oracle's device: it is on the CPU only where the device refused it, so the comparison
     # must not go back there either
     o = oracle.detach()
@@ -135,6 +137,7 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     has_finite = bool(finite.any())
     zero = torch.zeros((), dtype=torch.float64, device=o64.device)
     scale = float(torch.where(finite, o64.abs(), zero).max()) if has_finite else 0.0
+    scale = max(scale, scale_at_least)
     floor = ulps * eps(dtype) * scale + atol
     ref_err: float | None = None
     if reference is not None:

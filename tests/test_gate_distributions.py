@@ -134,3 +134,38 @@ def test_correct_control_passes_every_gate(gate):
     subject = subject_for(correct.softplus, correct.softplus_reference, correct.make_inputs)
     result = registry.get(gate).check(subject)
     assert result.verdict in ("pass", "skip"), f"{gate}: {result.message}"
+
+
+# --- degenerate inputs: the floor from the output's usual magnitude ------------------------------------
+
+def tripled(x):
+    return x * 3
+
+
+def residual_when_zero(size):
+    """x * 3, but off by `size` where every input is zero: the residue a normalization's float32 mean leaves
+    on a constant input (an ulp, divided by sqrt(eps)), where the exact answer and the reference are 0."""
+    return lambda x: x * 3 + (size if not x.any() else 0.0)
+
+
+def test_on_zeros_an_error_below_an_ulp_of_the_usual_output_is_no_finding():
+    """On zeros the exact output is 0 and the reference exact, so the bound's floor would be 0: a kernel
+    off by 1e-7 there (a fraction of an ulp of its usual outputs, up to about 20) would fail."""
+    result = run(residual_when_zero(1e-7), tripled, dtypes=["float32"])
+    assert result.verdict == "pass", result.message
+
+
+def test_on_zeros_a_real_error_still_fails(monkeypatch):
+    def nan_when_constant(x):  # 0/0 where every value is equal
+        return x * 3 + (x - x.mean()) / x.std() * 0
+
+    result = run(residual_when_zero(1e-3), tripled, dtypes=["float32"])
+    assert result.verdict == "fail" and "distribution 'zeros'" in result.message, result.message
+    result = run(nan_when_constant, tripled, dtypes=["float32"])
+    assert result.verdict == "fail" and "distribution 'zeros'" in result.message, result.message
+    # and without the floor from the usual magnitude, the 1e-7 offset fails on zeros (the case this is for)
+    from kgate.gates import distributions
+
+    monkeypatch.setattr(distributions, "FLOOR_FROM_FACTORY", ())
+    result = run(residual_when_zero(1e-7), tripled, dtypes=["float32"])
+    assert result.verdict == "fail" and "distribution 'zeros'" in result.message, result.message

@@ -16,6 +16,13 @@ keep the factory's values, `kgate.subject.within_domain`), and each such probe t
 is judged; the probes it rejects are skipped and listed in the pass message. Ordinary kernels pay
 nothing for this: the all-at-once probe comes first.
 
+On the two degenerate distributions (zeros, a constant) the exact output is often exactly zero and the
+reference exact by structure (Welford's mean of equal values), so the bound would be 0 and an ulp of
+rounding in the kernel, amplified by a normalization's 1/sqrt(eps), a failure. There the bound's floor
+(ulps x eps x magnitude) takes the larger of the output's magnitude here and at the factory's inputs
+(`FLOOR_FROM_FACTORY`): an error below a few ulps of the output's usual size is not a finding; a
+non-finite output, or a wrong one, still is.
+
 A failure is shrunk to the fewest values drawn from the failing distribution (the others keep the
 factory's values; within the one argument, for a per-argument probe) that still fail, and reported
 with their positions and, for a per-argument probe, the argument.
@@ -28,13 +35,14 @@ from collections.abc import Callable
 
 import torch
 
-from kgate.compare import clone_tree, index_of
+from kgate.compare import clone_tree, flatten, index_of
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
 from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, shrink_subset
 from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 FRESH_SEEDS = (104729, 1299709)
+FLOOR_FROM_FACTORY = ("zeros", "constant")
 SHRINK_MAX_ELEMENTS = 1 << 18
 
 
@@ -100,6 +108,16 @@ def transform(args: tuple, name: str, seed: int) -> tuple:
     return tuple(out)
 
 
+def _magnitudes(oracle) -> dict[str, float]:
+    """Per floating output leaf, the largest finite magnitude of the float64 oracle."""
+    out = {}
+    for path, t in flatten(oracle):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
+            finite = t[torch.isfinite(t)]
+            out[path] = float(finite.abs().max()) if finite.numel() else 0.0
+    return out
+
+
 class Distributions(Gate):
     name = "distributions"
     summary = "oracle bound holds on zeros, constants, negatives, huge/tiny/subnormal values, heavy tails, fresh seeds"
@@ -130,10 +148,15 @@ class Distributions(Gate):
             if not floats:
                 continue
 
-            def judge(probe: tuple, argument: int | None, case: Case = case) -> Finding | bool | None:
-                return self._judge(subject, probe, case, evidence)
+            usual = _magnitudes(base.oracle)
 
             for name in DISTRIBUTIONS:
+                scales = usual if name in FLOOR_FROM_FACTORY else None
+
+                def judge(probe: tuple, argument: int | None, case: Case = case,
+                          scales: dict[str, float] | None = scales) -> Finding | bool | None:
+                    return self._judge(subject, probe, case, evidence, scales)
+
                 probe = transform(base.args, name, case.seed)
                 for argument, inputs, outcome in within_domain(base.args, probe, floats, judge, subject.conform):
                     label = name if argument is None else f"{name} on argument {argument}"
@@ -144,7 +167,8 @@ class Distributions(Gate):
                         continue
                     probes += 1
                     if outcome is not False:
-                        return self._fail(subject, case, name, base.args, inputs, outcome, evidence, argument)
+                        return self._fail(subject, case, name, base.args, inputs, outcome, evidence, argument,
+                                          scales)
         if probes == 0:
             return self.skipped("no floating-point inputs to draw from other distributions, and no cases")
         message = f"oracle bound held on {probes} probe(s): {len(DISTRIBUTIONS)} distributions and " \
@@ -155,19 +179,21 @@ class Distributions(Gate):
         return self.passed(message + rejected_note(rejected), evidence=evidence)
 
     @staticmethod
-    def _judge(subject: Subject, probe: tuple, case: Case, evidence: list | None) -> Finding | bool | None:
-        """A Finding if the kernel fails on `probe`, False if it passes, None if the reference rejects it."""
+    def _judge(subject: Subject, probe: tuple, case: Case, evidence: list | None,
+               scales: dict[str, float] | None = None) -> Finding | bool | None:
+        """A Finding if the kernel fails on `probe`, False if it passes, None if the reference rejects it
+        (`scales`: the output magnitudes each leaf's floor is at least taken of)."""
         outputs = unless_rejected(lambda: (subject.run_reference(clone_tree(probe)), subject.oracle(probe)))
         if outputs is None:
             return None
         reference, oracle = outputs
-        finding, leaves = judge_probe(subject, probe, reference, oracle)
+        finding, leaves = judge_probe(subject, probe, reference, oracle, scales)
         if evidence is not None:
             evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
         return finding if finding is not None else False
 
     def _fail(self, subject: Subject, case: Case, name: str, original: tuple, probe: tuple, finding: Finding,
-              evidence: list, argument: int | None = None) -> GateResult:
+              evidence: list, argument: int | None = None, scales: dict[str, float] | None = None) -> GateResult:
         """Shrink to the fewest values drawn from the distribution, the rest as the factory made them (within
         `argument` when only that one was drawn from it)."""
         positions = [(i, j) for i, a in enumerate(probe) if isinstance(a, torch.Tensor) and a.is_floating_point()
@@ -184,7 +210,7 @@ class Distributions(Gate):
             return subject.conform(original, tuple(args))
 
         def fails(chosen: list[tuple[int, int]]) -> bool:
-            result = self._judge(subject, mixed(chosen), case, None)
+            result = self._judge(subject, mixed(chosen), case, None, scales)
             if isinstance(result, Finding) and result.kind == finding.kind:
                 found[len(chosen)] = (result, chosen)
                 return True

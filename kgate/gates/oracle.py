@@ -24,10 +24,12 @@ class Incomparable:
     got: str | None = None
 
 
-def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance) -> Incomparable | list[LeafError]:
+def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
+                    scales: dict[str, float] | None = None) -> Incomparable | list[LeafError]:
     """The oracle gate's judgement of one output tree: one LeafError per tensor leaf, or why none.
 
-    Shared by every gate that judges against the oracle bound (shapes, layouts, distributions, ...)."""
+    Shared by every gate that judges against the oracle bound (shapes, layouts, distributions, ...).
+    `scales` (output path -> magnitude) raises the magnitude each leaf's floor is taken of."""
     if structure(out) != structure(oracle):
         return Incomparable("output structure differs from the reference's: cannot compare",
                             expected=structure(oracle), got=structure(out))
@@ -43,7 +45,8 @@ def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance) -> In
                                 expected=str(tuple(want.shape)), got=str(tuple(got.shape)))
         ref = refs.get(path)
         leaves.append(measure(got, ref if isinstance(ref, torch.Tensor) else None, want, path=path,
-                              factor=tol.factor, ulps=tol.ulps, atol=tol.atol))
+                              factor=tol.factor, ulps=tol.ulps, atol=tol.atol,
+                              scale_at_least=(scales or {}).get(path, 0.0)))
     return leaves
 
 
