@@ -61,7 +61,9 @@ _drive)
   t0=$(date +%s)
   if [ -z "${NO_PREBUILD:-}" ]; then
     echo "compile-only: start $(date -u +%T)"
-    nice -n 19 "${AUDIT[@]}" --compile-only --compile-jobs "${BUILD_JOBS:-8}" -q &
+    # --resume: the candidates already judged need no build (REJUDGE: they are judged again, so they do)
+    skip=(--resume); [ -n "${REJUDGE:-}" ] && skip=()
+    nice -n 19 "${AUDIT[@]}" --compile-only "${skip[@]}" --compile-jobs "${BUILD_JOBS:-8}" -q &
     cpid=$!
     while kill -0 "$cpid" 2>/dev/null && [ ! -f "$WORK/GO" ]; do sleep 2; done
     # `go` before every build is done: stop the builds in flight (kgate kills them on SIGTERM; their

@@ -18,7 +18,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 if [ -n "${PREBUILD:-}" ]; then
   (nice -n 19 python3 -m kgate audit --format kernelbench --problems .third_party/kb-corpus/problems \
      --candidates .third_party/kb-corpus/candidates --index .third_party/kb-corpus/index.csv --device cuda \
-     --compile-jobs "${PREBUILD_JOBS:-8}" --compile-timeout 600 --out /tmp/kgate-audit --compile-only \
+     --compile-jobs "${PREBUILD_JOBS:-8}" --compile-timeout 600 --out /tmp/kgate-audit --compile-only --resume \
      --max-time "${PREBUILD_S:-300}" -q >"$OUT/prebuild.log" 2>&1
    echo "prebuild rc=$?" >>"$OUT/prebuild.log") &
 fi

@@ -559,6 +559,23 @@ def test_compile_only_fills_the_cache_and_judges_nothing(tmp_path):
     assert record["compile"]["seconds"] < 5  # found built in the cache
 
 
+def test_compile_only_leaves_the_results_alone_and_skips_judged_candidates_on_resume(tmp_path, capsys):
+    """A build pass before (or beside) a resumed audit must not truncate its results.jsonl: on the H200 the
+    carried records would have been lost, and every candidate built and judged again."""
+    out = tmp_path / "run"
+    judged = [*BASE[:-1], "contract", "-k", PLAIN, "--jobs", "1", "--out", str(out), "-q"]
+    assert kgate_main(judged) == 0
+    before = (out / "results.jsonl").read_text()
+    assert len(before.splitlines()) == 2
+    ext = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
+           "--device", "cpu", "--out", str(out), "--compile-only", "--max-time", "0"]
+    capsys.readouterr()
+    assert kgate_main([*ext, "-k", PLAIN]) in (0, 3)
+    assert (out / "results.jsonl").read_text() == before
+    assert kgate_main([*ext, "-k", PLAIN, "--resume"]) == 0  # both judged: nothing to build
+    assert (out / "results.jsonl").read_text() == before
+
+
 def test_compile_only_after_max_time_starts_nothing(tmp_path, capsys):
     args = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "extension"),
             "--device", "cpu", "--out", str(tmp_path), "--compile-only", "--max-time", "0", "-q"]

@@ -90,7 +90,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "candidate); writes ~0.8 GB into torch's include folder. Local backend only")
     p.add_argument("--compile-only", action="store_true",
                    help="only build the selected candidates' extensions into OUT's cache (no GPU needed, nothing "
-                        "judged or recorded); a later audit with the same --out finds them built. Lets the CPU "
+                        "judged or recorded: OUT/results.jsonl is left as it is; with --resume the candidates it "
+                        "holds are not built); a later audit with the same --out finds them built. Lets the CPU "
                         "build while the GPU does other work")
     p.add_argument("--shard", metavar="I/N", help="judge only shard I of N (every candidate is in exactly one shard)")
     p.add_argument("--resume", action="store_true", help="keep OUT/results.jsonl and skip the candidates it holds")
@@ -191,7 +192,12 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     current = kgate_stamp()
     stale = (lambda r: r.get("id") in ids and r.get("kgate") != current) if args.rejudge_stale else None
     try:
-        done = results.start(resume=args.resume, drop=stale)
+        if args.compile_only:
+            # builds only: the results file is never written (a concurrent or later audit owns it); with
+            # --resume the candidates it already holds need no build
+            done = results.read() if args.resume else {}
+        else:
+            done = results.start(resume=args.resume, drop=stale)
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out}: {exc}") from None
     if results.moved and not args.quiet:
