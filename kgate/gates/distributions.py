@@ -113,8 +113,7 @@ def _magnitudes(oracle) -> dict[str, float]:
     out = {}
     for path, t in flatten(oracle):
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel():
-            finite = t[torch.isfinite(t)]
-            out[path] = float(finite.abs().max()) if finite.numel() else 0.0
+            out[path] = float(t.abs().nan_to_num_(nan=0.0, posinf=0.0).max())
     return out
 
 
