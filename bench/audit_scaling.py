@@ -22,6 +22,7 @@ import argparse
 import datetime
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         if not visible:
             sys.exit("--device cuda: no CUDA device is visible")
         names = [f"cuda:{i}" for i in visible]
-        import torch
-
-        hardware = f"{len(names)} x {torch.cuda.get_device_name(0)}"
+        # asked of a short-lived process: this one must hold no CUDA context (as kgate audit's parent)
+        probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                               capture_output=True, text=True, timeout=120)
+        hardware = f"{len(names)} x {probe.stdout.strip() or 'GPU'}"
     else:
         names = ["cpu"] * 64  # CPU "devices": more workers on the one CPU
         hardware = "CPU"
