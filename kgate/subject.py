@@ -141,7 +141,7 @@ class Subject:
             out = self.kernel_fn(*args)
             if sync:
                 synchronize(self.device)
-                raise_pending_launch_error(self.device)
+            raise_pending_launch_error(self.device)  # no sync: a launch that failed at once, raised here
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             try:  # a launch error the kernel left pending before it raised is part of this failure
                 raise_pending_launch_error(self.device)

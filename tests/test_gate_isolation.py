@@ -183,3 +183,33 @@ def test_non_plain_results_fail(make, words):
 def test_lazy_problem_accepts_plain_tensors():
     assert lazy_problem(torch.zeros(2)) is None
     assert "meta" in lazy_problem(torch.zeros(2, device="meta"))
+
+
+def test_a_launch_fault_surfacing_in_the_early_copies_is_the_kernels(monkeypatch):
+    """On a GPU, a kernel launch that fails at once ("invalid argument") is reported by the next CUDA call;
+    in this gate that is kgate's copy of the outputs, read before any sync. It is the kernel's error, not
+    a kgate internal error (seen on the H200 audit)."""
+    from kgate.gates import isolation
+    from kgate.subject import UserCodeError
+
+    armed = [False]
+    real_clone = torch.Tensor.clone
+
+    def clone(self, *args, **kwargs):
+        if armed[0]:
+            armed[0] = False
+            raise RuntimeError("CUDA error: invalid argument")
+        return real_clone(self, *args, **kwargs)
+
+    def faulty(x):
+        out = good(x)
+        armed[0] = True
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "clone", clone)
+    from tests.gate_harness import subject_for
+
+    subject = subject_for(faulty, ref, rows)
+    with pytest.raises(UserCodeError) as caught:
+        isolation.Isolation().plain_and_settled(subject, subject.cases[0])
+    assert caught.value.role == "kernel" and "invalid argument" in str(caught.value)

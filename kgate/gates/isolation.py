@@ -215,8 +215,13 @@ class Isolation(Gate):
             threads = set(threading.enumerate())
             with AllocationHook(poison=NAN_BYTE):
                 out = subject.run_kernel(args, sync=False)
-                # Read at once: on a GPU the copies queue on the current stream, ahead of any sync.
-                early = [(p, t.detach().clone()) if lazy_problem(t) is None else (p, None) for p, t in _leaves(out)]
+                # Read at once: on a GPU the copies queue on the current stream, ahead of any sync. A fault
+                # of the kernel's launches can surface in these copies, kgate's first CUDA calls after it.
+                try:
+                    early = [(p, t.detach().clone()) if lazy_problem(t) is None else (p, None)
+                             for p, t in _leaves(out)]
+                except RuntimeError as exc:  # torch.AcceleratorError is one
+                    raise UserCodeError("kernel", exc) from exc
             for path, t in _leaves(out):
                 problem = lazy_problem(t)
                 if problem:
