@@ -296,3 +296,34 @@ def test_the_worker_gives_each_gate_a_search_deadline(monkeypatch):
     worker.run_gates(Channel(), subject, ["spy"], None, None)
     assert before + worker.SEARCH_SHARE * 100.0 <= seen[0] <= worker._monotonic() + worker.SEARCH_SHARE * 100.0
     assert seen[1] is None
+
+
+@pytest.mark.parametrize(("shape", "chunk"), [((3, 37, 5), 16), ((3, 37, 5), 4), ((2, 2, 4, 100, 3), 8),
+                                              ((5, 64, 7), 1 << 22)])
+def test_pairwise_matmul_in_bounded_memory_is_the_same_tree(monkeypatch, shape, chunk):
+    """Products that do not fit the chunk are split by rows, then by columns, then K into aligned
+    power-of-two blocks summed pairwise and their sums pairwise: bitwise the one tree over all of K
+    (for a 32768 x 32768 weight, one row's products alone were 8 GiB and the emulation silently gave up)."""
+    monkeypatch.setattr(accumulation, "PRODUCT_CHUNK", chunk)
+    *batch, m, k, n = shape
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(*batch, m, k, generator=gen, dtype=torch.float64)
+    b = torch.randn(*batch, k, n, generator=gen, dtype=torch.float64)
+    mode = LowPrecisionAccumulation(torch.float16, PAIRWISE)
+    got = mode.lp_matmul(a, b)
+    want = mode.reduce_last((a.unsqueeze(-1) * b.unsqueeze(-3)).transpose(-1, -2))
+    assert got.shape == want.shape and torch.equal(got, want)
+    assert mode.lp_matmul(a[..., :0], b[..., :0, :]).abs().sum() == 0  # K = 0: zeros
+
+
+def test_an_op_whose_emulation_fails_is_named(monkeypatch):
+    """An emulation that fails (arguments it does not handle, out of memory) lets the op run as usual;
+    the gate says which op was left unemulated instead of calling the reference reduction-free."""
+    def too_big(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setitem(accumulation._HANDLERS, torch.ops.aten.mm, too_big)
+    monkeypatch.setitem(accumulation._HANDLERS, torch.ops.aten.addmm, too_big)
+    result = matmul(correct.matmul_fp32_accumulator)
+    assert result.verdict == "skip", result.message
+    assert "not emulated: " in result.message and "OutOfMemoryError" in result.message

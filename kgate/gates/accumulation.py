@@ -87,6 +87,7 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         self.acc = acc
         self.order = order
         self.emulated: Counter[str] = Counter()
+        self.failed: dict[str, str] = {}  # op -> why its emulation failed (it then ran as usual)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -95,12 +96,16 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         floating = any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args)
         if handler is None or not floating:
             return real
+        op = str(func.overloadpacket).removeprefix("aten.")
         try:
             emulated = handler(self, *args, **kwargs)
             result = _like(emulated, real)
-        except (TypeError, ValueError, RuntimeError, NotImplementedError, IndexError):
+        except (TypeError, ValueError, RuntimeError, NotImplementedError, IndexError) as exc:
+            # arguments the emulation does not handle, or too large for memory: the op runs as usual,
+            # and the gate says which ops were left so
+            self.failed.setdefault(op, type(exc).__name__)
             return real
-        self.emulated[str(func.overloadpacket).removeprefix("aten.")] += 1
+        self.emulated[op] += 1
         return result
 
     # -- the low-precision building blocks ----------------------------------------------------------
@@ -160,11 +165,24 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         if self.order == SEQUENTIAL:
             return self._blocked_sequential_matmul(a, b, batch)
-        rows = max(1, _product_chunk(a.device) // max(1, batch * k * n))
+        if k == 0:
+            return a.new_zeros(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n))
+        budget = _product_chunk(a.device)
+        rows = max(1, budget // max(1, batch * k * n))
+        cols = n if batch * k * n <= budget else max(1, budget // max(1, batch * k))
+        # K itself too long for one column's products: aligned power-of-two blocks of K summed pairwise,
+        # then their sums pairwise; the same tree (zero padding is exact), in bounded memory
+        kb = k if batch * k <= budget else 1 << (max(1, budget // max(1, batch))).bit_length() - 1
         parts = []
         for start in range(0, m, rows):
-            prods = a[..., start:start + rows, :].unsqueeze(-1) * b.unsqueeze(-3)  # (..., r, K, N)
-            parts.append(self.reduce_last(prods.transpose(-1, -2)))
+            sub = a[..., start:start + rows, :]
+            row_parts = []
+            for c0 in range(0, n, cols):
+                bc = b[..., :, c0:c0 + cols]
+                sums = [self._pairwise((sub[..., :, i:i + kb].unsqueeze(-1) * bc[..., i:i + kb, :].unsqueeze(-3))
+                                       .transpose(-1, -2)) for i in range(0, k, kb)]  # each (..., r, cols)
+                row_parts.append(sums[0] if len(sums) == 1 else self._pairwise(torch.stack(sums, dim=-1)))
+            parts.append(torch.cat(row_parts, dim=-1))
         return torch.cat(parts, dim=-2) if parts else a.new_zeros(a.shape[:-1] + (n,))
 
     def _blocked_sequential_matmul(self, a: torch.Tensor, b: torch.Tensor, batch: int) -> torch.Tensor:
@@ -345,8 +363,9 @@ class Accumulation(Gate):
 
     def check(self, subject: Subject) -> GateResult:
         covered, separating, rejected, settles, ambiguous = Counter(), [], [], [], []
+        failed: dict[str, str] = {}  # ops whose emulation failed (they ran as usual), and why
         try:
-            found = self._search(subject, covered, separating, rejected, settles, ambiguous)
+            found = self._search(subject, covered, separating, rejected, settles, ambiguous, failed)
         except _OutOfTime as stop:
             found, cut = (ambiguous[0] if ambiguous else None), stop.where
         else:
@@ -356,9 +375,15 @@ class Accumulation(Gate):
         judged, unexplained = len(separating), sum(n for _, n in separating)
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before "
                    f"the probe {cut}: not every crafted input was tried" if cut else "")
+        left = ("; not emulated: " + ", ".join(f"{op} ({why})" for op, why in sorted(failed.items()))
+                + " (those ran as usual)") if failed else ""
+        stopped = left + stopped
         if judged == 0:
             note = f" (skipped {len(rejected)} probe(s) the reference rejects)" if rejected else ""
             if not covered and not cut:
+                if failed:
+                    return self.skipped("kgate could not emulate the reference's reductions with a low-precision "
+                                        f"accumulator: nothing to separate{note}{left}")
                 return self.skipped("the reference performs no reduction that kgate emulates with a low-precision "
                                     f"accumulator (or has no floating-point inputs): nothing to separate{note}")
             return self.skipped(f"the crafted inputs never made fp16/bf16 accumulation of the reference measurably "
@@ -376,7 +401,7 @@ class Accumulation(Gate):
         return self.passed(message + rejected_note(rejected) + stopped)
 
     def _search(self, subject: Subject, covered: Counter, separating: list, rejected: list,
-                settles: list, ambiguous: list) -> GateResult | None:
+                settles: list, ambiguous: list, failed: dict[str, str]) -> GateResult | None:
         """Every case's crafted probes (raises _OutOfTime once the subject's search budget is spent);
         appends (power, unexplained outputs) of each separating probe to `separating` and the cases a
         decisive positive-values probe settled to `settles`; returns a failure (the first failure found, when
@@ -395,7 +420,7 @@ class Accumulation(Gate):
                         where += " (the others as the factory made them)"
                     if subject.out_of_time():
                         raise _OutOfTime(f"{where} ({case.label()})")
-                    return self._probe(subject, case, where, inputs, covered)
+                    return self._probe(subject, case, where, inputs, covered, failed)
 
                 # The factory's inputs change nothing: no argument to retry alone.
                 settled = False
@@ -420,8 +445,8 @@ class Accumulation(Gate):
                     break
         return ambiguous[0] if ambiguous else None
 
-    def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,
-               covered: Counter) -> GateResult | tuple[float, list] | bool | None:
+    def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple, covered: Counter,
+               failed: dict[str, str]) -> GateResult | tuple[float, list] | bool | None:
         """A failure; or (separation power, outputs off by more than any accumulator explains) of a probe
         that passes; False when the probe cannot judge (nothing emulated, no output separates the
         accumulators); None when the reference rejects it. `label` gains the argument for a probe whose
@@ -437,6 +462,8 @@ class Accumulation(Gate):
                     with mode:
                         emulated[(acc, order)] = subject.oracle(crafted)
                     here.update(mode.emulated)
+                    for op, why in mode.failed.items():
+                        failed.setdefault(op, why)
             return reference, oracle, emulated, here
 
         outputs = unless_rejected(run)
