@@ -158,6 +158,24 @@ OPS = {
     "layer_norm": lambda: F.layer_norm(x, (300,), w[:, 0], w[:, 1]), "norm": lambda: x.norm(dim=1),
     "dot": lambda: x[0] @ x[1], "mv": lambda: x @ x[0],
 }
+# convolutions, every variant aten.convolution takes: 1-3 spatial dims, stride, padding, dilation, groups,
+# bias, transposed with output padding; channels x window long enough for float16 to drift
+img1 = torch.rand(2, 24, 17, dtype=torch.float64, generator=_gen) + 0.5
+img2 = torch.rand(2, 24, 9, 11, dtype=torch.float64, generator=_gen) + 0.5
+img3 = torch.rand(1, 8, 5, 6, 7, dtype=torch.float64, generator=_gen) + 0.5
+k1 = torch.rand(6, 24, 5, dtype=torch.float64, generator=_gen)
+k2 = torch.rand(6, 12, 3, 3, dtype=torch.float64, generator=_gen)
+k3 = torch.rand(4, 8, 3, 2, 3, dtype=torch.float64, generator=_gen)
+kt2 = torch.rand(24, 3, 3, 4, dtype=torch.float64, generator=_gen)
+kt3 = torch.rand(8, 2, 2, 3, 2, dtype=torch.float64, generator=_gen)
+OPS.update({
+    "conv1d": lambda: F.conv1d(img1, k1, b[:6], stride=2, padding=3, dilation=2),
+    "conv2d_grouped": lambda: F.conv2d(img2, k2, None, stride=(2, 1), padding=(1, 2), groups=2),
+    "conv3d": lambda: F.conv3d(img3, k3, b[:4], stride=1, padding=1, dilation=(1, 2, 1)),
+    "conv_transpose2d": lambda: F.conv_transpose2d(img2, kt2, b[:6], stride=2, padding=1, output_padding=1,
+                                                   groups=2, dilation=(1, 2)),
+    "conv_transpose3d": lambda: F.conv_transpose3d(img3, kt3, None, stride=(2, 1, 2), padding=(0, 1, 1)),
+})
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -327,3 +345,33 @@ def test_an_op_whose_emulation_fails_is_named(monkeypatch):
     result = matmul(correct.matmul_fp32_accumulator)
     assert result.verdict == "skip", result.message
     assert "not emulated: " in result.message and "OutOfMemoryError" in result.message
+
+
+def conv_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    n, c, h = shape or (2, 32, 10)
+    x = torch.randn(n, c, h, h, generator=gen, dtype=torch.float64)
+    w = torch.randn(8, c, 3, 3, generator=gen, dtype=torch.float64) / 10
+    return x.to(dtype=dtype, device=device), w.to(dtype=dtype, device=device)
+
+
+def conv_reference(x, w):
+    return F.conv2d(x, w, padding=1)
+
+
+def conv_fp16_running_sum(x, w):
+    """The convolution as im2col and a running float16 sum over channels x window."""
+    n, _, h, wd = x.shape
+    cols = F.unfold(x, 3, padding=1)  # (N, C*9, L)
+    flat = w.reshape(w.shape[0], -1)
+    acc = torch.zeros(n, w.shape[0], cols.shape[-1], dtype=torch.float16)
+    for j in range(flat.shape[1]):
+        acc = acc + (flat[None, :, j, None] * cols[:, None, j, :]).to(torch.float16)
+    return acc.to(x.dtype).reshape(n, w.shape[0], h, wd)
+
+
+def test_a_convolution_accumulating_in_float16_fails_and_the_real_one_passes():
+    bad = check("accumulation", conv_fp16_running_sum, conv_reference, conv_inputs, shapes=[[2, 32, 10]])
+    assert bad.verdict == "fail" and "float16" in bad.message and "convolution" in bad.message, bad.message
+    good = check("accumulation", conv_reference, conv_reference, conv_inputs, shapes=[[2, 32, 10]])
+    assert good.verdict == "pass" and "convolution x" in good.message, good.message

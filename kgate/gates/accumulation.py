@@ -7,7 +7,8 @@ it performs carried out by an emulated low-precision accumulator (float16 and bf
 for float64 kernels), once in pairwise order (the most favourable a kernel can use) and once
 sequentially (a running sum). The emulation is a TorchDispatchMode that replaces the reductions
 torch dispatches (sum, mean, mm, bmm, addmm, baddbmm, mv, addmv, dot, softmax, log_softmax,
-logsumexp, cumsum, var, std, var_mean, layer_norm, vector 2-norm) by the same computation whose
+logsumexp, cumsum, var, std, var_mean, layer_norm, vector 2-norm, and 1- to 3-d convolutions, direct or
+transposed, as a product of the weights and the input's patches) by the same computation whose
 partial sums are rounded to the accumulator's dtype after every addition.
 
 A probe judges an output where some emulated low-precision accumulator misses the oracle bound by
@@ -324,7 +325,50 @@ def _vector_norm(m, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return torch.sqrt(m.lp_sum(x.to(torch.float64).abs() ** 2, dim, keepdim))
 
 
+def _convolution(m, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution (1-, 2- and 3-d, grouped, dilated, transposed) as a matrix product of the
+    weights and the input's patches (im2col), the sum over input channels x window in the accumulator.
+    A transposed convolution is the direct one over the input spread by the stride (zeros between its
+    values: adding an exact zero changes no running sum), padded by dilation x (kernel - 1) - padding,
+    with the kernel flipped and its channel axes swapped."""
+    x, w = x.to(torch.float64), w.to(torch.float64)
+    nd = x.dim() - 2
+    if nd < 1 or w.dim() != nd + 2:
+        raise NotImplementedError("convolution over 1 to 3 spatial dimensions, batched")
+    stride, padding, dilation = (list(v) * (nd if len(v) == 1 else 1) for v in (stride, padding, dilation))
+    kernel = list(w.shape[2:])
+    if transposed:
+        output_padding = list(output_padding) * (nd if len(output_padding) == 1 else 1)
+        n, c = x.shape[:2]
+        spread = x.new_zeros((n, c, *[(size - 1) * st + 1 for size, st in zip(x.shape[2:], stride, strict=True)]))
+        spread[(slice(None), slice(None), *[slice(None, None, st) for st in stride])] = x
+        x = spread
+        # (C_in, O/g, *K) -> (O, C_in/g, *K), the window flipped
+        cin, og = w.shape[:2]
+        w = w.reshape(groups, cin // groups, og, *kernel).transpose(1, 2).reshape(groups * og, cin // groups, *kernel)
+        w = w.flip(list(range(2, nd + 2)))
+        pads = [(d * (k - 1) - p, d * (k - 1) - p + op)
+                for k, p, d, op in zip(kernel, padding, dilation, output_padding, strict=True)]
+        stride = [1] * nd
+    else:
+        pads = [(p, p) for p in padding]
+    x = torch.nn.functional.pad(x, [v for pair in reversed(pads) for v in pair])
+    for i, (k, st, d) in enumerate(zip(kernel, stride, dilation, strict=True)):
+        x = x.unfold(2 + i, (k - 1) * d + 1, st)[..., ::d]  # (..., out_i, ..., k_i) appended last
+    # x: (N, C, *Out, *K) -> (N, groups, C/g * prod(K), prod(Out))
+    n, c, out = x.shape[0], x.shape[1], list(x.shape[2:2 + nd])
+    cols = x.reshape(n, groups, c // groups, math.prod(out), math.prod(kernel)).permute(0, 1, 2, 4, 3)
+    cols = cols.reshape(n, groups, (c // groups) * math.prod(kernel), math.prod(out))
+    o = w.shape[0]
+    weights = w.reshape(groups, o // groups, -1)  # (groups, O/g, C/g * prod(K)), the same (c, k) order
+    y = m.lp_matmul(weights, cols).reshape(n, o, *out)
+    if bias is not None:
+        y = y + bias.to(torch.float64).reshape(1, o, *([1] * nd))
+    return y
+
+
 _HANDLERS = {
+    aten.convolution: _convolution,
     aten.sum: _sum, aten.mean: _mean, aten.mm: _mm, aten.bmm: _mm, aten.addmm: _addmm, aten.baddbmm: _addmm,
     aten.mv: _mv, aten.addmv: _addmv, aten.dot: _dot, aten._softmax: _softmax, aten._log_softmax: _log_softmax,
     aten.logsumexp: _logsumexp, aten.cumsum: _cumsum, aten.var: _var, aten.std: _std, aten.var_mean: _var_mean,
