@@ -347,31 +347,12 @@ def test_an_op_whose_emulation_fails_is_named(monkeypatch):
     assert "not emulated: " in result.message and "OutOfMemoryError" in result.message
 
 
-def conv_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
-    gen = torch.Generator().manual_seed(seed)
-    n, c, h = shape or (2, 32, 10)
-    x = torch.randn(n, c, h, h, generator=gen, dtype=torch.float64)
-    w = torch.randn(8, c, 3, 3, generator=gen, dtype=torch.float64) / 10
-    return x.to(dtype=dtype, device=device), w.to(dtype=dtype, device=device)
-
-
-def conv_reference(x, w):
-    return F.conv2d(x, w, padding=1)
-
-
-def conv_fp16_running_sum(x, w):
-    """The convolution as im2col and a running float16 sum over channels x window."""
-    n, _, h, wd = x.shape
-    cols = F.unfold(x, 3, padding=1)  # (N, C*9, L)
-    flat = w.reshape(w.shape[0], -1)
-    acc = torch.zeros(n, w.shape[0], cols.shape[-1], dtype=torch.float16)
-    for j in range(flat.shape[1]):
-        acc = acc + (flat[None, :, j, None] * cols[:, None, j, :]).to(torch.float16)
-    return acc.to(x.dtype).reshape(n, w.shape[0], h, wd)
-
-
 def test_a_convolution_accumulating_in_float16_fails_and_the_real_one_passes():
-    bad = check("accumulation", conv_fp16_running_sum, conv_reference, conv_inputs, shapes=[[2, 32, 10]])
+    def conv(kernel):
+        return check("accumulation", kernel, correct.conv_reference, correct.make_images, shapes=[[2, 32, 10]])
+
+    bad = conv(violating.conv_fp16_accumulator)
     assert bad.verdict == "fail" and "float16" in bad.message and "convolution" in bad.message, bad.message
-    good = check("accumulation", conv_reference, conv_reference, conv_inputs, shapes=[[2, 32, 10]])
-    assert good.verdict == "pass" and "convolution x" in good.message, good.message
+    for kernel in (correct.conv_fp32_accumulator, correct.conv_reference):
+        good = conv(kernel)
+        assert good.verdict == "pass" and "convolution x" in good.message, good.message

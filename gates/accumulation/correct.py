@@ -44,3 +44,24 @@ def rowsum_fp32_accumulator(x):
     for j in range(x.shape[-1]):
         acc += x[..., j].float()
     return acc.to(x.dtype)
+
+
+def make_images(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """x (n, c, h, h) and a 3 x 3 weight (8, c, 3, 3); shape = (n, c, h)."""
+    gen = torch.Generator().manual_seed(seed)
+    n, c, h = shape or (2, 32, 10)
+    x = torch.randn(n, c, h, h, generator=gen, dtype=torch.float64)
+    w = torch.randn(8, c, 3, 3, generator=gen, dtype=torch.float64) / 10
+    return x.to(dtype=dtype, device=device), w.to(dtype=dtype, device=device)
+
+
+def conv_reference(x, w):
+    return torch.nn.functional.conv2d(x, w, padding=1)
+
+
+def conv_fp32_accumulator(x, w):
+    """The convolution as im2col and a matrix product with a float32 accumulator."""
+    n, _, h, wd = x.shape
+    cols = torch.nn.functional.unfold(x.float(), 3, padding=1)  # (n, c * 9, h * w)
+    out = w.float().reshape(w.shape[0], -1) @ cols
+    return out.to(x.dtype).reshape(n, w.shape[0], h, wd)

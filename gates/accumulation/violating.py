@@ -22,3 +22,15 @@ def rowsum_fp16_accumulator(x):
     for j in range(x.shape[-1]):
         acc += x[..., j]
     return acc.to(x.dtype)
+
+
+def conv_fp16_accumulator(x, w):
+    """A 3 x 3 convolution as im2col and a running float16 sum over channels x window: the half-precision
+    accumulator of a hand-written direct convolution."""
+    n, _, h, wd = x.shape
+    cols = torch.nn.functional.unfold(x, 3, padding=1)  # (n, c * 9, h * w)
+    flat = w.reshape(w.shape[0], -1)
+    acc = torch.zeros(n, w.shape[0], cols.shape[-1], dtype=torch.float16, device=x.device)
+    for j in range(flat.shape[1]):
+        acc += (flat[None, :, j, None] * cols[:, None, j, :]).to(torch.float16)
+    return acc.to(x.dtype).reshape(n, w.shape[0], h, wd)
