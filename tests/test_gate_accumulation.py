@@ -100,14 +100,20 @@ def test_long_sequential_matmul_sums_block_by_block_as_reduce_last_does(monkeypa
     of all outputs at a time, is bitwise the per-output reduction of the materialised products."""
     monkeypatch.setattr(accumulation, "SEQUENTIAL_MAX_STEPS", 4)
     monkeypatch.setattr(accumulation, "PRODUCT_CHUNK", 16)  # several chunks of rows
+    _same_as_materialised(shape, SEQUENTIAL)
+
+
+def _same_as_materialised(shape, order):
+    """lp_matmul against the per-output reduction of every product materialised at once: bitwise equal."""
     *batch, m, k, n = shape
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(*batch, m, k, generator=gen, dtype=torch.float64)
     b = torch.randn(*batch, k, n, generator=gen, dtype=torch.float64)
-    mode = LowPrecisionAccumulation(torch.float16, SEQUENTIAL)
+    mode = LowPrecisionAccumulation(torch.float16, order)
     got = mode.lp_matmul(a, b)
     want = mode.reduce_last((a.unsqueeze(-1) * b.unsqueeze(-3)).transpose(-1, -2))
     assert got.shape == want.shape and torch.equal(got, want)
+    return mode, a, b
 
 
 def test_fp16_running_total_that_passes_the_oracle_gate_is_caught():
@@ -323,14 +329,7 @@ def test_pairwise_matmul_in_bounded_memory_is_the_same_tree(monkeypatch, shape, 
     power-of-two blocks summed pairwise and their sums pairwise: bitwise the one tree over all of K
     (for a 32768 x 32768 weight, one row's products alone were 8 GiB and the emulation silently gave up)."""
     monkeypatch.setattr(accumulation, "PRODUCT_CHUNK", chunk)
-    *batch, m, k, n = shape
-    gen = torch.Generator().manual_seed(1)
-    a = torch.randn(*batch, m, k, generator=gen, dtype=torch.float64)
-    b = torch.randn(*batch, k, n, generator=gen, dtype=torch.float64)
-    mode = LowPrecisionAccumulation(torch.float16, PAIRWISE)
-    got = mode.lp_matmul(a, b)
-    want = mode.reduce_last((a.unsqueeze(-1) * b.unsqueeze(-3)).transpose(-1, -2))
-    assert got.shape == want.shape and torch.equal(got, want)
+    mode, a, b = _same_as_materialised(shape, PAIRWISE)
     assert mode.lp_matmul(a[..., :0], b[..., :0, :]).abs().sum() == 0  # K = 0: zeros
 
 
