@@ -355,3 +355,12 @@ def test_a_convolution_accumulating_in_float16_fails_and_the_real_one_passes():
     for kernel in (correct.conv_fp32_accumulator, correct.conv_reference):
         good = conv(kernel)
         assert good.verdict == "pass" and "convolution x" in good.message, good.message
+
+
+def test_a_product_past_the_emulation_budget_runs_as_usual_and_is_named(monkeypatch):
+    """One emulated product must not outlast the gate's time limit (a timeout reads as the kernel's error):
+    past the budget the op runs as usual and the message says how many products it would have taken."""
+    monkeypatch.setitem(accumulation.EMULATION_BUDGET, "cpu", 1000)
+    result = matmul(correct.matmul_fp32_accumulator)  # 8 x 256 x 8 = 16384 products
+    assert result.verdict == "skip", result.message
+    assert "not emulated: mm (1.64e+04 products, more than kgate emulates on cpu (1e+03))" in result.message

@@ -58,6 +58,10 @@ PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
 SEQUENTIAL_MAX_STEPS = 16384  # longer running sums add pairwise-summed blocks, to bound the Python loop
 PRODUCT_CHUNK = 1 << 22  # float64 elements of matmul products materialised at once (32 MiB) ...
 PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (256 MiB), where each chunk costs dozens of kernel launches
+# The most products one emulated matrix product (or convolution) may take: beyond it the op runs as usual and
+# the gate names it, rather than one probe outlasting the gate's time limit (a timeout would read as the
+# kernel's error). A GPU does 1.4e11 (a 128 x 32768 x 32768 linear layer) in seconds; a CPU core far fewer.
+EMULATION_BUDGET = {"cpu": 1 << 28, "other": 1 << 38}
 
 aten = torch.ops.aten
 
@@ -104,7 +108,7 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         except (TypeError, ValueError, RuntimeError, NotImplementedError, IndexError) as exc:
             # arguments the emulation does not handle, or too large for memory: the op runs as usual,
             # and the gate says which ops were left so
-            self.failed.setdefault(op, type(exc).__name__)
+            self.failed.setdefault(op, str(exc) if isinstance(exc, NotImplementedError) else type(exc).__name__)
             return real
         self.emulated[op] += 1
         return result
@@ -158,6 +162,7 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         a, b = a.to(torch.float64), b.to(torch.float64)
         k = a.shape[-1]
         m, n = a.shape[-2], b.shape[-1]
+        _within_budget(math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) * m * k * n, a.device)
         if self.order == SEQUENTIAL and k <= SEQUENTIAL_MAX_STEPS:
             acc = self.round(a[..., :, 0:1] * b[..., 0:1, :])
             for i in range(1, k):
@@ -221,6 +226,13 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         c = 1 if correction is None else correction
         var = self.lp_sum((x.to(torch.float64) - mean) ** 2, dim, keepdim) / max(n - c, 0)
         return var, (mean if keepdim else mean.reshape(var.shape))
+
+
+def _within_budget(products: int, device: torch.device) -> None:
+    budget = EMULATION_BUDGET["cpu" if device.type == "cpu" else "other"]
+    if products > budget:
+        raise NotImplementedError(f"{products:.3g} products, more than kgate emulates on {device.type} "
+                                  f"({budget:.3g})")
 
 
 def _product_chunk(device: torch.device) -> int:
@@ -355,8 +367,9 @@ def _convolution(m, x, w, bias, stride, padding, dilation, transposed, output_pa
     x = torch.nn.functional.pad(x, [v for pair in reversed(pads) for v in pair])
     for i, (k, st, d) in enumerate(zip(kernel, stride, dilation, strict=True)):
         x = x.unfold(2 + i, (k - 1) * d + 1, st)[..., ::d]  # (..., out_i, ..., k_i) appended last
-    # x: (N, C, *Out, *K) -> (N, groups, C/g * prod(K), prod(Out))
+    # x: (N, C, *Out, *K) -> (N, groups, C/g * prod(K), prod(Out)); checked before the patches are copied
     n, c, out = x.shape[0], x.shape[1], list(x.shape[2:2 + nd])
+    _within_budget(n * w.shape[0] * math.prod(out) * (c // groups) * math.prod(kernel), x.device)
     cols = x.reshape(n, groups, c // groups, math.prod(out), math.prod(kernel)).permute(0, 1, 2, 4, 3)
     cols = cols.reshape(n, groups, (c // groups) * math.prod(kernel), math.prod(out))
     o = w.shape[0]
