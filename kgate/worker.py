@@ -140,10 +140,11 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     """Run the named gates on `subject`, sending gate_start and result events; a gate that raises
     gets `error`. With the per-gate `timeout`, each gate's subject gets a search deadline of
     `SEARCH_SHARE` x timeout: a gate that searches (accumulation) starts no new probe after it and
-    reports what it judged, instead of being killed at the limit with nothing. After each gate the device is synchronized (inside the gate's time), so a fault the
-    GPU reports asynchronously is charged to the gate whose launches caused it. A fault that destroys
-    the CUDA context (kgate.faults) gives that gate `error` and ends the loop: returns the CUDA
-    message (the caller then stops, and a fresh worker runs the gates not reached), else None."""
+    reports what it judged, instead of being killed at the limit with nothing. After each gate the
+    device is synchronized (inside the gate's time), so a fault the GPU reports asynchronously is
+    charged to the gate whose launches caused it. A fault that destroys the CUDA context (kgate.faults)
+    gives that gate `error` and ends the loop: returns the CUDA message (the caller then stops, and a
+    fresh worker runs the gates not reached), else None."""
     from kgate import gates as registry
     from kgate import subject as subject_module
     from kgate.faults import context_lost, fault_message

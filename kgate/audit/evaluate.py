@@ -147,7 +147,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                               "device": device, "compile": compiled, "standard": None, "gates": [], "error": None,
                               "problem_error": None, "tamper": None, "free_dims": None, "notes": {},
                               "load_s": None, "standard_s": None, "restarts": 0, "oom": False, "complete": True,
-                              "repro": repro_command(options.repro_args, pair.id, None), "kgate": kgate_stamp(),
+                              "repro": repro_command(options.repro_args, pair.id, None), "kgate": dict(kgate_stamp()),
                               "timeline": {}}
     results: dict[str, GateResult] = {}
     if pair.problem is None:

@@ -341,10 +341,14 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     (folder / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     n = summary["judged"]
     c = summary["confusion"]
+    sources = summary.get("kgate_sources") or {}
+    mixed = ["**The judged records come from more than one kgate source** (records joined across runs with "
+             "--resume; digest of kgate's source files: count): "
+             + ", ".join(f"`{k}`: {v}" for k, v in sources.items()) + ".", ""] if len(sources) > 1 else []
     lines = ["# kgate audit", "", f"Command: `{command}`", "",
              f"{summary['candidates']} candidate(s); {n} judged"
              + (f", {summary['not_judged']} not judged (problem unusable or unpaired, or no CUDA here)" if summary["not_judged"] else "")
-             + ".", "",
+             + ".", "", *mixed,
              "| measure | count | % of judged |", "|---|---:|---:|",
              f"| standard test accepts (5 trials, atol=rtol=1e-2) | {summary['standard_accepts']} | "
              f"{summary['standard_accepts_pct']} |",
@@ -361,11 +365,6 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
              "| | gates pass | gates reject |", "|---|---:|---:|",
              f"| standard accepts | {c['standard_accepts_gates_pass']} | {c['standard_accepts_gates_reject']} |",
              f"| standard rejects | {c['standard_rejects_gates_pass']} | {c['standard_rejects_gates_reject']} |", ""]
-    sources = summary.get("kgate_sources") or {}
-    if len(sources) > 1:
-        lines[6:6] = ["**The judged records come from more than one kgate source** (records joined across runs "
-                      "with --resume; digest of kgate's source files: count): "
-                      + ", ".join(f"`{k}`: {v}" for k, v in sources.items()) + ".", ""]
     if "confusion_matrix.png" in images:
         lines += ["![confusion matrix](confusion_matrix.png)", ""]
     lines += ["## Per gate", "",

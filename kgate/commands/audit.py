@@ -189,8 +189,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     ids = {p.id for p in pairs}
     if args.rejudge_stale and not args.resume:
         raise UsageError("--rejudge-stale goes with --resume (without it every candidate is judged anew anyway)")
-    current = kgate_stamp()
-    stale = (lambda r: r.get("id") in ids and r.get("kgate") != current) if args.rejudge_stale else None
+    stale = (lambda r: r.get("id") in ids and r.get("kgate") != kgate_stamp()) if args.rejudge_stale else None
     try:
         if args.compile_only:
             # builds only: the results file is never written (a concurrent or later audit owns it); with

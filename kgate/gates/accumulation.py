@@ -162,17 +162,18 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         a, b = a.to(torch.float64), b.to(torch.float64)
         k = a.shape[-1]
         m, n = a.shape[-2], b.shape[-1]
-        _within_budget(math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) * m * k * n, a.device)
+        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        batch = math.prod(lead)
+        _within_budget(batch * m * k * n, a.device)
+        if k == 0:
+            return a.new_zeros(lead + (m, n))
         if self.order == SEQUENTIAL and k <= SEQUENTIAL_MAX_STEPS:
             acc = self.round(a[..., :, 0:1] * b[..., 0:1, :])
             for i in range(1, k):
                 acc = self.round(acc + a[..., :, i:i + 1] * b[..., i:i + 1, :])
             return acc
-        batch = math.prod(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
         if self.order == SEQUENTIAL:
             return self._blocked_sequential_matmul(a, b, batch)
-        if k == 0:
-            return a.new_zeros(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n))
         budget = _product_chunk(a.device)
         rows = max(1, budget // max(1, batch * k * n))
         cols = n if batch * k * n <= budget else max(1, budget // max(1, batch * k))
