@@ -236,13 +236,27 @@ def exec_problem(path: Path, role: str) -> types.ModuleType:
     return module
 
 
-def exec_candidate(path: Path) -> types.ModuleType:
-    """Import the candidate as a real module (Triton and inspect need its file); may raise anything."""
+def exec_candidate(path: Path, problem: Path | None = None) -> types.ModuleType:
+    """Import the candidate as a real module (Triton and inspect need its file); may raise anything.
+
+    With `problem`, the candidate's globals start as the problem's, as KernelBench's harness has them:
+    it executes the problem's source and then the candidate's in one namespace, so a candidate may use
+    what only the problem imports or defines (`math`, `F`, `batch_size`, even `Model`); its own
+    definitions replace those. The names come from a copy of the problem module of its own (not the
+    reference's or the inputs' copies), so rebinding them changes nothing kgate judges with; a
+    problem that fails to import here is reported by its own load."""
     name = f"kgate_kb_candidate_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import candidate {path}")
     module = importlib.util.module_from_spec(spec)
+    if problem is not None:
+        try:
+            context = exec_problem(problem, "candidate_context")
+        except ProblemError:
+            context = None
+        if context is not None:
+            module.__dict__.update({k: v for k, v in vars(context).items() if not k.startswith("__")})
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module

@@ -34,6 +34,8 @@ from kgate.report import KernelResult
 
 POLL_S = 0.05
 LOAD_TIMEOUT_S = 120.0  # at least this long to start a worker and import the kernel
+# How a worker killed for its resident memory is named (the audit tells it from the kernel's own errors).
+MEMORY_LIMIT = "exceeded the memory limit of"
 
 
 @dataclass
@@ -365,7 +367,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                         stage = None
             rss = _rss_bytes(proc.pid)
             if rss > memory:
-                error = f"exceeded the memory limit of {_fmt_bytes(memory)} (resident {_fmt_bytes(rss)})"
+                error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(rss)})"
                 _kill(proc)
                 break
             if time.monotonic() > deadline:

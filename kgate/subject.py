@@ -81,14 +81,21 @@ def _resident_bytes() -> int:
         return 0
 
 
-def host_can_hold(args: Any) -> bool:
-    """Whether a float64 copy of `args` (ORACLE_HOST_FACTOR times over) fits in what is left of the
-    worker's host memory limit. At KernelBench's own sizes (inputs of 2 x 10^9 elements) a float64 oracle
-    moved to the CPU took the worker past its limit: killed, and the candidate recorded as an error."""
+def host_can_hold(args: Any, output_elements: int = 0) -> bool:
+    """Whether a float64 oracle on `args` fits in what is left of the worker's host memory limit: its
+    inputs and its outputs (`output_elements`, as the reference gave them at these input shapes), both in
+    float64 and ORACLE_HOST_FACTOR times over. At KernelBench's own sizes (inputs of 2 x 10^9 elements) a
+    float64 oracle moved to the CPU took the worker past its limit: killed, and the candidate recorded
+    as an error; counting the inputs alone missed the operators whose output is larger than their
+    inputs (a transposed convolution that doubles height and width: 17 GiB of float64 output from 4)."""
     if HOST_MEMORY is None:
         return True
-    need = ORACLE_HOST_FACTOR * 8 * sum(t.numel() for t in tensors(args))
+    need = ORACLE_HOST_FACTOR * 8 * (sum(t.numel() for t in tensors(args)) + output_elements)
     return need <= HOST_MEMORY - _resident_bytes()
+
+
+def _shapes_key(args: Any) -> tuple:
+    return tuple((tuple(t.shape), t.dtype) for t in tensors(args))
 
 
 class Subject:
@@ -115,6 +122,8 @@ class Subject:
         # which a searching gate starts no new probe and reports what it judged (None: no limit).
         self.deadline: float | None = None
         self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
+        # elements of the reference's outputs per input shapes: what a float64 oracle on the CPU would hold
+        self._output_elements: dict[tuple, int] = {}
 
     def conform(self, original: tuple, probe: tuple) -> tuple:
         """A probing gate's changed copy of `original`, brought back inside the inputs' domain where the
@@ -157,6 +166,7 @@ class Subject:
             synchronize(self.device)
         except (Exception, SystemExit) as exc:
             raise UserCodeError("reference", exc) from exc
+        self._output_elements[_shapes_key(args)] = sum(t.numel() for t in tensors(out))
         return out
 
     def oracle(self, args: tuple) -> Any:
@@ -166,7 +176,9 @@ class Subject:
         devices = [self.oracle_device] + ([torch.device("cpu")] if self.oracle_device.type != "cpu" else [])
         last: BaseException | None = None
         for device in devices:
-            if last is not None and not host_can_hold(args):
+            # the output's size from the reference at the same input shapes (in the working dtype; a
+            # shape the reference has not run counts inputs only)
+            if last is not None and not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
                 break
             try:
                 with torch.no_grad():

@@ -18,6 +18,7 @@ from kgate.audit.report import summarize
 from kgate.audit.results import ResultsFile, shard
 from kgate.audit.scheduler import DeviceLease
 from kgate.cli import main as kgate_main
+from kgate.gates.base import GateResult
 from kgate.kernelbench import Pair, discover
 from tests.conftest import DATA, ROOT
 from tests.process_support import worker_pids
@@ -372,6 +373,29 @@ def test_gpu_oom_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
     assert "retried_alone" not in by_id["small"]
 
 
+def test_host_memory_limit_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
+    """A worker killed at its host memory limit while it shared the GPU (its float64 oracle did not fit in
+    its share and moved to the CPU) is judged again with the whole GPU, like an out-of-memory error."""
+    from kgate.audit import evaluate, scheduler
+    from kgate.audit.evaluate import AuditOptions
+    from kgate.runner import MEMORY_LIMIT
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+        record = {"id": pair.id, "device": device, "problem_error": None, "standard": {}}
+        cause = f"{MEMORY_LIMIT} 24.0 GiB (resident 24.1 GiB)" if gpu_memory_fraction is not None else None
+        record["error"] = cause
+        results = {} if cause else {"oracle": GateResult("oracle", "pass", "ok", False)}
+        return evaluate._finish(record, ["oracle"], results, cause, time.perf_counter())
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair("big", CORPUS / "x.py", None)]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=2, compile_jobs=1, compile_stage=False)
+    records = []
+    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 1
+    (record,) = records
+    assert record["retried_alone"] and not record["host_memory"] and record["gates"][0]["verdict"] == "pass"
+
+
 def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_path):
     """Taking the whole device in mid-run would idle every other slot while the longest candidate in flight
     ends; the second try of a candidate that ran out of memory while sharing comes after the shared work."""
@@ -623,6 +647,34 @@ def test_the_summary_counts_failures_only_on_empty_inputs_apart():
     assert (s["violation"], s["broken"]) == (3, 3)
     assert s["violation_empty_only"] == 1 and s["violation_on_data"] == 2 and s["broken_on_data"] == 2
     assert s["violation_empty_only_pct"] == 25.0
+
+
+def test_the_summary_sets_apart_candidates_stopped_at_kgates_memory_limits():
+    """Out of GPU memory with the whole GPU, or killed at the host memory limit, with nothing else
+    wrong: most likely kgate's float64 oracle, so not judged (under that reason) rather than a crash. A
+    candidate with a real violation besides stays judged, with that violation only."""
+    from kgate.runner import MEMORY_LIMIT
+
+    host = f"{MEMORY_LIMIT} 24.0 GiB (resident 24.3 GiB)"
+    records = [
+        _fake_record("host-limit", [_fake_gate("oracle", "pass"), _fake_gate("shapes", "error", True, message=host),
+                                    _fake_gate("layouts", "error", True, message=f"not run: {host} earlier")],
+                     error=host),
+        _fake_record("gpu-oom", [_fake_gate("oracle", "error", True, message="CUDA out of memory. Tried to allocate"),
+                                 _fake_gate("shapes", "pass"), _fake_gate("layouts", "pass")]),
+        _fake_record("oom-and-wrong", [_fake_gate("oracle", "fail", True),
+                                       _fake_gate("shapes", "error", True, message="torch.OutOfMemoryError: CUDA"),
+                                       _fake_gate("layouts", "pass")]),
+        _fake_record("crash", [_fake_gate("oracle", "error", True, message="worker died: SIGSEGV"),
+                               _fake_gate("shapes", "pass"), _fake_gate("layouts", "pass")], error="SIGSEGV"),
+    ]
+    s = summarize(records, ["oracle", "shapes", "layouts"])
+    assert (s["judged"], s["not_judged"], s["stopped_at_limits"]) == (2, 2, 2)
+    assert (s["violation"], s["broken"]) == (2, 2)
+    shapes = s["per_gate"]["shapes"]  # the judged candidates' OOM: not run, not a failure
+    assert (shapes["not_run"], shapes["error"], shapes["fail"], shapes["failure_rate"]) == (1, 0, 0, 0.0)
+    assert s["per_gate"]["oracle"]["fail"] == 1 and s["per_gate"]["oracle"]["error"] == 1  # the wrong one, the crash
+    assert any("memory limits" in reason for reason in s["not_judged_reasons"])
 
 
 def test_pch_build_uses_torchs_builder_and_workers_keep_the_header(monkeypatch):

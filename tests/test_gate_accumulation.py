@@ -94,6 +94,29 @@ def test_a_decisive_positive_probe_settles_the_case(monkeypatch):
     assert matmul(violating.matmul_fp16_accumulator).verdict == "fail"
 
 
+def test_sequential_order_is_emulated_only_where_it_can_change_the_verdict(monkeypatch):
+    """Pairwise order first: a passing kernel whose probe pairwise fp16/bf16 already miss by DECISIVE x the
+    bound is settled without the sequential emulations (the larger half of the gate's cost on
+    KernelBench's GEMMs); a kernel that misses the bound gets both orders, and the same verdict."""
+    orders = []
+    real = LowPrecisionAccumulation.__init__
+
+    def counting(self, acc, order, *a, **kw):
+        orders.append(order)
+        real(self, acc, order, *a, **kw)
+
+    monkeypatch.setattr(LowPrecisionAccumulation, "__init__", counting)
+    settled = matmul(correct.matmul_fp32_accumulator)
+    assert settled.verdict == "pass" and "settled by positive values alone" in settled.message
+    assert orders and set(orders) == {PAIRWISE}
+    orders.clear()
+    failed = matmul(violating.matmul_fp16_accumulator)
+    assert failed.verdict == "fail" and failed.details["consistent_with"] == "float16"
+    assert orders.count(SEQUENTIAL) == orders.count(PAIRWISE) > 0
+    low, seq = failed.details["emulated"]["float16"]
+    assert seq > low  # both orders measured: the range the verdict names
+
+
 @pytest.mark.parametrize("shape", [(3, 37, 5), (2, 2, 4, 9, 3)])
 def test_long_sequential_matmul_sums_block_by_block_as_reduce_last_does(monkeypatch, shape):
     """K above SEQUENTIAL_MAX_STEPS: every output's running sum of pairwise-summed K blocks, computed a block

@@ -384,3 +384,33 @@ def test_the_oracle_keeps_the_devices_out_of_memory_error_when_the_host_cannot_h
     assert calls == ["meta"]
     monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 2**30)
     assert subject_module.host_can_hold((torch.ones(4, 4),))
+
+
+def test_the_oracle_counts_the_references_output_before_falling_back_to_the_cpu(monkeypatch):
+    """An operator whose output is far larger than its inputs (a transposed convolution, an outer
+    product): counting the inputs alone sent a 17 GiB float64 output to the CPU and past the worker's
+    host memory limit. The reference's output at the same input shapes is counted too."""
+    from kgate import subject as subject_module
+    from tests.gate_harness import subject_for
+
+    calls = []
+
+    def outer(x):
+        calls.append(x.device.type)
+        if x.device.type != "cpu":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return x[:, None] * x[None, :]  # 256 inputs -> 65,536 outputs
+
+    subject = subject_for(lambda x: x, outer, lambda case, device: (torch.ones(256),))
+    subject.oracle_device = torch.device("meta")
+    # room for the inputs in float64 three times over (6 KiB) and 64 KiB more, not for the outputs (1.5 MiB)
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 70 * 2**10)
+    x = torch.ones(256)
+    assert subject_module.host_can_hold((x,))  # inputs alone: it would fall back
+    subject.run_reference((x,))  # the reference at these shapes: 65,536 output elements
+    calls.clear()
+    with pytest.raises(UserCodeError, match="CUDA out of memory"):
+        subject.oracle((x,))
+    assert calls == ["meta"]  # the device's error stands (an audit judges it again with the whole GPU)
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 2**30)
+    assert subject.oracle((x,)).shape == (256, 256) and calls == ["meta", "meta", "cpu"]

@@ -169,6 +169,27 @@ def test_problem_copies_are_separate_and_tampering_is_seen():
     assert kb.tampering(kb.fingerprint(a), a) is None
 
 
+def test_the_candidate_sees_the_problems_names_as_kernelbench_gives_them(tmp_path):
+    """KernelBench executes the problem and then the candidate in one namespace: a candidate may use
+    `math` or `batch_size` that only the problem defines (one accepted corpus kernel did, and failed
+    under kgate with "name 'math' is not defined"). The names are a copy's: rebinding them leaves the
+    modules kgate judges with as they were."""
+    problem = _touch(tmp_path / "p.py", (
+        "import math\nimport torch\n\nclass Model(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return x * math.pi\n\nscale = 2.0\nbatch = 7\n"
+        "def get_inputs():\n    return [torch.ones(2)]\n\ndef get_init_inputs():\n    return []\n"))
+    candidate = _touch(tmp_path / "c.py", (
+        "import torch\n\nclass ModelNew(Model):\n"
+        "    def __init__(self):\n        super().__init__()\n        self.k = math.sqrt(scale * 8)\n"
+        "batch = 100\n"))
+    reference = kb.exec_problem(problem, "reference")
+    module = kb.exec_candidate(candidate, problem)
+    assert module.ModelNew().k == 4.0 and module.batch == 100  # its own definition replaced the problem's
+    assert reference.batch == 7 and module.Model is not reference.Model
+    with pytest.raises(NameError, match="Model"):  # without the problem: what it does not import is not there
+        kb.exec_candidate(candidate)
+
+
 def test_a_problem_missing_get_inputs_is_a_problem_error(tmp_path):
     problem = _touch(tmp_path / "bad.py", "class Model: pass\n")
     with pytest.raises(kb.ProblemError, match="get_inputs"):

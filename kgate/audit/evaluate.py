@@ -21,7 +21,7 @@ from typing import Any
 from kgate import gates as registry
 from kgate.gates.base import GateResult
 from kgate.kernelbench import WORK_ELEMENTS, Pair, repro_command, source_digest
-from kgate.runner import _exit_cause, _tail, supervise
+from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, supervise
 from kgate.standard_test import StandardResult, not_loaded
 
 GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
@@ -106,7 +106,8 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
     clear_stale_locks(pair, options)
     outcome: dict[str, Any] = {"ok": False, "seconds": 0.0, "build_failed": False, "message": ""}
     job = {"stage": "compile", "id": pair.id, "candidate": str(pair.candidate.resolve()), "device": "cpu",
-           "memory": options.compile_memory, "pch": options.pch}
+           "memory": options.compile_memory, "pch": options.pch,
+           "problem": str(pair.problem.resolve()) if pair.problem else None}  # the candidate's first globals
 
     def on_event(event: dict[str, Any]) -> str | None:
         if event.get("event") == "compiled":
@@ -271,6 +272,9 @@ def _finish(record: dict[str, Any], names: list[str], results: dict[str, GateRes
     record["gates"] = [results[n].to_json() for n in names]
     texts = [g.message for g in results.values()] + [str((record.get("standard") or {}).get("message", ""))]
     record["oom"] = any(GPU_OOM.search(t or "") for t in texts) and record["device"].startswith("cuda")
+    # killed at the worker's host memory limit: on a shared GPU, most often a float64 oracle that did not
+    # fit in its share of the GPU and moved to the CPU; the scheduler judges it again with the whole GPU
+    record["host_memory"] = any(MEMORY_LIMIT in (t or "") for t in texts + [record.get("error")])
     missing = next((m.group(0) for t in texts if (m := ENVIRONMENT.search(t or ""))), None)
     if missing and not record["problem_error"]:
         record["environment_error"] = f"this machine cannot run the candidate ({missing}); audit it on a CUDA host"

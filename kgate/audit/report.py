@@ -9,6 +9,10 @@ Definitions (the DESIGN notes' vocabulary, per candidate):
   counted apart and is not a violation;
 - *broken*: a violation that no tolerance explains: a tolerance-free gate failed, the candidate
   crashed or could not load, or it missed the float64 oracle by more than 10x the calibrated bound;
+- *stopped at kgate's limits*: out of GPU memory (with the whole GPU: an audit judges a candidate that
+  ran out while sharing again alone) or killed at the worker's host memory limit, with no violation
+  found before: kgate's own float64 oracle is the likeliest cause at KernelBench's sizes, so the
+  candidate is counted as not judged, under that reason, rather than as a crash;
 - *empty only*: every violation is the shapes gate failing on its empty (size-0) batch and nothing
   else (counted in both numbers above, and apart: "on non-empty inputs" leaves these out);
 - *standard accepts*: KernelBench's own check (kgate.standard_test) accepted it at atol=rtol=1e-2.
@@ -24,28 +28,43 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from kgate.audit.evaluate import GPU_OOM
 from kgate.gates import base_name
 from kgate.gates.base import GateResult
 from kgate.report import KernelResult, Report, environment, now
+from kgate.runner import MEMORY_LIMIT
 
 INTERNAL = "kgate internal error"
 NOT_RUN = ("not run:", "could not load the candidate", "compile failed", "not judged")
 
 
 def _not_run(gate: dict[str, Any]) -> bool:
-    return gate["verdict"] == "error" and gate["message"].startswith(NOT_RUN)
+    """Never ran, or stopped at kgate's memory limits (`_at_limit`): no verdict on the candidate."""
+    return gate["verdict"] == "error" and (gate["message"].startswith(NOT_RUN) or _at_limit(gate["message"]))
+
+
+LIMITED = "stopped at kgate's memory limits (GPU out of memory, or the worker's host memory limit) before any violation"
+
+
+def _at_limit(text: str | None) -> bool:
+    """Whether an error is a resource limit's (GPU out of memory, the worker's host memory limit)."""
+    return bool(text) and (MEMORY_LIMIT in text or GPU_OOM.search(text) is not None)
 
 
 def _violations(record: dict[str, Any]) -> list[dict[str, Any]]:
-    return [g for g in record["gates"] if g["verdict"] in ("fail", "error") and INTERNAL not in g["message"]]
+    return [g for g in record["gates"] if g["verdict"] in ("fail", "error") and INTERNAL not in g["message"]
+            and not (g["verdict"] == "error" and _at_limit(g["message"]))]
 
 
 def classify(record: dict[str, Any]) -> dict[str, Any]:
-    judged = not record.get("problem_error") and not record.get("environment_error")
     violations = _violations(record)
     standard = record.get("standard") or {}
-    crashed = bool(record.get("error")) or standard.get("compiled") is False
+    crashed = (bool(record.get("error")) and not _at_limit(record["error"])) or standard.get("compiled") is False
     tamper = bool(record.get("tamper"))
+    limited = (_at_limit(record.get("error"))
+               or any(g["verdict"] == "error" and _at_limit(g["message"]) for g in record["gates"]))
+    judged = (not record.get("problem_error") and not record.get("environment_error")
+              and not (limited and not violations and not tamper and not crashed))
     # A kernel whose only violation is the shapes gate's empty batch (a launch of zero blocks is a CUDA
     # error; the reference returns an empty result): a real contract violation, but not a wrong number on
     # real data, so the report counts it apart.
@@ -59,6 +78,7 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
         "violation": judged and (bool(violations) or tamper),
         "broken": judged and (any(g.get("broken") for g in violations) or tamper or crashed),
         "internal": [g["gate"] for g in record["gates"] if INTERNAL in g["message"]],
+        "limited": limited and not judged and not record.get("problem_error") and not record.get("environment_error"),
         "violated_gates": [g["gate"] for g in violations],
     }
 
@@ -129,8 +149,10 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
     compile_s = sorted(float((r.get("compile") or {}).get("wall_s") or 0) for r, _ in judged if r.get("compile"))
     return {
         "candidates": len(records), "judged": n, "not_judged": len(records) - n,
-        "not_judged_reasons": dict(Counter((r.get("problem_error") or r.get("environment_error") or "")[:120]
+        "not_judged_reasons": dict(Counter((r.get("problem_error") or r.get("environment_error")
+                                            or (LIMITED if c["limited"] else ""))[:120]
                                            for r, c in classes if not c["judged"]).most_common(10)),
+        "stopped_at_limits": sum(c["limited"] for _, c in classes),
         "standard_accepts": accept, "standard_accepts_pct": _pct(accept, n),
         "violation": violation, "violation_pct": _pct(violation, n),
         "broken": broken, "broken_pct": _pct(broken, n),
@@ -219,7 +241,7 @@ def render(console: Any, summary: dict[str, Any]) -> None:
                   f"{row['failure_rate']:.1f}")
     console.print(g)
     if summary["not_judged"]:
-        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, or no CUDA here)[/]")
+        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits)[/]")
     if summary["internal_errors"]:
         console.print(f"[yellow]{summary['internal_errors']} candidate(s) hit a kgate internal error in some gate "
                       "(not counted as violations; see the JSON report)[/]")
@@ -347,7 +369,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
              + ", ".join(f"`{k}`: {v}" for k, v in sources.items()) + ".", ""] if len(sources) > 1 else []
     lines = ["# kgate audit", "", f"Command: `{command}`", "",
              f"{summary['candidates']} candidate(s); {n} judged"
-             + (f", {summary['not_judged']} not judged (problem unusable or unpaired, or no CUDA here)" if summary["not_judged"] else "")
+             + (f", {summary['not_judged']} not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits)" if summary["not_judged"] else "")
              + ".", "", *mixed,
              "| measure | count | % of judged |", "|---|---:|---:|",
              f"| standard test accepts (5 trials, atol=rtol=1e-2) | {summary['standard_accepts']} | "
@@ -420,7 +442,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     if summary["internal_errors"] or summary["not_judged"]:
         lines += ["## Not counted", "",
                   f"- kgate internal errors (a gate's own failure, not the candidate's): {summary['internal_errors']}",
-                  f"- not judged (problem unusable or unpaired, or no CUDA here): {summary['not_judged']}", ""]
+                  f"- not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits): {summary['not_judged']}", ""]
         for reason, count in summary["not_judged_reasons"].items():
             lines.append(f"  - {count} x {reason}")
         lines.append("")

@@ -6,7 +6,8 @@ is done (candidates that build nothing go at once). The evaluation pool has `slo
 device; with more than one slot on a GPU each worker may use only its share of the GPU's memory
 (`torch.cuda.set_per_process_memory_fraction`). A candidate that runs out of GPU memory while it
 shared the device is judged again alone, with the whole device, so a neighbour's appetite never
-becomes its verdict. Those second tries wait until no shared work is left: taking the whole device
+becomes its verdict; so is one killed at its host memory limit while sharing (a float64 oracle too
+large for the worker's share of the GPU moves to the CPU, where it can outgrow the limit). Those second tries wait until no shared work is left: taking the whole device
 in mid-run would leave every other slot idle while the longest candidate in flight finishes (on the
 H200 audit, 7 such drains mid-run idled most of the 6 slots).
 """
@@ -213,7 +214,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 lease.release()
             if cancel.is_set():
                 return  # an interrupted candidate is not recorded: --resume judges it again
-            if record.get("oom") and gpu and plan.slots > 1:
+            if (record.get("oom") or record.get("host_memory")) and gpu and plan.slots > 1:
                 with lock:
                     alone_later.append((pair, outcome))
                 continue

@@ -31,7 +31,7 @@ def _compile(channel: Channel, job: dict[str, Any]) -> None:
 
     start = time.perf_counter()
     try:
-        exec_candidate(Path(job["candidate"]))
+        exec_candidate(Path(job["candidate"]), Path(job["problem"]) if job.get("problem") else None)
         channel.send("compiled", ok=True, seconds=round(time.perf_counter() - start, 3), build_failed=False,
                      message="")
     except BaseException as exc:  # noqa: BLE001 - user code at import time may raise anything
@@ -85,7 +85,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         return
     start = time.perf_counter()
     try:
-        candidate_module = kb.exec_candidate(candidate_path)
+        candidate_module = kb.exec_candidate(candidate_path, problem_path)
         model_new = getattr(candidate_module, "ModelNew", None)
         if model_new is None:
             raise AttributeError(f"{candidate_path.name} defines no ModelNew")
