@@ -19,7 +19,8 @@
 # DEVICE (default cuda), JOBS (4), BUILD_JOBS (8), MEMORY (24GiB), GATE_TIMEOUT (120 s), NICE (0: the audit's
 # priority, e.g. 10 while another job shares the machine), PCH (default --pch: one precompiled torch/extension.h
 # for every build; PCH= builds without it), REJUDGE (=1: --rejudge-stale, judge again the records another kgate
-# made, once the rest is done) tune it; CORPUS_FROM
+# made, once the rest is done), SELECT (a `-k` expression: only those candidates, e.g. with REJUDGE=1 to judge
+# chosen records again) tune it; CORPUS_FROM
 # (default .third_party/kb-corpus) names another corpus. Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
@@ -27,14 +28,19 @@ SRC=/tmp/kgate-src
 CORPUS=$SRC/kb-corpus
 cmd=${1:-}
 
+# Whether process $1 runs: a finished driver nobody reaps (no init that waits in some containers) stays a
+# zombie, which `kill -0` still finds
+alive() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
+
 AUDIT=(python3 -m kgate audit --format kernelbench --problems "$CORPUS/problems" --candidates "$CORPUS/candidates"
        --device "${DEVICE:-cuda}" --compile-timeout 600 --out "$WORK" ${PCH---pch})
 [ -f "$CORPUS/index.csv" ] && AUDIT+=(--index "$CORPUS/index.csv")
+[ -n "${SELECT:-}" ] && AUDIT+=(-k "$SELECT")
 
 case "$cmd" in
 start)
   mkdir -p "$WORK"
-  if [ -f "$WORK/driver.pid" ] && kill -0 "$(cat "$WORK/driver.pid")" 2>/dev/null; then
+  if [ -f "$WORK/driver.pid" ] && alive "$(cat "$WORK/driver.pid")"; then
     echo "audit driver already running (pid $(cat "$WORK/driver.pid"))"; exit 0
   fi
   if ! python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
@@ -86,9 +92,9 @@ go)
 stop)
   # the driver's whole session (it was started with setsid): kgate cancels on SIGTERM, keeps every finished
   # record and leaves the candidates in flight to --resume; then the GPU is free (e.g. for timing)
-  if [ -f "$WORK/driver.pid" ] && kill -0 "$(cat "$WORK/driver.pid")" 2>/dev/null; then
+  if [ -f "$WORK/driver.pid" ] && alive "$(cat "$WORK/driver.pid")"; then
     kill -TERM -- -"$(cat "$WORK/driver.pid")" 2>/dev/null
-    for _ in $(seq 60); do kill -0 "$(cat "$WORK/driver.pid")" 2>/dev/null || break; sleep 1; done
+    for _ in $(seq 60); do alive "$(cat "$WORK/driver.pid")" || break; sleep 1; done
     kill -KILL -- -"$(cat "$WORK/driver.pid")" 2>/dev/null
   fi
   echo "audit: stopped; $(cat "$WORK/results.jsonl" 2>/dev/null | wc -l) record(s) kept"
