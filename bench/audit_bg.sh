@@ -20,7 +20,8 @@
 # priority, e.g. 10 while another job shares the machine), PCH (default --pch: one precompiled torch/extension.h
 # for every build; PCH= builds without it), REJUDGE (=1: --rejudge-stale, judge again the records another kgate
 # made, once the rest is done), SELECT (a `-k` expression: only those candidates, e.g. with REJUDGE=1 to judge
-# chosen records again) tune it; CORPUS_FROM
+# chosen records again), KEEP_SOURCE (with REJUDGE=1: kgate source digests whose records are kept, --keep-source)
+# tune it; CORPUS_FROM
 # (default .third_party/kb-corpus) names another corpus. Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
@@ -81,7 +82,8 @@ _drive)
   while [ ! -f "$WORK/GO" ]; do sleep 2; done
   t1=$(date +%s)
   echo "audit: start $(date -u +%T)"
-  nice -n "${NICE:-0}" "${AUDIT[@]}" --resume ${REJUDGE:+--rejudge-stale} --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
+  keep=(); [ -n "${REJUDGE:-}" ] && for d in ${KEEP_SOURCE:-}; do keep+=(--keep-source "$d"); done
+  nice -n "${NICE:-0}" "${AUDIT[@]}" --resume ${REJUDGE:+--rejudge-stale} ${keep[@]+"${keep[@]}"} --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
     --timeout "${GATE_TIMEOUT:-120}" -q --json "$WORK/audit.json"
   echo "audit: rc=$? after $(( $(date +%s) - t1 )) s"
   touch "$WORK/DONE"

@@ -254,6 +254,17 @@ def test_rejudge_stale_judges_again_only_what_another_kgate_recorded(tmp_path):
     assert kgate_main([*args, "--resume", "--rejudge-stale"]) == 0  # nothing stale now: nothing judged again
     assert _records(out) == now and len((out / "results.jsonl").read_text().splitlines()) == 2
     assert kgate_main([*args, "--rejudge-stale"]) == 2  # needs --resume
+    # --keep-source: an earlier kgate's records named as current are kept; the others are judged again
+    lines = (out / "results.jsonl").read_text().splitlines()
+    marked = [json.loads(line) for line in lines]
+    marked[0]["kgate"] = {"version": "0.0.1", "source": "a" * 16}
+    marked[1]["kgate"] = {"version": "0.0.1", "source": "b" * 16}
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in marked))
+    assert kgate_main([*args, "--resume", "--rejudge-stale", "--keep-source", "a" * 16]) == 0
+    after = _records(out)
+    assert after[marked[0]["id"]] == marked[0]
+    assert after[marked[1]["id"]]["kgate"] == now[marked[1]["id"]]["kgate"]  # the current kgate's again
+    assert kgate_main([*args, "--resume", "--keep-source", "a" * 16]) == 2  # needs --rejudge-stale
 
 
 def test_device_lease_gives_one_candidate_the_whole_device():

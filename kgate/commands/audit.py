@@ -99,6 +99,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --resume: judge again the selected candidates whose record another kgate made (a "
                         "different version or source, or none recorded), so that the report comes from one kgate; "
                         "their old records move to OUT/results.replaced.jsonl")
+    p.add_argument("--keep-source", action="append", default=[], metavar="DIGEST",
+                   help="with --rejudge-stale: records whose kgate source digest (a record's kgate.source, the "
+                        "report lists them) is DIGEST count as current and are kept (repeatable): for an earlier "
+                        "kgate whose changes since do not touch those records; the report still names every "
+                        "source it joins")
     p.add_argument("--max-time", type=float, metavar="SECONDS",
                    help="start no new candidate after this long; exit 3 if some are left (then --resume)")
     p.add_argument("--backend", choices=["local", "ray"], default="local", help="where candidates run (default local)")
@@ -189,14 +194,20 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     ids = {p.id for p in pairs}
     if args.rejudge_stale and not args.resume:
         raise UsageError("--rejudge-stale goes with --resume (without it every candidate is judged anew anyway)")
-    stale = (lambda r: r.get("id") in ids and r.get("kgate") != kgate_stamp()) if args.rejudge_stale else None
+    if args.keep_source and not args.rejudge_stale:
+        raise UsageError("--keep-source goes with --rejudge-stale (it names records that are not stale)")
+
+    def stale(record: dict) -> bool:
+        stamp = record.get("kgate")
+        kept = isinstance(stamp, dict) and stamp.get("source") in args.keep_source
+        return record.get("id") in ids and stamp != kgate_stamp() and not kept
     try:
         if args.compile_only:
             # builds only: the results file is never written (a concurrent or later audit owns it); with
             # --resume the candidates it already holds need no build
             done = results.read() if args.resume else {}
         else:
-            done = results.start(resume=args.resume, drop=stale)
+            done = results.start(resume=args.resume, drop=stale if args.rejudge_stale else None)
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out}: {exc}") from None
     if results.moved and not args.quiet:
