@@ -81,6 +81,17 @@ def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
            "s_per_kernel": round(wall / n, 3), "worker_s_per_kernel": round(worker, 3),
            "kernels_per_hour": round(3600 * n / wall, 1) if wall else None,
            # median seconds from a candidate's start to each worker event (kgate.audit.report)
-           "timeline_median": timeline_median(records)}
+           "timeline_median": timeline_median(records),
+           # where the gates' time goes: seconds per gate summed over the candidates, largest first
+           "gate_seconds": gate_seconds(records)}
     print(json.dumps(row), flush=True)
     return row, records
+
+
+def gate_seconds(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds each gate took, summed over `records` (each gate's own `duration_s`), largest first."""
+    total: dict[str, float] = {}
+    for r in records:
+        for g in r.get("gates") or []:
+            total[g["gate"]] = total.get(g["gate"], 0.0) + float(g.get("duration_s") or 0)
+    return {k: round(v, 2) for k, v in sorted(total.items(), key=lambda kv: -kv[1])}

@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in (standard, full):
         print(f"{row['mode']}: median seconds from a candidate's start to: "
               + ", ".join(f"{k} {v}" for k, v in row["timeline_median"].items()))
+    print("gate seconds, summed over the candidates: "
+          + ", ".join(f"{k} {v}" for k, v in full["gate_seconds"].items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

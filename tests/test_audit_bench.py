@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from kgate import gates as registry
 from tests.conftest import DATA, ROOT
 
 CORPUS = DATA / "kernelbench"
@@ -71,3 +72,6 @@ def test_throughput_times_both_modes(tmp_path):
     assert standard["kernels"] == full["kernels"] == 5
     assert "gate_start" in full["timeline_median"] and "gate_start" not in standard["timeline_median"]
     assert result["gates_over_standard"] > 0
+    # where the gates' time goes: every gate named, none in the standard test alone
+    assert set(full["gate_seconds"]) == set(registry.GATE_NAMES) and standard["gate_seconds"] == {}
+    assert list(full["gate_seconds"].values()) == sorted(full["gate_seconds"].values(), reverse=True)
