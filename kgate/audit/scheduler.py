@@ -7,9 +7,10 @@ device; with more than one slot on a GPU each worker may use only its share of t
 (`torch.cuda.set_per_process_memory_fraction`). A candidate that runs out of GPU memory while it
 shared the device is judged again alone, with the whole device, so a neighbour's appetite never
 becomes its verdict; so is one killed at its host memory limit while sharing (a float64 oracle too
-large for the worker's share of the GPU moves to the CPU, where it can outgrow the limit). Those second tries wait until no shared work is left: taking the whole device
-in mid-run would leave every other slot idle while the longest candidate in flight finishes (on the
-H200 audit, 7 such drains mid-run idled most of the 6 slots).
+large for the worker's share of the GPU moves to the CPU, where it can outgrow the limit). Those
+second tries wait until no shared work is left: taking the whole device in mid-run would leave every
+other slot idle while the longest candidate in flight finishes (on the H200 audit, 7 such drains
+mid-run idled most of the 6 slots).
 """
 
 from __future__ import annotations
