@@ -117,6 +117,27 @@ def test_sequential_order_is_emulated_only_where_it_can_change_the_verdict(monke
     assert seq > low  # both orders measured: the range the verdict names
 
 
+def test_a_miss_far_below_low_precision_accumulation_still_settles_the_case():
+    """One output off the bound by far less than fp16/bf16 accumulation errs there (as a fast GELU in a
+    GEMM's epilogue is): the accumulator question is settled by the positive probe, and the miss is
+    left to the oracle gate (named in the message); a miss of the size of low-precision accumulation
+    fails, and one far above it is no settlement."""
+    def nudged(factor):
+        def kernel(a, b):
+            out = correct.matmul_fp32_accumulator(a, b)
+            out[..., 0, 0] *= 1 + factor
+            return out
+        return kernel
+
+    small = matmul(nudged(2e-5))
+    assert small.verdict == "pass", small.message
+    assert "settled by positive values alone" in small.message and "miss the bound" in small.message
+    assert "1 separating probe(s)" in small.message
+    assert matmul(nudged(0.5)).verdict == "fail"  # the size of bf16 accumulation's error there
+    large = matmul(nudged(10.0))
+    assert large.verdict == "pass" and "settled" not in large.message and "3 separating probe(s)" in large.message
+
+
 @pytest.mark.parametrize("shape", [(3, 37, 5), (2, 2, 4, 9, 3)])
 def test_long_sequential_matmul_sums_block_by_block_as_reduce_last_does(monkeypatch, shape):
     """K above SEQUENTIAL_MAX_STEPS: every output's running sum of pairwise-summed K blocks, computed a block
