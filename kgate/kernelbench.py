@@ -443,6 +443,7 @@ def working_shape(module: types.ModuleType, dims: FreeDims, budget: int = WORK_E
 
 
 UPPER, LOWER, DIAGONAL, SYMMETRIC = "upper-triangular", "lower-triangular", "diagonal", "symmetric"
+ZERO_STRUCTURES = (UPPER, LOWER, DIAGONAL)  # the structures with declared zeros a kernel may skip
 
 
 def matrix_structure(t: Any) -> str | None:

@@ -131,6 +131,12 @@ class Subject:
         triangular or symmetric matrices: `kgate.kernelbench.conform`). Here: unchanged."""
         return probe
 
+    def structural_zeros(self, args: tuple) -> bool:
+        """Whether some input has zeros its domain declares (a KernelBench problem's triangular or
+        diagonal matrices), which a kernel may skip rather than multiply: then 0 * NaN need not be NaN
+        (the special_values gate). Here: none known."""
+        return False
+
     def out_of_time(self) -> bool:
         """Whether the gate's search budget is spent (see `deadline`)."""
         return self.deadline is not None and _monotonic() > self.deadline

@@ -267,6 +267,64 @@ def test_rejudge_stale_judges_again_only_what_another_kgate_recorded(tmp_path):
     assert kgate_main([*args, "--resume", "--keep-source", "a" * 16]) == 2  # needs --rejudge-stale
 
 
+TRIU_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, A, B):
+        return torch.triu(torch.matmul(A, B))
+
+
+N = 12
+
+
+def get_inputs():
+    return [torch.triu(torch.rand(N, N)), torch.triu(torch.rand(N, N))]
+
+
+def get_init_inputs():
+    return []
+"""
+
+TRIU_SKIPS_ZEROS = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):  # out[i, j] = sum over i <= k <= j: the zero halves are never multiplied
+        n = A.shape[0]
+        i, k, j = torch.meshgrid(*(torch.arange(n, device=A.device),) * 3, indexing="ij")
+        keep = (i <= k) & (k <= j)
+        return torch.where(keep, A[:, :, None] * B[None, :, :], torch.zeros((), device=A.device)).sum(1)
+"""
+
+
+def test_a_triangular_problems_kernel_may_skip_its_declared_zeros(tmp_path):
+    """The audit knows a KernelBench problem's triangular inputs (kgate.kernelbench.matrix_structure):
+    a kernel that skips their zero halves is not failed by special_values for the NaN the oracle gets
+    from 0 * NaN there; one that drops a NaN it did multiply still is."""
+    problems, candidates = tmp_path / "problems" / "level1", tmp_path / "candidates" / "level1"
+    problems.mkdir(parents=True)
+    candidates.mkdir(parents=True)
+    (problems / "14_Triu.py").write_text(TRIU_PROBLEM)
+    (candidates / "14_Triu.py").write_text(TRIU_SKIPS_ZEROS)
+    (candidates / "14_Triu__drops_nan.py").write_text(
+        TRIU_SKIPS_ZEROS.replace("return torch.where(", "return torch.nan_to_num(torch.where(").replace(
+            ".sum(1)", ".sum(1), nan=0.0, posinf=0.0, neginf=0.0)"))
+    out = tmp_path / "run"
+    assert kgate_main(["audit", "--format", "kernelbench", "--problems", str(tmp_path / "problems"),
+                       "--candidates", str(tmp_path / "candidates"), "--device", "cpu", "--gate", "special_values",
+                       "--out", str(out), "-q"]) == 1
+    records = _records(out)
+    skips, drops = _gate(records["level1/14_Triu"], "special_values"), _gate(records["level1/14_Triu__drops_nan"],
+                                                                             "special_values")
+    assert skips["verdict"] == "pass" and "declared zero" in skips["message"], skips["message"]
+    assert drops["verdict"] == "fail", drops["message"]
+
+
 def test_device_lease_gives_one_candidate_the_whole_device():
     lease = DeviceLease(2)
     lease.acquire()

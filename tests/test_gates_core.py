@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from kgate import gates as registry
 from kgate.subject import UserCodeError
 from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
 from tests.gate_harness import check
@@ -345,6 +346,48 @@ def test_spread_does_not_excuse_overflow_on_the_overflow_probe():
     assert result.verdict == "fail" and "overflow-prone" in result.message
     assert result.expected == "finite" and result.got.startswith("non-finite")
     assert check("special_values", norm, norm, rows, special_values_match="spread", **kw).verdict == "pass"
+
+
+def _upper_triangular_pair(seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(12, 12, generator=g).triu(), torch.rand(12, 12, generator=g).triu())
+
+
+def _triangular_subject(kernel, declared=True):
+    from tests.gate_harness import subject_for
+
+    subject = subject_for(kernel, lambda a, b: torch.triu(a @ b), _upper_triangular_pair)
+    subject.conform = lambda original, probe: (probe[0].triu(), probe[1].triu())
+    subject.structural_zeros = lambda args: declared
+    return subject
+
+
+def _skips_the_zero_halves(a, b):
+    """out[i, j] = sum over i <= k <= j of a[i, k] b[k, j]: the products with a's or b's declared zeros are
+    never formed (so 0 * NaN never happens), as a triangular matmul kernel does."""
+    n = a.shape[0]
+    i, k, j = torch.meshgrid(torch.arange(n), torch.arange(n), torch.arange(n), indexing="ij")
+    inside = (i <= k) & (k <= j)
+    return torch.where(inside, a[:, :, None] * b[None, :, :], torch.zeros(())).sum(dim=1)
+
+
+def test_special_values_allow_a_kernel_to_skip_the_declared_zeros_of_structured_inputs():
+    """KernelBench's triangular matmul: a NaN injected into B[k, j] reaches out[i, j] (i > k) in the oracle
+    only as A[i, k] * NaN with A[i, k] a declared zero. A kernel that skips the zero half gives a finite
+    number there; that is allowed (and counted) where the problem's inputs declare the structure, not
+    elsewhere, and a kernel that drops a NaN it did multiply still fails."""
+    gate = registry.get("special_values")
+    passed = gate.check(_triangular_subject(_skips_the_zero_halves))
+    assert passed.verdict == "pass", passed.message
+    assert "declared zero" in passed.message and passed.details["structural"]
+    undeclared = gate.check(_triangular_subject(_skips_the_zero_halves, declared=False))
+    assert undeclared.verdict == "fail" and "the oracle gives NaN" in undeclared.message
+
+    def drops_nan(a, b):
+        return torch.nan_to_num(_skips_the_zero_halves(a, b), nan=0.0, posinf=0.0, neginf=0.0)
+
+    dropped = gate.check(_triangular_subject(drops_nan))
+    assert dropped.verdict == "fail", dropped.message
 
 
 def _oom_on_the_device(calls):

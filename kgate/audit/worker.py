@@ -137,6 +137,9 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         def conform(self, original: tuple, probe: tuple) -> tuple:
             return kb.conform(original, probe)  # triangular/diagonal/symmetric inputs stay so
 
+        def structural_zeros(self, args: tuple) -> bool:
+            return any(kb.matrix_structure(a) in kb.ZERO_STRUCTURES for a in args)
+
     def subject_at(shape: tuple[int, ...] | None) -> PairSubject:
         entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),

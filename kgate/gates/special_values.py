@@ -14,6 +14,11 @@ and all inputs scaled to overflow-prone magnitudes. Tolerance-free: only the cla
   counted in the pass message and `details["spread"]`. On the overflow probe (no non-finite input)
   finite vs non-finite must match both ways, as in `nonfinite`.
 
+Inputs whose zeros the domain declares (`Subject.structural_zeros`: a KernelBench problem's triangular or
+diagonal matrices) may have those zeros skipped by the kernel rather than multiplied: where the oracle's
+NaN/Inf reaches an output only through such a product (the oracle there is the same, and finite, with 0
+and with 1 in place of the injected value), a finite output is allowed and counted.
+
 A probe the reference (or the float64 oracle) rejects by raising, outside its declared domain, is
 skipped and listed in the pass message; the overflow probe is then retried one input at a time. If
 the reference rejects every probe the gate is skipped. A kernel that raises on a probe the reference
@@ -66,8 +71,9 @@ class SpecialValues(Gate):
         return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
                 and a.numel() > 0]
 
-    def probes(self, args: tuple, seed: int) -> Iterator[tuple[str, tuple, str | None]]:
-        """(label, inputs, the injected value's name or None for the overflow probe)."""
+    def probes(self, args: tuple, seed: int) -> Iterator[tuple[str, tuple, str | None, tuple | None]]:
+        """(label, inputs, the injected value's name or None for the overflow probe, where it was
+        injected: (argument, index) or None)."""
         gen = torch.Generator().manual_seed(seed)
         floats = self.floats(args)
         for i in floats:
@@ -76,7 +82,7 @@ class SpecialValues(Gate):
             for value, label in ((math.nan, "NaN"), (math.inf, "+Inf"), (-math.inf, "-Inf")):
                 probe = clone_tree(args)
                 probe[i][index] = value
-                yield f"{label} injected into argument {i} at {list(index)}", probe, label
+                yield f"{label} injected into argument {i} at {list(index)}", probe, label, (i, index)
         if floats:
             probe = clone_tree(args)
             for i in floats:
@@ -84,15 +90,17 @@ class SpecialValues(Gate):
                 peak = t.abs().max()
                 if peak > 0:
                     probe[i].copy_(t / peak * overflow_scale(t.dtype))
-            yield OVERFLOW, probe, None
+            yield OVERFLOW, probe, None, None
 
     def check(self, subject: Subject) -> GateResult:
         tried, rejected = 0, []
         spread: list[dict] = []
+        structural: list[dict] = []
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
             floats = self.floats(base.args)
-            for label, probe, injected in self.probes(base.args, case.seed):
+            skippable = subject.structural_zeros(base.args)
+            for label, probe, injected, site in self.probes(base.args, case.seed):
                 # The injection probes change one argument; the overflow probe all of them, and where the
                 # reference rejects that it is retried one argument at a time.
                 arguments = floats if injected is None else []
@@ -104,7 +112,8 @@ class SpecialValues(Gate):
                         rejected.append(f"{where} ({case.label()})")
                         continue
                     tried += 1
-                    result = self.judge(subject, case, where, inputs, oracle, injected, spread)
+                    skipped = self.skipped_zeros(subject, inputs, oracle, site) if skippable and site else None
+                    result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural)
                     if result is not None:
                         return result
         if tried == 0:
@@ -123,12 +132,44 @@ class SpecialValues(Gate):
                         f"(after {len({(s['probe'], str(s['case'])) for s in spread})} injection probe(s)), allowed by "
                         f"special_values_match: spread")
             details["spread"] = spread
+        if structural:
+            message += (f"; {sum(s['outputs'] for s in structural)} output(s) finite where the oracle's NaN/Inf "
+                        f"comes only from a declared zero of a structured input (0 x NaN: a kernel may skip "
+                        f"those zeros)")
+            details["structural"] = structural
         return self.passed(message + rejected_note(rejected), details=details)
 
+    @staticmethod
+    def skipped_zeros(subject: Subject, probe: tuple, oracle, site: tuple) -> dict | None:
+        """Per output path, where the oracle's value does not depend on the injected element at all:
+        equal (and finite) with 0 and with 1 put there instead. Where the oracle is nevertheless
+        NaN/Inf there, the injected value reached it only through products with zeros: with inputs
+        whose zeros the domain declares (triangular, diagonal matrices), a kernel may skip those
+        products. None when the reference rejects the finite variants."""
+        i, index = site
+        outs = []
+        for value in (0.0, 1.0):
+            variant = clone_tree(probe)
+            variant[i][index] = value
+            out = unless_rejected(lambda v=variant: subject.oracle(v))
+            if out is None:
+                return None
+            outs.append(dict(flatten(out)))
+        masks = {}
+        for path, want in flatten(oracle):
+            a, b = outs[0].get(path), outs[1].get(path)
+            if isinstance(want, torch.Tensor) and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) \
+                    and a.shape == b.shape == want.shape and (a.is_floating_point() or a.is_complex()):
+                masks[path] = (a == b) & torch.isfinite(a)
+        return masks
+
     def judge(self, subject: Subject, case: Case, label: str, probe: tuple, oracle, injected: str | None = None,
-              spread: list | None = None) -> GateResult | None:
+              spread: list | None = None, skipped: dict | None = None,
+              structural: list | None = None) -> GateResult | None:
         """A failure, or None. Under `spread`, outputs that only the injected value made non-finite are
-        appended to `spread` ({"probe", "injected", "path", "outputs"})."""
+        appended to `spread` ({"probe", "injected", "path", "outputs"}). `skipped` (`skipped_zeros`)
+        names the outputs the injected value reaches only through declared zeros: finite is allowed
+        there, and counted in `structural`."""
         mode = subject.entry.entry.special_values_match
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
@@ -148,6 +189,12 @@ class SpecialValues(Gate):
                 # Declared: only finite vs non-finite must match (NaN and +-Inf count as one class).
                 expected, actual = expected.clamp(max=1), actual.clamp(max=1)
             diff = expected != actual
+            if skipped is not None and path in skipped:
+                allowed = skipped[path].to(device=diff.device) & (expected != 0) & (actual == 0)
+                diff &= ~allowed
+                if allowed.any() and structural is not None:
+                    structural.append({"probe": label, "case": case.to_json(), "path": path,
+                                       "outputs": int(allowed.sum())})
             if mode == "spread" and injected is not None:
                 # Declared: the injected value may poison outputs the oracle keeps finite (never the reverse).
                 extra = (expected == 0) & (actual == 1)
