@@ -138,6 +138,29 @@ def test_a_miss_far_below_low_precision_accumulation_still_settles_the_case():
     assert large.verdict == "pass" and "settled" not in large.message and "3 separating probe(s)" in large.message
 
 
+def test_an_order_that_meets_the_bound_does_not_stretch_the_accumulators_range(monkeypatch):
+    """On the H200 a Conv2d + tanh candidate 1.3x over the bound was named "consistent with float16":
+    the sequential emulation's error (2.4e-7) was below the bound (a saturating tanh after the sum hid
+    it) and pairwise's far above (4.5e-3), and the range between them held the kernel's error. Only
+    the orders whose emulated error misses the bound count now. Here the sequential order is made
+    exact (as if hidden so); a kernel slightly over the bound is then not named, an fp16 one still is."""
+    real_round = LowPrecisionAccumulation.round
+    monkeypatch.setattr(LowPrecisionAccumulation, "round",
+                        lambda self, t: t if self.order == SEQUENTIAL else real_round(self, t))
+    monkeypatch.setattr(accumulation, "DECISIVE", float("inf"))  # every probe, both orders
+
+    def slightly_off(a, b):
+        out = correct.matmul_fp32_accumulator(a, b)
+        out[..., 0, 0] *= 1 + 2e-5
+        return out
+
+    near = matmul(slightly_off)
+    assert near.verdict == "pass" and "miss the bound" in near.message, near.message
+    far = matmul(violating.matmul_fp16_accumulator)
+    assert far.verdict == "fail" and far.details["consistent_with"] == "float16"
+    assert far.details["order"] == PAIRWISE  # the one order that misses the bound
+
+
 @pytest.mark.parametrize("shape", [(3, 37, 5), (2, 2, 4, 9, 3)])
 def test_long_sequential_matmul_sums_block_by_block_as_reduce_last_does(monkeypatch, shape):
     """K above SEQUENTIAL_MAX_STEPS: every output's running sum of pairwise-summed K blocks, computed a block

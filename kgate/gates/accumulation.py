@@ -589,42 +589,49 @@ class Accumulation(Gate):
             if not any(max(e) >= SEPARATION * leaf.bound for e in distinct.values()):
                 continue
             if leaf.err > leaf.bound:
-                consistent = {acc: e for acc, e in distinct.items()
-                              if min(e) / CONSISTENT_FACTOR <= leaf.err <= max(e) * CONSISTENT_FACTOR}
+                # Only an order whose emulated error misses the bound can explain a kernel that misses it:
+                # an order that meets it (a nonlinearity after the sum, such as a saturating tanh, can hide
+                # one order's error) says nothing, and must not stretch the accumulator's range down to it.
+                over = {acc: [(order, x) for order, x in zip((PAIRWISE, SEQUENTIAL), e) if x > leaf.bound]
+                        for acc, e in distinct.items()}
+                consistent = {acc: es for acc, es in over.items()
+                              if min(x for _, x in es) / CONSISTENT_FACTOR <= leaf.err
+                              <= max(x for _, x in es) * CONSISTENT_FACTOR}
                 if consistent:
                     return self._fail(subject, case, label, leaf, low, consistent, covered)
                 unexplained.append(leaf)
-                if not all(leaf.err < min(e) / CONSISTENT_FACTOR for e in distinct.values()):
+                if not all(leaf.err < min(x for _, x in es) / CONSISTENT_FACTOR for es in over.values()):
                     above.append(leaf)
             powers.append(max(max(e) for e in distinct.values()) / leaf.bound)
         return (max(powers), unexplained, above) if powers else False
 
     def _fail(self, subject: Subject, case: Case, label: str, leaf, low: dict, consistent: dict,
               covered: Counter) -> GateResult:
-        # The emulated accumulator and order whose error is nearest the kernel's (in ratio) names the verdict.
-        # The most precise accumulator whose emulated range [pairwise, sequential] holds the kernel's error
-        # (the smallest precision loss that explains it); failing that, the nearest emulated error.
-        inside = [a for a, e in consistent.items() if min(e) <= leaf.err <= max(e)]
+        # `consistent`: per accumulator, the (order, emulated error) pairs above the bound. The most precise
+        # accumulator whose emulated range holds the kernel's error (the smallest precision loss that
+        # explains it) names the verdict; failing that, the nearest emulated error (in ratio).
+        inside = [a for a, es in consistent.items()
+                  if min(x for _, x in es) <= leaf.err <= max(x for _, x in es)]
         if inside:
             acc = min(inside, key=lambda a: torch.finfo(a).eps)
             others = [dtype_name(a) for a in inside if a != acc]
         else:
             others = []
-            acc = min(consistent, key=lambda a: min(_log_ratio(leaf.err, x) for x in consistent[a]))
-        order = min(range(2), key=lambda o: _log_ratio(leaf.err, consistent[acc][o]))
+            acc = min(consistent, key=lambda a: min(_log_ratio(leaf.err, x) for _, x in consistent[a]))
+        order, nearest = min(consistent[acc], key=lambda ox: _log_ratio(leaf.err, ox[1]))
         ranges = "; ".join(f"{dtype_name(a)} accumulator {e[0]:.3g} (pairwise) to {e[1]:.3g} (sequential)"
                            for a, e in low.items())
         where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
         ref = "unknown" if leaf.ref_err is None else f"{leaf.ref_err:.3g}"
         message = (f"{where}: kernel error {leaf.err:.3g} is consistent with {dtype_name(acc)} accumulation (nearest: "
-                   f"{(PAIRWISE, SEQUENTIAL)[order]} order, {consistent[acc][order]:.3g}"
+                   f"{order} order, {nearest:.3g}"
                    f"{'; also within the range of ' + ' and '.join(others) + ': these inputs do not tell them apart' if others else ''}"
                    f"), while the reference in "
                    f"{case.dtype} errs {ref} (bound {leaf.bound:.3g}); the reference emulated with a low-precision "
                    f"accumulator errs: {ranges}; inputs: {label} ({_ops(covered)} emulated)")
         return self.failed(subject, message, case=case, expected=f"{leaf.expected!r} (float64 oracle)",
                            got=repr(leaf.got), where=where, broken=leaf.ratio > BROKEN_FACTOR,
-                           details={"consistent_with": dtype_name(acc), "order": (PAIRWISE, SEQUENTIAL)[order],
+                           details={"consistent_with": dtype_name(acc), "order": order,
                                     "also_consistent_with": others, "kernel_err": leaf.err, "bound": leaf.bound,
                                     "inputs": label,
                                     "emulated": {dtype_name(a): list(e) for a, e in low.items()}})
