@@ -14,7 +14,8 @@ partial sums are rounded to the accumulator's dtype after every addition.
 A probe judges an output where some emulated low-precision accumulator misses the oracle bound by
 `SEPARATION` x or more (the inputs make the accumulators measurably different). There the kernel
 fails when its error is above the oracle bound and within `CONSISTENT_FACTOR` x of an emulated
-low-precision range [pairwise error, sequential error]; the verdict names the most precise
+low-precision range [pairwise error, sequential error] (of the orders whose emulated error itself
+misses the bound); the verdict names the most precise
 accumulator whose range holds the error (else the nearest), with every emulated number. An error
 above the bound that no emulated accumulator comes near is left to the oracle gate (noted in the
 pass message). The verdict is relative, fp16/bf16-vs-fp32 accumulation of the same op on the same
