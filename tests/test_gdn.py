@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402 - after TRITON_INTERPRET is set: triton reads it at import
+import triton.language as tl  # noqa: E402
 
 from fixtures.gdn import chunk as gk  # noqa: E402
 from fixtures.gdn import naive  # noqa: E402
