@@ -2,11 +2,14 @@
 # One H200 call: the GDN fixture judged by kgate (dogfooding, fixtures/gdn/kgate.yaml, every entry,
 # fla's included) beside the fixture's GPU tests and the stage-by-stage fault check. Carry .whl
 # (fla-core) and .whl-kgate (pydantic, junit-xml). Writes into $OUT: memcheck.log tests.log kgate.log
-# kgate/ (results.jsonl, report.json, junit.xml).
+# kgate-results.jsonl kgate-report.json (when the run ended by itself) kgate-logs.tar.gz.
 # PREBUILD=1 also builds the audit corpus' extensions in the background at low priority
 # (`kgate audit --compile-only`, docs/audit/README.md; carry .third_party/kb-corpus too) into
 # /tmp/kgate-audit, where `bench/audit_h200.sh` finds them if the next call comes while the machine
 # is warm; log in prebuild.log. TESTS= (empty) leaves the GPU tests out, MEMCHECK= the fault check.
+# RESUME_FROM=PATH (a results.jsonl an earlier call brought back, e.g. committed under
+# fixtures/gdn/kgate_h200/) continues that run with `kgate run --resume`: only the missing results are judged,
+# so a manifest that needs more than one 10-minute call is judged in slices.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-h200-out}
@@ -24,9 +27,20 @@ if [ -n "${PREBUILD:-}" ]; then
 fi
 [ -n "${TESTS-1}" ] && (timeout "${TEST_S:-200}" python3 -m pytest -q tests/test_gdn.py tests/test_gpu_faults.py -n 4 -p no:cacheprovider \
    >"$OUT/tests.log" 2>&1; echo "tests rc=$?" >>"$OUT/tests.log") &
+# kgate's own output (one log per entry and worker) stays outside $OUT: a device call brings back 8 files at
+# most; results.jsonl, report.json and the logs as one archive are copied into $OUT below
+KOUT=/tmp/gdn-kgate
+rm -rf "$KOUT" && mkdir -p "$KOUT"
+resume=()
+if [ -n "${RESUME_FROM:-}" ] && [ -s "$RESUME_FROM" ]; then
+  cp "$RESUME_FROM" "$KOUT/results.jsonl" && resume=(--resume)
+fi
 # -j 14 with seven entries: each entry's gates go to two workers at once (kgate run --help)
-timeout "${KGATE_S:-540}" python3 -m kgate run fixtures/gdn/kgate.yaml --device cuda -j "${JOBS:-14}" --out "$OUT/kgate" \
-  ${KGATE_ARGS:-} >"$OUT/kgate.log" 2>&1
+timeout "${KGATE_S:-540}" python3 -m kgate run fixtures/gdn/kgate.yaml --device cuda -j "${JOBS:-14}" --out "$KOUT" \
+  ${resume[@]+"${resume[@]}"} ${KGATE_ARGS:-} >"$OUT/kgate.log" 2>&1
 echo "kgate rc=$?" >>"$OUT/kgate.log"
+cp "$KOUT/results.jsonl" "$OUT/kgate-results.jsonl" 2>/dev/null
+cp "$KOUT/report.json" "$OUT/kgate-report.json" 2>/dev/null
+tar -czf "$OUT/kgate-logs.tar.gz" -C "$KOUT" logs 2>/dev/null
 wait
 cat "$OUT/memcheck.log" 2>/dev/null; tail -3 "$OUT/tests.log" 2>/dev/null; tail -2 "$OUT/prebuild.log" 2>/dev/null; tail -n 60 "$OUT/kgate.log" | cut -c1-220

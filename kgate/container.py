@@ -69,6 +69,8 @@ def container_command(args: argparse.Namespace, manifest_in_container: str, chan
         cmd += ["--jobs", str(args.jobs)]
     if changed:
         cmd += ["--changed", changed]
+    if getattr(args, "resume", False):  # --out is mounted at OUT: its results.jsonl is the one kept
+        cmd.append("--resume")
     if args.quiet:
         cmd.append("-q")
     return cmd

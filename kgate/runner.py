@@ -6,7 +6,8 @@ and the run goes on. A worker that ended early by itself (a crash, or a GPU faul
 CUDA context, which it reports as `context_lost`) is replaced by a fresh one for the gates not yet
 judged, at most `max_restarts` times; after a kill by kgate (time, memory) or past that cap the gates
 never reached get `error` ("not run"). Every result is appended to `results.jsonl` as it arrives, once,
-so an interrupted run loses nothing already judged.
+so an interrupted run loses nothing already judged; with `resume` a later run keeps those results and
+judges only the gates they lack (or that judged nothing: "not run", "cancelled").
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class RunOptions:
     jobs: int = 1
     out_dir: Path = field(default_factory=lambda: Path("kgate-out"))
     max_restarts: int = 3  # fresh workers per kernel after one ended early (CUDA context lost, crash)
+    resume: bool = False  # keep results.jsonl and judge only the (kernel, gate) results it lacks
 
 
 class Events:
@@ -111,6 +113,32 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+# Results that judged nothing: a run that resumes judges those gates again.
+UNJUDGED = ("not run:", "cancelled")
+
+
+def read_judged(path: Path) -> dict[str, dict[str, GateResult]]:
+    """kernel -> gate -> result, from a results.jsonl an earlier run streamed (the last line a kill tore,
+    and the results that judged nothing (`UNJUDGED`), left out; a later line wins)."""
+    judged: dict[str, dict[str, GateResult]] = {}
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return judged
+    for line in lines:
+        try:
+            data = json.loads(line)
+            kernel = data.pop("kernel")
+            result = GateResult.from_json(data)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if result.verdict == "error" and result.message.startswith(UNJUDGED):
+            judged.get(kernel, {}).pop(result.gate, None)
+            continue
+        judged.setdefault(kernel, {})[result.gate] = result
+    return judged
+
+
 class Runner:
     def __init__(self, manifest: LoadedManifest, kernels: list[ResolvedKernel], options: RunOptions,
                  events: Events | None = None, results_path: Path | None = None):
@@ -122,6 +150,7 @@ class Runner:
         self.results_path = results_path or self.out_dir / "results.jsonl"
         self._lock = threading.Lock()
         self._cancel = threading.Event()  # set on an interrupt: every worker in flight is killed
+        self._judged: dict[str, dict[str, GateResult]] = {}  # kept from an earlier run (`resume`)
 
     def gates_for(self, kernel: ResolvedKernel) -> list[str]:
         """Gate ids for this kernel: its selected gates, then with `backward: true` the same gates on the
@@ -140,7 +169,15 @@ class Runner:
         try:
             (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
             self.results_path.parent.mkdir(parents=True, exist_ok=True)
-            self.results_path.write_text("")
+            if self.options.resume:
+                self._judged = read_judged(self.results_path)
+                text = self.results_path.read_text(encoding="utf-8", errors="replace") \
+                    if self.results_path.exists() else ""
+                if text and not text.endswith("\n"):  # a line torn by a kill: new lines start after it
+                    with open(self.results_path, "a", encoding="utf-8") as f:
+                        f.write("\n")
+            else:
+                self.results_path.write_text("")
         except OSError as exc:
             raise InfrastructureError(f"cannot write to the output folder {self.out_dir}: {exc}; "
                                       "choose another with --out") from None
@@ -170,9 +207,15 @@ class Runner:
         started = time.perf_counter()
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
         log_path = self.out_dir / "logs" / f"{safe}.log"
-        groups = [gates[i::parts] for i in range(min(parts, len(gates)))] or [[]]
-        results: dict[str, GateResult] = {}
-        if len(groups) == 1:
+        # resuming: the results an earlier run recorded stand; only the other gates are judged
+        results: dict[str, GateResult] = {g: r for g, r in self._judged.get(kernel.name, {}).items() if g in gates}
+        for result in results.values():
+            self.events.gate_finished(kernel, result)
+        todo = [g for g in gates if g not in results]
+        groups = [todo[i::parts] for i in range(min(parts, len(todo)))] or [[]]
+        if not todo:
+            where, workers = [], 0
+        elif len(groups) == 1:
             where, workers = self._judge(kernel, device, groups[0], log_path, results)
         else:
             logs = [log_path.with_name(f"{safe}.part{i}.log") for i in range(len(groups))]
@@ -181,7 +224,7 @@ class Runner:
                                          zip(groups, logs, strict=True)))
             where = [w for ws, _ in outcomes for w in ws]
             workers = sum(n for _, n in outcomes)
-            with open(log_path, "w", encoding="utf-8") as log:
+            with open(log_path, "a" if self.options.resume else "w", encoding="utf-8") as log:
                 for i, (group, part) in enumerate(zip(groups, logs, strict=True)):
                     log.write(f"--- kgate: worker {i + 1} of {len(groups)}: {', '.join(group)} ---\n")
                     if part.exists():
@@ -261,7 +304,8 @@ class Runner:
                 with open(log_path, "a", encoding="utf-8") as log:
                     log.write(f"\n--- kgate: a fresh worker for the remaining gates ({causes[-1]}) ---\n")
             exit_ = supervise("kgate.worker", {**job, "gates": remaining}, log_path=log_path, cwd=self.manifest.base,
-                              timeout=timeout, memory=memory, on_event=on_event, append_log=bool(causes),
+                              timeout=timeout, memory=memory, on_event=on_event,
+                              append_log=bool(causes) or self.options.resume,  # an earlier run's log stays
                               cancel=self._cancel)
             left = [g for g in remaining if g not in results]
             if state["lost"] is not None:

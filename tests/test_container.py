@@ -140,6 +140,8 @@ def test_container_command_forwards_the_selection():
     assert cmd == ["run", "kernels/kgate.yaml", "--out", "/kgate-out", "--json", "/kgate-out/report.json",
                    "-k", "a or b", "--gate", "oracle", "--seed", "3", "--shape", "7,9", "--device", "cuda:1",
                    "--timeout", "30.0", "--changed", "/kgate-out/changed.txt", "-q"]
+    resumed = container.container_command(_args(resume=True), "kgate.yaml", None)
+    assert resumed[-1] == "--resume"
 
 
 def test_gpu_requests():

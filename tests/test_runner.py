@@ -118,6 +118,54 @@ def test_jobs_beyond_the_kernels_spread_one_kernels_gates_over_workers(tmp_path)
     assert len(lines) == 2 * len(gates)
 
 
+def test_resume_judges_only_what_the_results_lack(tmp_path):
+    """A run cut short (here: two results lost, one "not run", a line torn by the kill) goes on with
+    --resume: the kept results stand as they were, only the missing gates are judged, each once, and
+    the report holds all of them."""
+    manifest = load(DATA / "hostile" / "kgate.yaml")
+    kernels = [manifest.by_name("good"), manifest.by_name("raises")]
+    gates = ["contract", "oracle", "special_values"]
+    first = Runner(manifest, kernels, RunOptions(out_dir=tmp_path, gates=gates)).run()
+    path = tmp_path / "results.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == 6
+    kept, lost = lines[:3], lines[3:]  # good's three results kept; raises' lost ...
+    unjudged = {**lost[0], "verdict": "error", "message": "not run: timed out after 1 s in gate x earlier"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [*kept, unjudged]) + '{"kernel": "raises", "ga')
+    started = []
+
+    class Watch(Runner):
+        def _judge(self, kernel, device, gates, log_path, results):
+            started.append((kernel.name, list(gates)))
+            return super()._judge(kernel, device, gates, log_path, results)
+
+    again = Watch(manifest, kernels, RunOptions(out_dir=tmp_path, gates=gates, resume=True)).run()
+    assert started == [("raises", gates)]  # good: nothing to judge; raises: all three again
+    assert [[g.to_json() for g in r.gates] for r in again][0] == [
+        {k: v for k, v in line.items() if k != "kernel"} for line in kept]
+    assert [g.verdict for g in again[1].gates] == [g.verdict for g in first[1].gates]
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            pass  # the torn line stays, on its own line
+    assert [(r["kernel"], r["gate"]) for r in records[4:]] == [("raises", g) for g in gates]
+
+
+def test_run_resume_on_the_command_line(tmp_path):
+    from kgate.cli import main as kgate_main
+
+    manifest = str(DATA / "hostile" / "kgate.yaml")
+    args = ["run", manifest, "-k", "good", "--gate", "contract", "--out", str(tmp_path), "-q"]
+    assert kgate_main(args) == 0
+    before = (tmp_path / "results.jsonl").read_text()
+    assert kgate_main([*args, "--resume"]) == 0  # nothing left to judge: nothing judged, nothing lost
+    assert (tmp_path / "results.jsonl").read_text() == before
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [g["verdict"] for k in report["kernels"] for g in k["gates"]] == ["pass"]
+
+
 def _workers_in(folder):
     """Pids of kgate workers whose working directory is `folder`."""
     return worker_pids("kgate.worker", lambda proc: (proc / "cwd").resolve() == folder.resolve())

@@ -45,6 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")
     p.add_argument("--out", metavar="DIR", default="kgate-out",
                    help="folder for the streamed results.jsonl, report.json and worker logs (default kgate-out)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep OUT/results.jsonl and judge only the (kernel, gate) results it lacks, or whose "
+                        "gate judged nothing (not run, cancelled): a run cut short (a time limit, a lost "
+                        "machine) goes on where it stopped. Use the same command otherwise; the report "
+                        "holds the kept results and the new ones")
     p.add_argument("--container", metavar="IMAGE",
                    help="run the gates inside this container image (docker SDK): no network, the current folder "
                    "mounted read-only, --out writable, GPUs passed through (see --gpus)")
@@ -92,7 +97,7 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         raise UsageError("--jobs must be at least 1")
     return RunOptions(gates=gates or None, device=args.device, seeds=args.seed or None, dtypes=dtypes or None,
                       shapes=shapes or None, timeout=args.timeout, memory=memory, jobs=args.jobs,
-                      out_dir=Path(args.out))
+                      out_dir=Path(args.out), resume=getattr(args, "resume", False))
 
 
 def main(args: argparse.Namespace) -> int:
