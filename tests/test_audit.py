@@ -403,6 +403,11 @@ def test_ray_tasks_budget_gpu_memory_like_the_local_backend():
     assert task_share(gpu=True, slots=4, alone=True) == (1.0, None)
     assert task_share(gpu=True, slots=1, alone=False) == (1.0, None)
     assert task_share(gpu=False, slots=4, alone=False) == (0.0, None)
+    # both backends judge again alone on the same signs: out of GPU memory, or past the host memory limit
+    from kgate.audit.evaluate import needs_whole_gpu
+
+    assert needs_whole_gpu({"oom": True}) and needs_whole_gpu({"host_memory": True})
+    assert not needs_whole_gpu({"oom": False, "host_memory": False}) and not needs_whole_gpu({})
 
 
 @pytest.mark.slow

@@ -127,6 +127,13 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
     return outcome
 
 
+def needs_whole_gpu(record: dict[str, Any]) -> bool:
+    """Whether a candidate judged while sharing a GPU must be judged again with the whole GPU: it ran out
+    of GPU memory, or past its host memory limit (a float64 oracle too large for its share of the GPU
+    moves to the CPU), either of which a neighbour's share can cause."""
+    return bool(record.get("oom") or record.get("host_memory"))
+
+
 @functools.cache
 def kgate_stamp() -> dict[str, str]:
     """Which kgate judged a record: its version and a digest of its own source files (the gates' code),

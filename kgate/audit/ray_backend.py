@@ -7,8 +7,9 @@ the evaluation there with the same worker processes and limits as a local run. T
 each record to results.jsonl as it arrives, so `--resume` works the same. A GPU task asks Ray for
 1/slots of a GPU (Ray's CUDA_VISIBLE_DEVICES then makes it `cuda:0` inside the task) and its worker may
 use only that share of the GPU's memory, as in the local backend; a candidate that runs out of GPU
-memory there is judged again in a task that asks for a whole GPU, which Ray starts only when no
-shared task holds that GPU: a neighbour's appetite never becomes a candidate's verdict.
+memory (or past its host memory limit) there is judged again in a task that asks for a whole GPU,
+which Ray starts only when no shared task holds that GPU: a neighbour's appetite never becomes a
+candidate's verdict.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile
+from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile, needs_whole_gpu
 from kgate.audit.scheduler import Progress
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
@@ -122,7 +123,7 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
                     record = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - a lost node or a kgate bug on the node
                     raise InfrastructureError(f"Ray task for {pair.id} failed: {exc}") from None
-                if record.get("oom") and task_share(gpu, slots, alone)[1] is not None:
+                if needs_whole_gpu(record) and task_share(gpu, slots, alone)[1] is not None:
                     if stop_at is None or time.monotonic() < stop_at:
                         submit(pair, alone=True)  # not recorded now; past the deadline, left to --resume
                     continue

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile
+from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile, needs_whole_gpu
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
 
@@ -215,7 +215,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 lease.release()
             if cancel.is_set():
                 return  # an interrupted candidate is not recorded: --resume judges it again
-            if (record.get("oom") or record.get("host_memory")) and gpu and plan.slots > 1:
+            if needs_whole_gpu(record) and gpu and plan.slots > 1:
                 with lock:
                     alone_later.append((pair, outcome))
                 continue
