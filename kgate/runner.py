@@ -117,15 +117,11 @@ def _fmt_bytes(n: int) -> str:
 UNJUDGED = ("not run:", "cancelled")
 
 
-def read_judged(path: Path) -> dict[str, dict[str, GateResult]]:
-    """kernel -> gate -> result, from a results.jsonl an earlier run streamed (the last line a kill tore,
-    and the results that judged nothing (`UNJUDGED`), left out; a later line wins)."""
+def read_judged(text: str) -> dict[str, dict[str, GateResult]]:
+    """kernel -> gate -> result, from the text of a results.jsonl an earlier run streamed (the last line a
+    kill tore, and the results that judged nothing (`UNJUDGED`), left out; a later line wins)."""
     judged: dict[str, dict[str, GateResult]] = {}
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    except FileNotFoundError:
-        return judged
-    for line in lines:
+    for line in text.splitlines():
         try:
             data = json.loads(line)
             kernel = data.pop("kernel")
@@ -170,9 +166,9 @@ class Runner:
             (self.out_dir / "logs").mkdir(parents=True, exist_ok=True)
             self.results_path.parent.mkdir(parents=True, exist_ok=True)
             if self.options.resume:
-                self._judged = read_judged(self.results_path)
                 text = self.results_path.read_text(encoding="utf-8", errors="replace") \
                     if self.results_path.exists() else ""
+                self._judged = read_judged(text)
                 if text and not text.endswith("\n"):  # a line torn by a kill: new lines start after it
                     with open(self.results_path, "a", encoding="utf-8") as f:
                         f.write("\n")
