@@ -63,8 +63,9 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
     tamper = bool(record.get("tamper"))
     limited = (_at_limit(record.get("error"))
                or any(g["verdict"] == "error" and _at_limit(g["message"]) for g in record["gates"]))
-    judged = (not record.get("problem_error") and not record.get("environment_error")
-              and not (limited and not violations and not tamper and not crashed))
+    runnable = not record.get("problem_error") and not record.get("environment_error")
+    stopped = runnable and limited and not violations and not tamper and not crashed  # at kgate's limits only
+    judged = runnable and not stopped
     # A kernel whose only violation is the shapes gate's empty batch (a launch of zero blocks is a CUDA
     # error; the reference returns an empty result): a real contract violation, but not a wrong number on
     # real data, so the report counts it apart.
@@ -78,7 +79,7 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
         "violation": judged and (bool(violations) or tamper),
         "broken": judged and (any(g.get("broken") for g in violations) or tamper or crashed),
         "internal": [g["gate"] for g in record["gates"] if INTERNAL in g["message"]],
-        "limited": limited and not judged and not record.get("problem_error") and not record.get("environment_error"),
+        "limited": stopped,
         "violated_gates": [g["gate"] for g in violations],
     }
 
