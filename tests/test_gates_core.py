@@ -388,6 +388,15 @@ def test_special_values_allow_a_kernel_to_skip_the_declared_zeros_of_structured_
 
     dropped = gate.check(_triangular_subject(drops_nan))
     assert dropped.verdict == "fail", dropped.message
+    # the masks' two extra oracle calls per probe are made only where some class differs
+    counts = []
+    for declared in (True, False):
+        faithful = _triangular_subject(lambda a, b: torch.triu(a @ b), declared)
+        calls, real = [], faithful.oracle
+        faithful.oracle = lambda args, calls=calls, real=real: calls.append(1) or real(args)
+        assert gate.check(faithful).verdict == "pass"
+        counts.append(len(calls))
+    assert counts[0] == counts[1] > 0
 
 
 def _oom_on_the_device(calls):

@@ -26,9 +26,10 @@ accepts is not skipped: its exception propagates (the verdict `error`, naming th
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -112,7 +113,9 @@ class SpecialValues(Gate):
                         rejected.append(f"{where} ({case.label()})")
                         continue
                     tried += 1
-                    skipped = self.skipped_zeros(subject, inputs, oracle, site) if skippable and site else None
+                    # the declared-zero masks cost two more oracle calls: made only if a class differs
+                    skipped = functools.cache(functools.partial(self.skipped_zeros, subject, inputs, oracle, site)) \
+                        if skippable and site else None
                     result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural)
                     if result is not None:
                         return result
@@ -164,12 +167,12 @@ class SpecialValues(Gate):
         return masks
 
     def judge(self, subject: Subject, case: Case, label: str, probe: tuple, oracle, injected: str | None = None,
-              spread: list | None = None, skipped: dict | None = None,
+              spread: list | None = None, skipped: Callable[[], dict | None] | None = None,
               structural: list | None = None) -> GateResult | None:
         """A failure, or None. Under `spread`, outputs that only the injected value made non-finite are
-        appended to `spread` ({"probe", "injected", "path", "outputs"}). `skipped` (`skipped_zeros`)
-        names the outputs the injected value reaches only through declared zeros: finite is allowed
-        there, and counted in `structural`."""
+        appended to `spread` ({"probe", "injected", "path", "outputs"}). `skipped` (`skipped_zeros`, called
+        only where some class differs) names the outputs the injected value reaches only through declared
+        zeros: finite is allowed there, and counted in `structural`."""
         mode = subject.entry.entry.special_values_match
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
@@ -189,8 +192,9 @@ class SpecialValues(Gate):
                 # Declared: only finite vs non-finite must match (NaN and +-Inf count as one class).
                 expected, actual = expected.clamp(max=1), actual.clamp(max=1)
             diff = expected != actual
-            if skipped is not None and path in skipped:
-                allowed = skipped[path].to(device=diff.device) & (expected != 0) & (actual == 0)
+            masks = skipped() if skipped is not None and diff.any() else None
+            if masks is not None and path in masks:
+                allowed = masks[path].to(device=diff.device) & (expected != 0) & (actual == 0)
                 diff &= ~allowed
                 if allowed.any() and structural is not None:
                     structural.append({"probe": label, "case": case.to_json(), "path": path,
