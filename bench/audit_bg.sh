@@ -44,7 +44,7 @@ start)
   if [ -f "$WORK/driver.pid" ] && alive "$(cat "$WORK/driver.pid")"; then
     echo "audit driver already running (pid $(cat "$WORK/driver.pid"))"; exit 0
   fi
-  if ! python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
+  if ! PYTHONPATH=/tmp/site python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl-kgate/*.whl || exit 2
   fi

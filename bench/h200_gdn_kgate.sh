@@ -14,9 +14,11 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-h200-out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl-kgate/*.whl .whl/*.whl || exit 2
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+# installed once: rewriting /tmp/site under a running audit (bench/audit_bg.sh shares it) could break its imports
+python3 -c "import pydantic, junit_xml, fla" 2>/dev/null || \
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl-kgate/*.whl .whl/*.whl || exit 2
 [ -n "${MEMCHECK-1}" ] && python3 bench/gdn_memcheck.py >"$OUT/memcheck.log" 2>&1
 if [ -n "${PREBUILD:-}" ]; then
   (nice -n 19 python3 -m kgate audit --format kernelbench --problems .third_party/kb-corpus/problems \
