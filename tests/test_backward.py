@@ -180,6 +180,20 @@ def test_gate_selection_picks_one_or_both_phases(cli_run):
     assert both == ["oracle", "oracle[backward]"] and one == ["oracle[backward]"]
 
 
+def test_the_command_line_selects_one_phase_and_rejects_unknown_ids(cli_run, tmp_path, capsys):
+    folder = cli_run[1]
+    code = main(["run", str(folder / "kgate.yaml"), "-q", "-k", "wrong-grad", "--gate", "oracle[backward]",
+                 "--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json")])
+    assert code == 1
+    report = Report.read(tmp_path / "r.json")
+    assert [(k.name, g.gate, g.verdict) for k in report.kernels for g in k.gates] == [
+        ("wrong-grad", "oracle[backward]", "fail")]
+    assert main(["run", str(folder / "kgate.yaml"), "--gate", "oracel[backward]", "--out", str(tmp_path / "p")]) == 2
+    assert "--gate oracel[backward]: unknown gate" in capsys.readouterr().err
+    assert main(["audit", "--format", "kernelbench", "--problems", str(tmp_path), "--candidates", str(tmp_path),
+                 "--gate", "oracle[backward]"]) == 2  # a KernelBench candidate has no gradients' phase
+
+
 def test_console_shows_backward_ids(cli_run):
     from rich.console import Console
 

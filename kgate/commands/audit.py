@@ -131,10 +131,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _gates(values: list[str]) -> list[str]:
-    chosen = [v.strip() for value in values for v in value.split(",") if v.strip()]
-    for g in chosen:
-        if g not in registry.GATE_NAMES:
-            raise UsageError(f"--gate {g}: unknown gate; known: {', '.join(registry.GATE_NAMES)}")
+    chosen = registry.parse_option(values, phases=False)  # a KernelBench candidate has no backward phase
     return [g for g in registry.GATE_NAMES if g in chosen] if chosen else list(registry.GATE_NAMES)
 
 

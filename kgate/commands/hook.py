@@ -123,10 +123,7 @@ def _print_findings(console: Console, result: KernelResult) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
-    gates = [g.strip() for value in args.gate for g in value.split(",") if g.strip()]
-    for g in gates:
-        if g not in registry.GATE_NAMES:
-            raise UsageError(f"--gate {g}: unknown gate; known: {', '.join(registry.GATE_NAMES)}")
+    gates = registry.parse_option(args.gate)
     if args.budget <= 0:
         raise UsageError("--budget must be a positive number of seconds")
     manifest = load(args.manifest)

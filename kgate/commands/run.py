@@ -28,7 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", dest="select", metavar="EXPR",
                    help="only kernels matching EXPR: a name, a substring, or words with and/or/not (like pytest -k)")
     p.add_argument("--gate", "-g", action="append", metavar="GATE", default=[],
-                   help="run only this gate (repeat, or comma-separate); `kgate gates` lists them")
+                   help="run only this gate (repeat, or comma-separate; NAME[backward]: only its "
+                        "gradients' phase); `kgate gates` lists them")
     p.add_argument("--device", metavar="D", help="auto, cpu, cuda or cuda:N (default: the manifest's)")
     p.add_argument("--seed", action="append", type=int, metavar="S", default=[],
                    help="use this seed instead of the manifest's (repeatable)")
@@ -73,10 +74,7 @@ def _split(values: list[str]) -> list[str]:
 
 
 def options_from(args: argparse.Namespace) -> RunOptions:
-    gates = _split(args.gate)
-    for g in gates:
-        if g not in registry.GATE_NAMES:
-            raise UsageError(f"--gate {g}: unknown gate; known: {', '.join(registry.GATE_NAMES)}")
+    gates = registry.parse_option(args.gate)
     dtypes = [DTYPE_ALIASES.get(d, d) for d in _split(args.dtype)]
     for d in dtypes:
         if d not in DTYPES:

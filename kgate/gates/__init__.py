@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from kgate.errors import UsageError
 from kgate.gates.base import ERROR, FAIL, PASS, SKIP, Gate, GateResult
 
 # name -> module under kgate.gates; each module defines exactly one Gate subclass named GATE.
@@ -43,6 +44,17 @@ def phase_ids(names: list[str], backward: bool) -> list[str]:
     return list(names) + ([n + BACKWARD_SUFFIX for n in names] if backward else [])
 
 
+def parse_option(values: list[str], phases: bool = True) -> list[str]:
+    """The gates a repeatable, comma-separated `--gate` option names, checked: a gate name selects both
+    phases; with `phases`, NAME[backward] selects the gradients' phase alone (`Runner.gates_for`)."""
+    chosen = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    for g in chosen:
+        if (base_name(g) if phases else g) not in GATE_NAMES:
+            known = ", ".join(GATE_NAMES) + (f" (NAME{BACKWARD_SUFFIX}: the gradients' phase alone)" if phases else "")
+            raise UsageError(f"--gate {g}: unknown gate; known: {known}")
+    return chosen
+
+
 def get(name: str) -> Gate:
     """The gate of a name or gate id (a `[backward]` id gives the same gate)."""
     name = base_name(name)
@@ -57,4 +69,4 @@ def all_gates() -> list[Gate]:
 
 
 __all__ = ["BACKWARD_SUFFIX", "ERROR", "FAIL", "GATE_NAMES", "PASS", "SKIP", "Gate", "GateResult", "all_gates",
-           "base_name", "get", "is_backward", "phase_ids"]
+           "base_name", "get", "is_backward", "parse_option", "phase_ids"]
