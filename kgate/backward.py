@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from kgate.compare import clone_tree, flatten, overlaps
+from kgate.gates import BACKWARD_SUFFIX
 from kgate.inputs import Case
 from kgate.oracle import upcast
 from kgate.subject import Subject, UserCodeError
@@ -146,6 +147,10 @@ class BackwardSubject(Subject):
         self.pristine_state = getattr(forward, "pristine_state", None)
         self._gradcheck_error: UserCodeError | None = None
         self._gradchecked = False
+
+    def repro(self, gate: str, case: Case | None = None) -> str:
+        """The command that judges this phase alone: `--gate NAME[backward]`."""
+        return super().repro(gate.removesuffix(BACKWARD_SUFFIX) + BACKWARD_SUFFIX, case)
 
     def baseline(self, case: Case):
         if not self._gradchecked:

@@ -4,6 +4,7 @@ right forward with a wrong backward fails."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 import torch
@@ -188,6 +189,11 @@ def test_the_command_line_selects_one_phase_and_rejects_unknown_ids(cli_run, tmp
     report = Report.read(tmp_path / "r.json")
     assert [(k.name, g.gate, g.verdict) for k in report.kernels for g in k.gates] == [
         ("wrong-grad", "oracle[backward]", "fail")]
+    # the finding's reproducer names the phase, and the command line takes it as it is printed
+    repro = shlex.split(report.kernels[0].gates[0].repro)
+    assert repro[repro.index("--gate") + 1] == "oracle[backward]"
+    assert main([*repro[1:], "-q", "--out", str(tmp_path / "again"), "--json", str(tmp_path / "again.json")]) == 1
+    assert [g.gate for g in Report.read(tmp_path / "again.json").kernels[0].gates] == ["oracle[backward]"]
     assert main(["run", str(folder / "kgate.yaml"), "--gate", "oracel[backward]", "--out", str(tmp_path / "p")]) == 2
     assert "--gate oracel[backward]: unknown gate" in capsys.readouterr().err
     assert main(["audit", "--format", "kernelbench", "--problems", str(tmp_path), "--candidates", str(tmp_path),

@@ -14,6 +14,7 @@ dg is a sum over all tokens of terms that cancel, so its error is measured again
 the summed terms (sum of |per-token dg|), the condition number of a sum.
 """
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -513,6 +514,43 @@ def test_float32_products_are_about_ieee_accurate():
     assert torch.equal(head.double() + mid.double() + tail.double(), x.double())
     for part in (head, mid, tail):
         assert not (part.view(torch.int32) & 0x1FFF).any()
+
+
+@triton.jit
+def _chained_kernel(a_ptr, b_ptr, c_ptr, o_ptr, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
+                    PREC: tl.constexpr):
+    rm, rk, rn = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+    acc = tl.load(c_ptr + rm[:, None] * N + rn[None, :])
+    for _ in tl.static_range(R):
+        acc = gk._mma(a, b, acc, PREC)
+    tl.store(o_ptr + rm[:, None] * N + rn[None, :], acc)
+
+
+def test_float32_products_chained_into_a_large_accumulator_stay_accurate():
+    """`_mma(a, b, acc)` with acc much larger than a @ b, as in the stages that sum over chunks. Tensor
+    cores add into the accumulator rounding toward zero (tests/tensor_cores.py), so six partial
+    products chained into acc lost up to an ulp of |acc| per k-step each, always the same way: 48
+    truncations of acc per call at K = 64 (on the H200, dv of the float32 backward 3 % over kgate's
+    bound). The partial products go to their own accumulators and reach acc in one float32 add, so
+    the error per call is about one rounding of acc. On the CPU the tensor cores' rounding is
+    modelled; on the GPU it is the hardware's."""
+    from tests.tensor_cores import truncating_tensor_cores
+
+    g = torch.Generator().manual_seed(1)
+    M, K, N, R = 32, 64, 32, 4
+    a = torch.exp(torch.randn(M, K, generator=g, dtype=torch.float64)).float()
+    b = torch.exp(torch.randn(K, N, generator=g, dtype=torch.float64)).float()
+    c = (1e5 * torch.exp(torch.randn(M, N, generator=g, dtype=torch.float64))).float()
+    exact = c.double() + R * (a.double() @ b.double())
+    out = torch.empty(M, N, device=DEV)
+    with contextlib.nullcontext() if ON_GPU else truncating_tensor_cores():
+        _chained_kernel[(1,)](a.to(DEV), b.to(DEV), c.to(DEV), out, M, K, N, R, "tf32x6")
+    rel = (out.double().cpu() - exact) / exact
+    # one round-to-nearest float32 add per call, R calls: at most R half-ulps of acc, and no drift
+    assert rel.abs().max().item() <= R * 2.0**-24 * 1.5, rel.abs().max().item()
+    assert abs(rel.mean().item()) <= 2.0**-24, rel.mean().item()
 
 
 def test_t_zero_and_t_one():
