@@ -266,6 +266,29 @@ def test_emulation_is_exact_with_a_float64_accumulator_and_drifts_with_float16(o
         assert (drifted - real).abs().max() > 1e-6 * real.abs().max()
 
 
+@pytest.mark.parametrize("acc", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("order", [PAIRWISE, SEQUENTIAL])
+def test_float32_working_precision_rounds_as_float64_would(acc, order):
+    """fp16/bf16 accumulators hold their products and partial sums in float32 (`work`): every emulated
+    op gives what the same emulation in float64 gives, bar rare double roundings (one ulp of the
+    accumulator at a few outputs)."""
+    assert LowPrecisionAccumulation(acc, order).work == torch.float32
+    assert LowPrecisionAccumulation(torch.float32, order).work == torch.float64
+    for op in ("mm", "bmm", "sum", "softmax", "conv2d_grouped"):
+        results = []
+        for work in (torch.float32, torch.float64):
+            mode = LowPrecisionAccumulation(acc, order)
+            mode.work = work
+            with mode:
+                results.append(OPS[op]())
+        fast, slow = results
+        assert fast.dtype == slow.dtype == torch.float64
+        ulp = torch.finfo(acc).eps * slow.abs().clamp_min(torch.finfo(acc).tiny)
+        differ = (fast - slow).abs() > 0
+        assert ((fast - slow).abs() <= ulp).all(), op
+        assert differ.float().mean() <= 0.02, (op, differ.float().mean())
+
+
 @pytest.mark.parametrize("gate", registry.GATE_NAMES)
 def test_correct_control_passes_every_gate(gate):
     subject = subject_for(correct.matmul_fp32_accumulator, correct.matmul_reference, correct.make_matrices,

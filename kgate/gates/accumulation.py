@@ -3,8 +3,9 @@
 The probe runs the reference three ways on inputs crafted so that sums grow (positive values uniform
 in [0.5, 1.5), the factory's inputs, positive lognormal values): in float64 (the oracle), in the
 kernel's dtype (the reference as written: its own accumulator), and in float64 with every reduction
-it performs carried out by an emulated low-precision accumulator (float16 and bfloat16; float32 too
-for float64 kernels), once in pairwise order (the most favourable a kernel can use) and once
+it performs carried out by an emulated low-precision accumulator (float16 and bfloat16, whose products
+and partial sums are held in float32, which rounds to them as float64 would; float32 too for float64
+kernels), once in pairwise order (the most favourable a kernel can use) and once
 sequentially (a running sum). The emulation is a TorchDispatchMode that replaces the reductions
 torch dispatches (sum, mean, mm, bmm, addmm, baddbmm, mv, addmv, dot, softmax, log_softmax,
 logsumexp, cumsum, var, std, var_mean, layer_norm, vector 2-norm, and 1- to 3-d convolutions, direct or
@@ -29,7 +30,7 @@ and the kernel meets the bound at every output (or misses it only by less than a
 emulated low-precision error there: something other than its accumulator, such as a fast GELU, which
 the oracle gate judges), the kernel's accumulator is shown that much more precise than fp16/bf16 on
 these very operations: the case is settled and its other crafted inputs are not run (on KernelBench's
-level-2 GEMMs each probe costs seconds of emulated float64 sums). The sequential order is emulated
+level-2 GEMMs each probe costs seconds of emulated sums). The sequential order is emulated
 only where it can change the verdict (not for a kernel that meets the bound where pairwise order,
 the one most favourable to a low-precision accumulator, already errs `DECISIVE` x the bound). The
 pass message says which cases were settled so.
@@ -61,8 +62,8 @@ UNIFORM, FACTORY = "positive values uniform in [0.5, 1.5)", "the factory's input
 CONSISTENT_FACTOR = 4.0
 PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
 SEQUENTIAL_MAX_STEPS = 16384  # longer running sums add pairwise-summed blocks, to bound the Python loop
-PRODUCT_CHUNK = 1 << 22  # float64 elements of matmul products materialised at once (32 MiB) ...
-PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (256 MiB), where each chunk costs dozens of kernel launches
+PRODUCT_CHUNK = 1 << 22  # elements of matmul products materialised at once (float32: 16 MiB, float64: 32) ...
+PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (128 or 256 MiB), where each chunk costs dozens of kernel launches
 # The most products one emulated matrix product (or convolution) may take: beyond it the op runs as usual and
 # the gate names it, rather than one probe outlasting the gate's time limit (a timeout would read as the
 # kernel's error). A GPU does 1.4e11 (a 128 x 32768 x 32768 linear layer) in seconds; a CPU core far fewer.
@@ -95,6 +96,13 @@ class LowPrecisionAccumulation(TorchDispatchMode):
     def __init__(self, acc: torch.dtype, order: str):
         super().__init__()
         self.acc = acc
+        # The dtype the products and partial sums are held in between roundings. For a float16 or bfloat16
+        # accumulator float32 does: the sum of two such values, rounded once in float32 and then to the
+        # accumulator, is the exactly rounded sum (bar a double rounding when a far smaller term lands the
+        # float32 sum on a midpoint, about once in 2^12 sums with a 12-13 binade gap), and products of
+        # float32 values are rounded once more (2^-24, against the accumulator's 2^-9 or 2^-12). It halves
+        # the memory traffic of the matrix products' trees, most of the gate's time.
+        self.work = torch.float32 if acc in (torch.float16, torch.bfloat16) else torch.float64
         self.order = order
         self.emulated: Counter[str] = Counter()
         self.failed: dict[str, str] = {}  # op -> why its emulation failed (it then ran as usual)
@@ -121,10 +129,13 @@ class LowPrecisionAccumulation(TorchDispatchMode):
     # -- the low-precision building blocks ----------------------------------------------------------
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.acc).to(torch.float64)
+        return t.to(self.acc).to(self.work)
 
     def reduce_last(self, y: torch.Tensor) -> torch.Tensor:
-        """Sum over the last dimension of float64 `y` with the accumulator in `self.acc`."""
+        """Sum over the last dimension of `y` with the accumulator in `self.acc` (float64 out)."""
+        return self._reduce_last(y).to(torch.float64)
+
+    def _reduce_last(self, y: torch.Tensor) -> torch.Tensor:
         n = y.shape[-1]
         if n == 0:
             return torch.zeros(y.shape[:-1], dtype=torch.float64, device=y.device)
@@ -149,7 +160,7 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         return y[..., 0]
 
     def lp_sum(self, x: torch.Tensor, dims: Any = None, keepdim: bool = False) -> torch.Tensor:
-        x = x.to(torch.float64)
+        x = x.to(self.work)
         nd = x.dim()
         if nd == 0:
             return self.round(x)
@@ -163,8 +174,10 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         return out
 
     def lp_matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """a (..., M, K) @ b (..., K, N) with the K-sum in the low-precision accumulator."""
-        a, b = a.to(torch.float64), b.to(torch.float64)
+        """a (..., M, K) @ b (..., K, N) with the K-sum in the low-precision accumulator (float64 out)."""
+        return self._lp_matmul(a.to(self.work), b.to(self.work)).to(torch.float64)
+
+    def _lp_matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         k = a.shape[-1]
         m, n = a.shape[-2], b.shape[-1]
         lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
