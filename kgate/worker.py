@@ -81,6 +81,32 @@ def _error_result(gate: str, tolerance_free: bool, message: str, details: dict |
             "broken": True, "details": details or {}}
 
 
+def _crash_on_declared_inputs(subject: Any, name: str, tolerance_free: bool, result: dict) -> dict:
+    """A crash that a searching gate (shapes, layouts, distributions, accumulation) found on inputs it
+    made is that gate's violation, unless the kernel raises on the manifest's own inputs as well: then
+    the gate's verdict is `error` with that exception, as every other gate's is, instead of a
+    failure that blames a probe (an fla kernel that refuses its backward on this GPU failed `shapes` at
+    a shape shrunk to (1, 1, 1, 64) while eight gates said `error`). One more kernel call, only after
+    such a failure; a crash that ended the CUDA context keeps the failure (the call would prove nothing)."""
+    from kgate.compare import clone_tree
+    from kgate.faults import context_lost
+    from kgate.subject import UserCodeError
+
+    if context_lost(result.get("message")):
+        return result
+    case = subject.cases[0]
+    try:
+        subject.run_kernel(clone_tree(subject.baseline(case).args))
+    except UserCodeError as exc:
+        if exc.role != "kernel" or context_lost(exc):
+            return result
+        return {**_error_result(name, tolerance_free, f"{exc} (on the manifest's own inputs, {case.label()}: "
+                                f"nothing this gate's probes found can be told from that)",
+                                {"traceback": exc.trace, "role": exc.role, "replaced": _summary(result)}),
+                "repro": subject.repro(name, case)}
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text())
@@ -148,6 +174,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     from kgate import gates as registry
     from kgate import subject as subject_module
     from kgate.faults import context_lost, fault_message
+    from kgate.shrink import CRASH
     from kgate.subject import UserCodeError
 
     backward_subject = None
@@ -168,6 +195,8 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
             target.deadline = _monotonic() + SEARCH_SHARE * timeout if timeout else None
             result = gate.check(target).to_json()
             result["gate"] = name
+            if result["verdict"] == "fail" and result.get("details", {}).get("kind") == CRASH:
+                result = _crash_on_declared_inputs(target, name, gate.tolerance_free, result)
         except UserCodeError as exc:
             lost, role = context_lost(exc), exc.role
             hint = ""

@@ -238,3 +238,58 @@ def test_a_killed_worker_takes_its_whole_session(tmp_path):
     alive = Path(f"/proc/{grandchild}").exists() and \
         Path(f"/proc/{grandchild}/stat").read_text().split(")")[-1].split()[0] != "Z"
     assert not alive
+
+
+REFUSING_MANIFEST = """\
+version: 1
+defaults: {device: cpu, seeds: [0]}
+kernels:
+  - name: refuses-always
+    kernel: k.py:refuses
+    reference: k.py:ref
+    inputs: k.py:make
+    shapes: [[4, 6]]
+    gates: [oracle, shapes, layouts, distributions]
+  - name: refuses-odd
+    kernel: k.py:refuses_odd
+    reference: k.py:ref
+    inputs: k.py:make
+    shapes: [[4, 6]]
+    gates: [oracle, shapes]
+"""
+REFUSING_KERNELS = """\
+import torch
+
+def make(seed, shape=(4, 6), dtype=None, device=None):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype or torch.float32),)
+
+def ref(x):
+    return torch.tanh(x)
+
+def refuses(x):
+    raise RuntimeError("not supported on this GPU")
+
+def refuses_odd(x):
+    if x.shape[-1] % 2:
+        raise ValueError("the last dimension must be even")
+    return torch.tanh(x)
+"""
+
+
+def test_a_kernel_that_raises_on_its_own_inputs_errs_in_every_gate(tmp_path):
+    """A searching gate's crash finding is that gate's failure only where the kernel runs on the
+    manifest's own inputs; a kernel that refuses them gets `error` in every gate, with the cause."""
+    (tmp_path / "k.py").write_text(REFUSING_KERNELS)
+    (tmp_path / "kgate.yaml").write_text(REFUSING_MANIFEST)
+    manifest = load(tmp_path / "kgate.yaml")
+    results = {r.name: r for r in Runner(manifest, manifest.kernels, RunOptions(out_dir=tmp_path / "o")).run()}
+    always = {g.gate: g for g in results["refuses-always"].gates}
+    assert {g: r.verdict for g, r in always.items()} == dict.fromkeys(
+        ["oracle", "shapes", "layouts", "distributions"], "error")
+    assert all("not supported on this GPU" in r.message for r in always.values())
+    assert "on the manifest's own inputs" in always["shapes"].message
+    assert always["shapes"].details["replaced"]["verdict"] == "fail"
+    odd = {g.gate: g for g in results["refuses-odd"].gates}
+    assert odd["oracle"].verdict == "pass"
+    assert odd["shapes"].verdict == "fail" and "the last dimension must be even" in odd["shapes"].message
