@@ -62,8 +62,9 @@ UNIFORM, FACTORY = "positive values uniform in [0.5, 1.5)", "the factory's input
 CONSISTENT_FACTOR = 4.0
 PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
 SEQUENTIAL_MAX_STEPS = 16384  # longer running sums add pairwise-summed blocks, to bound the Python loop
-PRODUCT_CHUNK = 1 << 22  # elements of matmul products materialised at once (float32: 16 MiB, float64: 32) ...
-PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (128 or 256 MiB), where each chunk costs dozens of kernel launches
+PRODUCT_CHUNK = 1 << 20  # matmul products materialised at once, in float64 elements (8 MiB: on the CPU a chunk past the
+# last-level cache costs several times its share; twice as many float32 elements) ...
+PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (256 MiB), where each chunk costs dozens of kernel launches
 # The most products one emulated matrix product (or convolution) may take: beyond it the op runs as usual and
 # the gate names it, rather than one probe outlasting the gate's time limit (a timeout would read as the
 # kernel's error). A GPU does 1.4e11 (a 128 x 32768 x 32768 linear layer) in seconds; a CPU core far fewer.
@@ -192,7 +193,7 @@ class LowPrecisionAccumulation(TorchDispatchMode):
             return acc
         if self.order == SEQUENTIAL:
             return self._blocked_sequential_matmul(a, b, batch)
-        budget = _product_chunk(a.device)
+        budget = _product_chunk(a)
         rows = max(1, budget // max(1, batch * k * n))
         cols = n if batch * k * n <= budget else max(1, budget // max(1, batch * k))
         # K itself too long for one column's products: aligned power-of-two blocks of K summed pairwise,
@@ -219,7 +220,7 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         pad = (-k) % block
         a = torch.nn.functional.pad(a, (0, pad))
         b = torch.nn.functional.pad(b, (0, 0, 0, pad))
-        rows = max(1, _product_chunk(a.device) // max(1, batch * block * n))
+        rows = max(1, _product_chunk(a) // max(1, batch * block * n))
         parts = []
         for start in range(0, m, rows):
             sub = a[..., start:start + rows, :]
@@ -254,8 +255,9 @@ def _within_budget(products: int, device: torch.device) -> None:
                                   f"({budget:.3g})")
 
 
-def _product_chunk(device: torch.device) -> int:
-    return PRODUCT_CHUNK if device.type == "cpu" else PRODUCT_CHUNK_GPU
+def _product_chunk(like: torch.Tensor) -> int:
+    """How many products of `like`'s dtype and device to materialise at once (the same bytes in any dtype)."""
+    return (PRODUCT_CHUNK if like.device.type == "cpu" else PRODUCT_CHUNK_GPU) * 8 // like.element_size()
 
 
 def _like(emulated: Any, real: Any) -> Any:
