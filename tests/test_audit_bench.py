@@ -1,5 +1,6 @@
-"""The audit benchmarks (bench/audit_throughput.py, bench/audit_scaling.py) on the bundled corpus, on the
-CPU: they run end to end, report what they claim, and the scaling run's verdict check can fail."""
+"""The audit benchmarks (bench/audit_throughput.py, bench/audit_scaling.py on the bundled corpus,
+bench/accumulation_emulation.py) on the CPU: they run end to end, report what they claim, and the
+scaling run's verdict check can fail."""
 
 from __future__ import annotations
 
@@ -75,3 +76,13 @@ def test_throughput_times_both_modes(tmp_path):
     # where the gates' time goes: every gate named, none in the standard test alone
     assert set(full["gate_seconds"]) == set(registry.GATE_NAMES) and standard["gate_seconds"] == {}
     assert list(full["gate_seconds"].values()) == sorted(full["gate_seconds"].values(), reverse=True)
+
+
+def test_the_accumulation_emulation_benchmark_times_both_working_precisions(monkeypatch, capsys):
+    bench = _load("accumulation_emulation")
+    monkeypatch.setattr(sys, "argv", ["accumulation_emulation.py", "--sizes", "4x96x8", "--repeat", "1"])
+    assert bench.main() == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(r[1], r[2]) for r in rows] == [("pairwise", "float16"), ("pairwise", "bfloat16"),
+                                          ("sequential", "float16"), ("sequential", "bfloat16")]
+    assert all(float(r[5]) > 0 and int(r[6]) <= 32 for r in rows)  # a ratio of two timings; differing outputs
