@@ -15,12 +15,11 @@ CARRIED=.third_party/audit-run
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}  # stays while the machine is warm: the extension cache lives here
 RESULTS_OUT=${OUT:-$CARRIED}
 
-if ! python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
+if ! PYTHONPATH=/tmp/site python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl-kgate/*.whl || exit 2
-  export PYTHONPATH=/tmp/site
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 
 mkdir -p "$WORK" "$RESULTS_OUT"
 if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: the benchmark instead
