@@ -721,6 +721,25 @@ def test_the_summary_counts_failures_only_on_empty_inputs_apart():
     assert (s["violation"], s["broken"]) == (3, 3)
     assert s["violation_empty_only"] == 1 and s["violation_on_data"] == 2 and s["broken_on_data"] == 2
     assert s["violation_empty_only_pct"] == 25.0
+    # with the shapes and layouts gates set aside, none of the four has a violation
+    assert (s["violation_as_given"], s["broken_as_given"]) == (0, 0)
+
+
+def test_the_summary_reads_the_candidates_as_given_with_shapes_and_layouts_aside():
+    records = [
+        _fake_record("layouts-only", [_fake_gate("oracle", "pass"), _fake_gate("layouts", "fail", True),
+                                      _fake_gate("special_values", "pass")]),
+        _fake_record("nan-dropped", [_fake_gate("oracle", "pass"), _fake_gate("layouts", "fail", True),
+                                     _fake_gate("special_values", "fail", True)]),
+        _fake_record("loose", [_fake_gate("oracle", "fail", False), _fake_gate("layouts", "pass"),
+                               _fake_gate("special_values", "pass")]),
+        _fake_record("crash", [_fake_gate("oracle", "error", True, message="worker died: SIGSEGV"),
+                               _fake_gate("layouts", "pass"), _fake_gate("special_values", "pass")], error="SIGSEGV"),
+    ]
+    s = summarize(records, ["oracle", "layouts", "special_values"])
+    assert (s["violation"], s["broken"]) == (4, 3)
+    assert (s["violation_as_given"], s["broken_as_given"]) == (3, 2)
+    assert s["violation_as_given_pct"] == 75.0
 
 
 def test_the_summary_sets_apart_candidates_stopped_at_kgates_memory_limits():

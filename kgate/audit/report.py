@@ -43,6 +43,8 @@ def _not_run(gate: dict[str, Any]) -> bool:
     return gate["verdict"] == "error" and (gate["message"].startswith(NOT_RUN) or _at_limit(gate["message"]))
 
 
+AS_GIVEN_ASIDE = ("shapes", "layouts")  # gates that give the candidate other sizes or strided views
+
 LIMITED = "stopped at kgate's memory limits (GPU out of memory, or the worker's host memory limit) before any violation"
 
 
@@ -71,6 +73,10 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
     # real data, so the report counts it apart.
     empty_only = bool(violations) and not tamper and not crashed and all(
         base_name(g["gate"]) == "shapes" and (g.get("details") or {}).get("empty_only") for g in violations)
+    # The gates that change what the candidate is given (other sizes, strided views) set aside: what is
+    # wrong on contiguous inputs of the sizes it was written for (or its working shape), the nearest
+    # reading of the standard test's own setting.
+    as_given = [g for g in violations if base_name(g["gate"]) not in AS_GIVEN_ASIDE]
     return {
         "judged": judged,
         "empty_only": judged and empty_only,
@@ -78,6 +84,8 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
         "standard_accepts_1e-4": bool((standard.get("accepted_at") or {}).get("0.0001")),
         "violation": judged and (bool(violations) or tamper),
         "broken": judged and (any(g.get("broken") for g in violations) or tamper or crashed),
+        "violation_as_given": judged and (bool(as_given) or tamper or crashed),
+        "broken_as_given": judged and (any(g.get("broken") for g in as_given) or tamper or crashed),
         "internal": [g["gate"] for g in record["gates"] if INTERNAL in g["message"]],
         "limited": stopped,
         "violated_gates": [g["gate"] for g in violations],
@@ -97,6 +105,8 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
     broken = sum(c["broken"] for _, c in judged)
     empty_only = sum(c["empty_only"] for _, c in judged)
     broken_on_data = sum(c["broken"] and not c["empty_only"] for _, c in judged)
+    as_given = sum(c["violation_as_given"] for _, c in judged)
+    broken_as_given = sum(c["broken_as_given"] for _, c in judged)
     confusion = {
         "standard_accepts_gates_pass": sum(c["standard_accepts"] and not c["violation"] for _, c in judged),
         "standard_accepts_gates_reject": sum(c["standard_accepts"] and c["violation"] for _, c in judged),
@@ -160,6 +170,8 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
         "violation_empty_only": empty_only, "violation_empty_only_pct": _pct(empty_only, n),
         "violation_on_data": violation - empty_only, "violation_on_data_pct": _pct(violation - empty_only, n),
         "broken_on_data": broken_on_data, "broken_on_data_pct": _pct(broken_on_data, n),
+        "violation_as_given": as_given, "violation_as_given_pct": _pct(as_given, n),
+        "broken_as_given": broken_as_given, "broken_as_given_pct": _pct(broken_as_given, n),
         "all_gates_pass": n - violation, "all_gates_pass_pct": _pct(n - violation, n),
         "tampered": sum(bool(r.get("tamper")) for r, _ in judged),
         "internal_errors": sum(bool(c["internal"]) for _, c in judged),
@@ -226,6 +238,9 @@ def render(console: Any, summary: dict[str, Any]) -> None:
             ("broken (tolerance-free, crash, > 10x bound)", summary["broken"], summary["broken_pct"]),
             ("violation only on empty inputs", summary["violation_empty_only"], summary["violation_empty_only_pct"]),
             ("broken on non-empty inputs", summary["broken_on_data"], summary["broken_on_data_pct"]),
+            (">= 1 violation, shapes and layouts aside", summary["violation_as_given"],
+             summary["violation_as_given_pct"]),
+            ("broken, shapes and layouts aside", summary["broken_as_given"], summary["broken_as_given_pct"]),
             ("every gate passes", summary["all_gates_pass"], summary["all_gates_pass_pct"])]
     c = summary["confusion"]
     rows += [("standard accepts, gates reject", c["standard_accepts_gates_reject"],
@@ -382,6 +397,10 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
              f"{summary['violation_empty_only']} | {summary['violation_empty_only_pct']} |",
              f"| >= 1 violation on non-empty inputs | {summary['violation_on_data']} | {summary['violation_on_data_pct']} |",
              f"| broken on non-empty inputs | {summary['broken_on_data']} | {summary['broken_on_data_pct']} |",
+             f"| >= 1 violation with the shapes and layouts gates set aside (contiguous inputs of the problem's "
+             f"sizes or its working shape) | {summary['violation_as_given']} | {summary['violation_as_given_pct']} |",
+             f"| broken with the shapes and layouts gates set aside | {summary['broken_as_given']} | "
+             f"{summary['broken_as_given_pct']} |",
              f"| every gate passes | {summary['all_gates_pass']} | {summary['all_gates_pass_pct']} |",
              f"| candidate modified the problem module | {summary['tampered']} | {_pct(summary['tampered'], n)} |",
              "", "## Standard test vs gates", "",
