@@ -9,7 +9,8 @@ Stages, in order, on the same candidates and the same worker pool:
 Reported per mode: wall seconds, seconds per kernel (wall / kernels: what the pool delivers) and
 worker seconds per kernel (mean time one candidate holds a worker), kernels per hour, and the same
 with the compile stage's wall time added. The goal in issue 7: gates <= 5x the standard test per
-kernel, >= 3,000 kernels/hour on one H200.
+kernel, >= 3,000 kernels/hour on one H200. `--more-jobs N` times the full gates once more with N judges
+per device (the ratio stays between the first two modes, which share `--jobs`).
 
     python bench/audit_throughput.py --problems P --candidates C [--index I] --device cuda --jobs 8 \
         --limit 100 --out kgate-bench --json bench.json
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     add_corpus_args(parser)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--jobs", type=int)
+    parser.add_argument("--more-jobs", type=int, action="append", default=[], metavar="N",
+                        help="after the two modes, the full gates again with N judges per device (repeatable): "
+                             "how the gates' throughput scales with judges sharing a GPU")
     args = parser.parse_args(argv)
 
     pairs = select(args)
@@ -48,17 +52,24 @@ def main(argv: list[str] | None = None) -> int:
     standard, _ = timed_pass(pairs, AuditOptions(gates=[], **base), plan, "standard test alone")
     full, _ = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), plan,
                          f"standard test + {len(registry.GATE_NAMES)} gates")
-    for row in (standard, full):
+    more = []
+    for jobs in args.more_jobs:
+        wider = make_plan(args.device, jobs, args.compile_jobs)
+        wider.compile_stage = False
+        row, _ = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), wider,
+                            f"standard test + {len(registry.GATE_NAMES)} gates, {wider.describe()}")
+        more.append(row)
+    for row in (standard, full, *more):
         total = row["wall_s"] + compile_wall
         row["with_compile_wall_s"] = round(total, 2)
         row["with_compile_s_per_kernel"] = round(total / max(1, row["kernels"]), 3)
         row["with_compile_kernels_per_hour"] = round(3600 * row["kernels"] / total, 1) if total else None
     ratio = round(full["s_per_kernel"] / standard["s_per_kernel"], 2) if standard["s_per_kernel"] else None
-    result = {"device": plan.describe(), "candidates": len(pairs), "compile": compile_row, "modes": [standard, full],
+    result = {"device": plan.describe(), "candidates": len(pairs), "compile": compile_row, "modes": [standard, full, *more],
               "gates_over_standard": ratio, "goal": {"gates_over_standard_max": 5, "kernels_per_hour_min": 3000}}
     print("\n| mode | kernels | wall s | s/kernel | worker s/kernel | kernels/h | with compile: s/kernel | "
           "kernels/h |\n|---|---:|---:|---:|---:|---:|---:|---:|")
-    for row in (standard, full):
+    for row in (standard, full, *more):
         print(f"| {row['mode']} | {row['kernels']} | {row['wall_s']} | {row['s_per_kernel']} | "
               f"{row['worker_s_per_kernel']} | {row['kernels_per_hour']} | {row['with_compile_s_per_kernel']} | "
               f"{row['with_compile_kernels_per_hour']} |")

@@ -66,11 +66,12 @@ def test_scaling_names_every_verdict_that_differs():
 def test_throughput_times_both_modes(tmp_path):
     throughput = _load("audit_throughput")
     out = tmp_path / "t.json"
-    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--out", str(tmp_path / "o"),
-                            "--json", str(out)]) == 0
+    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--more-jobs", "1",
+                            "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    standard, full = result["modes"]
-    assert standard["kernels"] == full["kernels"] == 5
+    standard, full, narrower = result["modes"]
+    assert standard["kernels"] == full["kernels"] == narrower["kernels"] == 5
+    assert "x 1 worker" in narrower["mode"] and set(narrower["gate_seconds"]) == set(registry.GATE_NAMES)
     assert "gate_start" in full["timeline_median"] and "gate_start" not in standard["timeline_median"]
     assert result["gates_over_standard"] > 0
     # where the gates' time goes: every gate named, none in the standard test alone
