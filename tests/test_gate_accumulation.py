@@ -289,6 +289,30 @@ def test_float32_working_precision_rounds_as_float64_would(acc, order):
         assert differ.float().mean() <= 0.02, (op, differ.float().mean())
 
 
+@pytest.mark.parametrize("acc", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_pairwise_tree_in_the_accumulators_dtype_rounds_every_sum_exactly(acc):
+    """`_pairwise` adds in the accumulator's dtype (torch's own add, in a wider type, rounded once):
+    against a tree whose every sum is taken exactly in float64 and then rounded, all but a rare
+    double rounding agree, and those by one ulp. Values over a wide range of binades, both signs."""
+    gen = torch.Generator().manual_seed(5)
+    y = torch.randn(64, 1000, generator=gen, dtype=torch.float64) * torch.exp2(
+        torch.randint(-12, 12, (64, 1000), generator=gen).double())
+
+    def exact_tree(t):
+        t = t.to(acc).double()
+        while t.shape[-1] > 1:
+            if t.shape[-1] % 2:
+                t = torch.nn.functional.pad(t, (0, 1))
+            t = (t[..., 0::2] + t[..., 1::2]).to(acc).double()
+        return t[..., 0]
+
+    got = LowPrecisionAccumulation(acc, PAIRWISE)._pairwise(y).double()
+    want = exact_tree(y)
+    ulp = torch.finfo(acc).eps * want.abs()
+    assert ((got - want).abs() <= ulp).all()
+    assert (got != want).sum() <= 1, (got != want).sum()
+
+
 @pytest.mark.parametrize("gate", registry.GATE_NAMES)
 def test_correct_control_passes_every_gate(gate):
     subject = subject_for(correct.matmul_fp32_accumulator, correct.matmul_reference, correct.make_matrices,

@@ -153,12 +153,16 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         return acc
 
     def _pairwise(self, y: torch.Tensor) -> torch.Tensor:
-        y = self.round(y)
+        # The tree is summed in the accumulator's own dtype: torch adds two float16 (bfloat16, float32)
+        # tensors in float32 (float32, float64 on the CPU; float32 on a GPU) and rounds once to the
+        # dtype, which is the exactly rounded sum bar a rare double rounding (see `work`). One kernel and
+        # two bytes an element per level, where holding it in `work` took three kernels and six.
+        y = y.to(self.acc)
         while y.shape[-1] > 1:
             if y.shape[-1] % 2:
                 y = torch.nn.functional.pad(y, (0, 1))
-            y = self.round(y[..., 0::2] + y[..., 1::2])
-        return y[..., 0]
+            y = y[..., 0::2] + y[..., 1::2]
+        return y[..., 0].to(self.work)
 
     def lp_sum(self, x: torch.Tensor, dims: Any = None, keepdim: bool = False) -> torch.Tensor:
         x = x.to(self.work)
