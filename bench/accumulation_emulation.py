@@ -1,22 +1,28 @@
-"""The accumulation gate's emulated low-precision matrix products (kgate.gates.accumulation), timed with
-float64 and float32 working precision side by side in one run, on the CPU or a GPU.
+"""The accumulation gate's emulated low-precision matrix products (kgate.gates.accumulation), timed side
+by side in one run against a baseline, on the CPU or a GPU.
 
 The gate's time on KernelBench's GEMM problems is nearly all in these trees (audit records: 1,569 of
 2,225 gate-seconds over 96 candidates on the H200). Each row times one emulated product (pairwise and
-sequential order, float16 and bfloat16 accumulators), best of --repeat, and checks that both working
-precisions give the same results (they may differ by rare double roundings: the count is printed).
+sequential order, float16 and bfloat16 accumulators), best of --repeat, for the baseline and for the
+current code, and counts the outputs where they differ (rare double roundings).
 
-    python bench/accumulation_emulation.py [--device cuda] [--sizes 64x4096x1024,16x32768x512]
+The baseline is another version of the module (`--against FILE`, e.g. `git show
+bf1241f:kgate/gates/accumulation.py > /tmp/old_accumulation.py`), or else the current code with its
+working precision forced to float64.
+
+    python bench/accumulation_emulation.py [--device cuda] [--against FILE] [--sizes 64x4096x1024,16x32768x512]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
+from pathlib import Path
 
 import torch
 
-from kgate.gates.accumulation import PAIRWISE, SEQUENTIAL, LowPrecisionAccumulation
+from kgate.gates import accumulation
 
 
 def _time(fn, device: torch.device, repeat: int) -> tuple[float, torch.Tensor]:
@@ -32,16 +38,33 @@ def _time(fn, device: torch.device, repeat: int) -> tuple[float, torch.Tensor]:
     return best, out
 
 
+def _baseline(path: Path | None):
+    """A factory (acc, order) -> mode of the baseline, and its name."""
+    if path is None:
+        def forced(acc, order):
+            mode = accumulation.LowPrecisionAccumulation(acc, order)
+            mode.work = torch.float64
+            return mode
+        return forced, "float64 work"
+    spec = importlib.util.spec_from_file_location("baseline_accumulation", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.LowPrecisionAccumulation, path.name
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cpu")
+    p.add_argument("--against", type=Path, metavar="FILE", help="the baseline: another accumulation.py")
     p.add_argument("--sizes", default="64x4096x1024,16x32768x512", help="MxKxN, comma-separated")
-    p.add_argument("--orders", default=f"{PAIRWISE},{SEQUENTIAL}")
+    p.add_argument("--orders", default=f"{accumulation.PAIRWISE},{accumulation.SEQUENTIAL}")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
     device = torch.device(args.device)
+    baseline, name = _baseline(args.against)
     gen = torch.Generator().manual_seed(0)
-    print(f"{'M x K x N':>18} {'order':>10} {'acc':>9} {'float64 s':>10} {'float32 s':>10} {'ratio':>6} {'differ':>7}")
+    print(f"baseline: {name}; {device}")
+    print(f"{'M x K x N':>18} {'order':>10} {'acc':>9} {'baseline s':>10} {'current s':>10} {'ratio':>6} {'differ':>7}")
     for size in args.sizes.split(","):
         m, k, n = (int(x) for x in size.split("x"))
         a = torch.rand(m, k, generator=gen, dtype=torch.float64).to(device)
@@ -49,9 +72,8 @@ def main() -> int:
         for order in args.orders.split(","):
             for acc in (torch.float16, torch.bfloat16):
                 times, outs = [], []
-                for work in (torch.float64, torch.float32):
-                    mode = LowPrecisionAccumulation(acc, order)
-                    mode.work = work
+                for make in (baseline, accumulation.LowPrecisionAccumulation):
+                    mode = make(acc, order)
                     t, out = _time(lambda mode=mode, a=a, b=b: mode.lp_matmul(a, b), device, args.repeat)
                     times.append(t)
                     outs.append(out)
