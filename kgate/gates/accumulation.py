@@ -153,10 +153,10 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         return acc
 
     def _pairwise(self, y: torch.Tensor) -> torch.Tensor:
-        # The tree is summed in the accumulator's own dtype: torch adds two float16 (bfloat16, float32)
-        # tensors in float32 (float32, float64 on the CPU; float32 on a GPU) and rounds once to the
-        # dtype, which is the exactly rounded sum bar a rare double rounding (see `work`). One kernel and
-        # two bytes an element per level, where holding it in `work` took three kernels and six.
+        # The tree is summed in the accumulator's own dtype: torch adds two float16 or bfloat16 tensors in
+        # float32 and rounds once to the dtype, which is the exactly rounded sum bar a rare double
+        # rounding (see `work`); float32 and float64 sums are exactly rounded as they are. One kernel per
+        # level on two-byte elements, where an add in `work` and a rounding after it took three kernels.
         y = y.to(self.acc)
         while y.shape[-1] > 1:
             if y.shape[-1] % 2:
