@@ -50,10 +50,7 @@ start)
   fi
   rm -rf "$SRC" && mkdir -p "$SRC" && cp -r kgate bench "$SRC/" && cp -r "${CORPUS_FROM:-.third_party/kb-corpus}" "$CORPUS" || exit 2
   # the carried results are the truth unless this (warm) machine already holds more
-  if [ -s .third_party/audit-run/results.jsonl ] && \
-     [ "$(wc -l <.third_party/audit-run/results.jsonl)" -gt "$(cat "$WORK/results.jsonl" 2>/dev/null | wc -l)" ]; then
-    cp .third_party/audit-run/results.jsonl "$WORK/results.jsonl"
-  fi
+  . bench/audit_carried.sh && take_carried "$WORK"
   rm -f "$WORK/GO" "$WORK/DONE"
   [ -n "${NO_PREBUILD:-}" ] && touch "$WORK/GO"
   # `cd` apart from the `&`: then $! is setsid itself, which (not a group leader here) does not fork, so

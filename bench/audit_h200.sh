@@ -35,9 +35,7 @@ if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: th
   exit $?
 fi
 # The carried results are the truth unless this (warm) machine already holds more.
-if [ -s "$CARRIED/results.jsonl" ] && [ "$(wc -l <"$CARRIED/results.jsonl")" -gt "$(cat "$WORK/results.jsonl" 2>/dev/null | wc -l)" ]; then
-  cp "$CARRIED/results.jsonl" "$WORK/results.jsonl"
-fi
+. bench/audit_carried.sh && take_carried "$WORK"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
 python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
 
