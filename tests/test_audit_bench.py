@@ -89,13 +89,13 @@ def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_curr
     assert all(float(r[5]) > 0 and int(r[6]) <= 32 for r in rows)  # a ratio of two timings; differing outputs
 
 
-@pytest.mark.parametrize("carried, committed, work, expect", [
-    (3, 5, 0, 5),   # a new checkout: the committed records, more than an old carried copy
-    (7, 5, 0, 7),   # the last call's records, not yet committed
-    (7, 5, 9, 9),   # a warm machine that already holds more keeps its own
-    (0, 0, 2, 2),   # nothing carried: nothing replaced
+@pytest.mark.parametrize("carried, committed, work, source", [
+    (3, 5, 0, "committed"),  # a new checkout: the committed records, more than an old carried copy
+    (7, 5, 0, "carried"),    # the last call's records, not yet committed
+    (7, 5, 9, "work"),       # a warm machine that already holds more keeps its own
+    (0, 0, 2, "work"),       # nothing carried: nothing replaced
 ])
-def test_the_device_scripts_resume_from_whichever_results_hold_more(tmp_path, carried, committed, work, expect):
+def test_the_device_scripts_resume_from_whichever_results_hold_more(tmp_path, carried, committed, work, source):
     """bench/audit_carried.sh (sourced by audit_bg.sh and audit_h200.sh): session 9 lost 222 records that
     lived only in the ignored .third_party/audit-run; the committed docs/audit/results.jsonl now counts too."""
     import subprocess
@@ -111,8 +111,5 @@ def test_the_device_scripts_resume_from_whichever_results_hold_more(tmp_path, ca
     lines(tmp_path / "work/results.jsonl", work, "work")
     subprocess.run(["bash", "-c", f'. "{ROOT / "bench/audit_carried.sh"}" && take_carried work'], cwd=tmp_path,
                    check=True, capture_output=True)
-    got = (tmp_path / "work/results.jsonl").read_text().splitlines() if expect else []
-    assert len(got) == expect
-    source = "carried" if expect == carried and carried > max(work, committed) else \
-        "committed" if expect == committed and committed > work else "work"
-    assert all(json.loads(line)["id"].startswith(source) for line in got)
+    got = [json.loads(line)["id"] for line in (tmp_path / "work/results.jsonl").read_text().splitlines()]
+    assert got == [f"{source}{i}" for i in range(dict(carried=carried, committed=committed, work=work)[source])]
