@@ -274,7 +274,8 @@ class Runner:
         workers, killed = 0, False
         while remaining:
             workers += 1
-            state: dict[str, Any] = {"current": None, "last": None, "started": False, "done": False, "lost": None}
+            state: dict[str, Any] = {"current": None, "last": None, "started": False, "done": False, "lost": None,
+                                     "fatal": None}
 
             def on_event(event: dict[str, Any], state: dict[str, Any] = state,
                          remaining: list[str] = remaining) -> str | None:
@@ -292,6 +293,8 @@ class Runner:
                     return ""
                 if kind == "context_lost":
                     state["lost"] = str(event.get("message") or "CUDA error")
+                elif kind == "fatal":
+                    state["fatal"] = str(event.get("message") or "")[:2000] or None
                 elif kind == "done":
                     state["done"] = True
                 return None
@@ -307,7 +310,7 @@ class Runner:
             if state["lost"] is not None:
                 cause = "the CUDA context was lost"
             else:
-                cause = exit_.error or (None if state["done"] else _exit_cause(exit_.returncode))
+                cause = exit_.error or (None if state["done"] else state["fatal"] or _exit_cause(exit_.returncode))
             if cause is None:
                 remaining = left  # normally empty: a worker that sent no result for a gate gets it below
                 break

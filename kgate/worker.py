@@ -38,26 +38,44 @@ class Channel:
 
 
 def prepare_process(job: dict[str, Any]) -> None:
-    """What a worker (kgate's or the audit's) sets before it imports anything of the user's: the memory
-    limit, Triton's interpreter on the CPU, and its share of the CPU's threads."""
+    """What a worker (kgate's or the audit's) sets before it imports anything of the user's: Triton's
+    interpreter on the CPU, its share of the CPU's threads, and the memory limit."""
     device = job.get("device", "cpu")
-    _limit_memory(job.get("memory"), device.split(":")[0])
     if device == "cpu":
         # Triton kernels can run on the CPU only in Triton's interpreter, which reads this at import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch  # after the interpreter's switch above; before the limit, which is the user code's
+
     if job.get("threads"):  # workers side by side on the CPU share its cores instead of oversubscribing them
-        import torch
-
         torch.set_num_threads(int(job["threads"]))
-    from kgate import subject  # imports torch: after the interpreter's switch above
+    from kgate import subject
 
+    _limit_memory(job.get("memory"), device.split(":")[0])
     subject.HOST_MEMORY = job.get("memory")  # the float64 oracle falls back to the CPU only within it
 
 
+# Address space allowed on the CPU beyond the runtime's, whatever the limit: glibc's per-thread malloc
+# arenas reserve address space they never touch.
+MIN_ADDRESS_SPACE = 2 * 2**30
+
+
+def _address_space() -> int:
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _limit_memory(limit: int | None, device: str) -> None:
-    # Address-space limits break CUDA (it reserves huge virtual ranges): there the parent watches RSS.
+    """On the CPU, an allocation past the limit becomes a MemoryError that the gate reports (the parent
+    also kills a worker whose resident memory passes it, on every device). The address space mapped
+    already is not counted: a CUDA build of torch maps several GiB of libraries at import even when no
+    GPU is used, which under a plain limit of a few GiB killed every CPU worker on a GPU machine before it
+    started. Address-space limits break CUDA itself (it reserves huge virtual ranges): there the
+    parent's resident-memory watch is the limit."""
     if limit and device == "cpu":
-        soft = max(limit, 2 * 2**30)
+        soft = _address_space() + max(limit, MIN_ADDRESS_SPACE)
         resource.setrlimit(resource.RLIMIT_AS, (soft, soft))
 
 
@@ -112,14 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text())
     channel = Channel(int(job["event_fd"]))
-    prepare_process(job)
-    # Deferred imports: the memory limit applies to them too.
-
-    from kgate import gates as registry
-    from kgate.inputs import Case, InputFactory
-    from kgate.loading import resolve
-    from kgate.manifest import Ref, load
-    from kgate.subject import Subject
+    try:
+        prepare_process(job)
+        # Deferred imports: the memory limit applies to them too.
+        from kgate import gates as registry
+        from kgate.inputs import Case, InputFactory
+        from kgate.loading import resolve
+        from kgate.manifest import Ref, load
+        from kgate.subject import Subject
+    except BaseException as exc:  # before any user code: kgate's own start failed, and says why
+        channel.send("fatal", message=f"the worker could not start, before any kernel code ran: "
+                                      f"{type(exc).__name__}: {exc}")
+        raise
 
     manifest = load(job["manifest"], check_files=False)
     kernel = manifest.by_name(job["kernel"])

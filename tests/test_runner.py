@@ -211,6 +211,45 @@ def test_cpu_workers_side_by_side_share_the_cores(monkeypatch):
     assert Runner(manifest, manifest.kernels, RunOptions(jobs=4))._cpu_threads("cuda:0") is None
 
 
+def test_a_cpu_worker_is_limited_beyond_the_address_space_its_runtime_maps():
+    """A CUDA build of torch maps several GiB of libraries at import, GPU or not: under an address-space
+    limit of the manifest's few GiB, every CPU worker on a GPU machine died before its first gate
+    ('worker exited with code 1'). Here a 6 GiB reservation stands for those libraries: the worker
+    still starts and allocates within its limit, and an allocation past the limit is still refused."""
+    script = """
+import mmap
+reserved = mmap.mmap(-1, 6 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+from kgate.worker import prepare_process
+prepare_process({"device": "cpu", "memory": 1 << 30})
+import torch
+kept = torch.ones(512 << 20, dtype=torch.uint8)
+try:
+    torch.ones(3 << 30, dtype=torch.uint8)
+except Exception as exc:
+    print("refused:", type(exc).__name__)
+else:
+    print("allowed")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().startswith("refused:"), proc.stdout
+
+
+def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
+    """kgate's own start failing (here torch cannot be imported) is reported with its cause, not as a hard
+    exit in user code."""
+    fake = tmp_path / "site"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('libtorch_cuda.so: failed to map segment')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    manifest = load(DATA / "hostile" / "kgate.yaml")
+    [result] = Runner(manifest, [manifest.by_name("good")], RunOptions(out_dir=tmp_path / "out")).run()
+    assert result.gates[0].message == ("the worker could not start, before any kernel code ran: ImportError: "
+                                       "libtorch_cuda.so: failed to map segment")
+    assert all(g.verdict == "error" for g in result.gates)
+    assert result.gates[1].message.startswith("not run: the worker could not start")
+
+
 def test_a_killed_worker_takes_its_whole_session(tmp_path):
     """ninja runs each compiler in a process group of its own: killing the worker's group alone left
     them compiling on, orphaned. The kill reaches every process of the worker's session."""
