@@ -22,7 +22,10 @@
 # made, once the rest is done), SELECT (a `-k` expression: only those candidates, e.g. with REJUDGE=1 to judge
 # chosen records again), KEEP_SOURCE (with REJUDGE=1: kgate source digests whose records are kept, --keep-source)
 # tune it; CORPUS_FROM
-# (default .third_party/kb-corpus) names another corpus. Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
+# (default .third_party/kb-corpus) names another corpus; KGATE_FROM (default: this checkout) a folder holding the
+# kgate/ package to judge with, so that an audit joined across sessions is judged by one kgate although kgate
+# changed in between: `git archive COMMIT kgate | tar -x -C .third_party/kgate-audit`, carried, and
+# KGATE_FROM=.third_party/kgate-audit (every record names the kgate source digest that made it). Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
 SRC=/tmp/kgate-src
@@ -48,7 +51,10 @@ start)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
       .whl-kgate/*.whl || exit 2
   fi
-  rm -rf "$SRC" && mkdir -p "$SRC" && cp -r kgate bench "$SRC/" && cp -r "${CORPUS_FROM:-.third_party/kb-corpus}" "$CORPUS" || exit 2
+  kgate_from=${KGATE_FROM:-.}
+  [ -f "$kgate_from/kgate/__init__.py" ] || { echo "KGATE_FROM=$kgate_from holds no kgate/ package" >&2; exit 2; }
+  rm -rf "$SRC" && mkdir -p "$SRC" && cp -r "$kgate_from/kgate" bench "$SRC/" \
+    && cp -r "${CORPUS_FROM:-.third_party/kb-corpus}" "$CORPUS" || exit 2
   # the carried results are the truth unless this (warm) machine already holds more
   . bench/audit_carried.sh && take_carried "$WORK"
   rm -f "$WORK/GO" "$WORK/DONE"
