@@ -10,12 +10,14 @@ worker for the gates not yet run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,19 @@ class Channel:
     def send(self, event: str, **payload: Any) -> None:
         self._file.write(json.dumps({"event": event, **payload}) + "\n")
         self._file.flush()
+
+
+@contextlib.contextmanager
+def reporting_start(channel: Channel) -> Iterator[None]:
+    """Around a worker's own start, before any user code: if it fails (torch cannot be imported, the
+    memory limit is too small for kgate itself), the parent gets the cause as a `fatal` event instead of
+    a bare exit code that reads like a hard exit in user code."""
+    try:
+        yield
+    except BaseException as exc:
+        channel.send("fatal", message=f"the worker could not start, before any kernel code ran: "
+                                      f"{type(exc).__name__}: {exc}")
+        raise
 
 
 def prepare_process(job: dict[str, Any]) -> None:
@@ -130,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text())
     channel = Channel(int(job["event_fd"]))
-    try:
+    with reporting_start(channel):
         prepare_process(job)
         # Deferred imports: the memory limit applies to them too.
         from kgate import gates as registry
@@ -138,10 +153,6 @@ def main(argv: list[str] | None = None) -> int:
         from kgate.loading import resolve
         from kgate.manifest import Ref, load
         from kgate.subject import Subject
-    except BaseException as exc:  # before any user code: kgate's own start failed, and says why
-        channel.send("fatal", message=f"the worker could not start, before any kernel code ran: "
-                                      f"{type(exc).__name__}: {exc}")
-        raise
 
     manifest = load(job["manifest"], check_files=False)
     kernel = manifest.by_name(job["kernel"])

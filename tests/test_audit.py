@@ -814,3 +814,18 @@ def test_with_pch_the_shared_header_survives_the_builds_and_the_candidate_is_jud
         assert gch.is_file()
     finally:
         ce.remove_extension_h_precompiler_headers()  # 0.8 GB; torch rebuilds it when asked
+
+
+def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
+    """kgate's own start failing in the audit's worker (here torch cannot be imported) is the record's error
+    with its cause, not 'worker exited with code 1'."""
+    fake = tmp_path / "site"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('libtorch_cuda.so: failed to map segment')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    kgate_main([*BASE, "-k", "level1/19_ReLU and not __", "--gate", "oracle",
+                "--out", str(tmp_path / "run"), "-q"])
+    [record] = _records(tmp_path / "run").values()
+    cause = "the worker could not start, before any kernel code ran: ImportError: libtorch_cuda.so: failed to map segment"
+    assert record["error"] == cause
+    assert _gate(record, "oracle")["message"] == f"not run: {cause} earlier"

@@ -178,7 +178,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
     attempt = 0
     while remaining or (options.standard and record["standard"] is None):
         clear_stale_locks(pair, options)  # a worker killed while building (no compile stage) left one
-        state = {"current": None, "poisoned": None, "done": False}
+        state = {"current": None, "poisoned": None, "done": False, "fatal": None}
         job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
                "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,
                "memory": options.memory, "timeout": options.timeout, "seed": options.seed,
@@ -224,6 +224,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                 state["poisoned"] = str(event.get("message"))
             elif kind == "problem_error":
                 record["problem_error"] = str(event.get("message"))
+            elif kind == "fatal":
+                state["fatal"] = str(event.get("message") or "")[:2000] or None
             elif kind == "done":
                 state["done"] = True
             return None
@@ -235,7 +237,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         if record["problem_error"]:
             break
         remaining = [n for n in remaining if n not in results]
-        cause = exit_.error or (None if state["done"] else _exit_cause(exit_.returncode))
+        cause = exit_.error or (None if state["done"] else state["fatal"] or _exit_cause(exit_.returncode))
         if state["poisoned"]:
             cause = f"CUDA context poisoned: {state['poisoned'][:300]}"
         if cause is None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate.faults import context_lost
-from kgate.worker import Channel, _error_result, prepare_device, prepare_process, run_gates
+from kgate.worker import Channel, _error_result, prepare_device, prepare_process, reporting_start, run_gates
 
 
 def _compile(channel: Channel, job: dict[str, Any]) -> None:
@@ -203,11 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text())
     channel = Channel(int(job["event_fd"]))
-    prepare_process(job)
-    if job.get("pch"):  # before any candidate code: the shared precompiled header stays as the parent built it
-        from kgate.audit import pch
+    with reporting_start(channel):
+        prepare_process(job)
+        if job.get("pch"):  # before any candidate code: the shared precompiled header stays as the parent built it
+            from kgate.audit import pch
 
-        pch.keep_shared()
+            pch.keep_shared()
     if job["stage"] == "compile":
         _compile(channel, job)
     else:
