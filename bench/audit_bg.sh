@@ -22,7 +22,9 @@
 # made, once the rest is done), SELECT (a `-k` expression: only those candidates, e.g. with REJUDGE=1 to judge
 # chosen records again), KEEP_SOURCE (with REJUDGE=1: kgate source digests whose records are kept, --keep-source)
 # tune it; CORPUS_FROM
-# (default .third_party/kb-corpus) names another corpus; KGATE_FROM (default: this checkout) a folder holding the
+# (default .third_party/kb-corpus) names another corpus; THEN (a command, run from this checkout once the
+# audit has ended, with OUT set to a folder whose files `collect` brings back as then-*: e.g. the throughput
+# benchmark, THEN="bash bench/audit_h200.sh throughput"); KGATE_FROM (default: this checkout) a folder holding the
 # kgate/ package to judge with, so that an audit joined across sessions is judged by one kgate although kgate
 # changed in between: `git archive COMMIT kgate | tar -x -C .third_party/kgate-audit`, carried, and
 # KGATE_FROM=.third_party/kgate-audit (every record names the kgate source digest that made it). Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
@@ -57,12 +59,12 @@ start)
     && cp -r "${CORPUS_FROM:-.third_party/kb-corpus}" "$CORPUS" || exit 2
   # the carried results are the truth unless this (warm) machine already holds more
   . bench/audit_carried.sh && take_carried "$WORK"
-  rm -f "$WORK/GO" "$WORK/DONE"
+  rm -rf "$WORK/GO" "$WORK/DONE" "$WORK/then"
   [ -n "${NO_PREBUILD:-}" ] && touch "$WORK/GO"
   # `cd` apart from the `&`: then $! is setsid itself, which (not a group leader here) does not fork, so
   # driver.pid is the driver's session and process group, the one `stop` signals
   (cd "$SRC" || exit 2
-   PYTHONPATH=/tmp/site:$SRC setsid nohup bash "$SRC/bench/audit_bg.sh" _drive >"$WORK/driver.log" 2>&1 </dev/null &
+   REPO=$OLDPWD PYTHONPATH=/tmp/site:$SRC setsid nohup bash "$SRC/bench/audit_bg.sh" _drive >"$WORK/driver.log" 2>&1 </dev/null &
    echo $! >"$WORK/driver.pid")
   echo "audit driver started (pid $(cat "$WORK/driver.pid")); building extensions"
   ;;
@@ -89,6 +91,14 @@ _drive)
   nice -n "${NICE:-0}" "${AUDIT[@]}" --resume ${REJUDGE:+--rejudge-stale} ${keep[@]+"${keep[@]}"} --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
     --timeout "${GATE_TIMEOUT:-120}" -q --json "$WORK/audit.json"
   echo "audit: rc=$? after $(( $(date +%s) - t1 )) s"
+  if [ -n "${THEN:-}" ]; then
+    # what follows the audit on the same (now quiet) machine, e.g. the throughput benchmark; its files in
+    # $WORK/then, which `collect` brings back with the audit's
+    mkdir -p "$WORK/then"
+    echo "then: start $(date -u +%T): $THEN"
+    (cd "$REPO" && OUT="$WORK/then" PYTHONPATH="$REPO:/tmp/site" bash -c "$THEN") >"$WORK/then/then.log" 2>&1
+    echo "then: rc=$? at $(date -u +%T)"
+  fi
   touch "$WORK/DONE"
   ;;
 go)
@@ -110,6 +120,7 @@ collect)
   while [ ! -f "$WORK/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
   dest=${OUT:-.}
   for f in results.jsonl driver.log audit.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$dest/audit-$f"; done
+  for f in "$WORK"/then/*; do [ -f "$f" ] && cp "$f" "$dest/then-$(basename "$f")"; done
   echo "audit: $(cat "$WORK/results.jsonl" 2>/dev/null | wc -l) record(s); $( [ -f "$WORK/DONE" ] && echo done || echo running)"
   tail -5 "$WORK/driver.log" 2>/dev/null
   ;;
