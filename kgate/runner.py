@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate import gates as registry
+from kgate import procmem
 from kgate.errors import InfrastructureError
 from kgate.gates.base import GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
@@ -69,17 +70,6 @@ def resolve_device(requested: str) -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 def _exit_cause(returncode: int) -> str:
@@ -408,7 +398,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                         deadline = time.monotonic() + timeout
                     elif named == "":
                         stage = None
-            rss = _rss_bytes(proc.pid)
+            rss = procmem.resident(proc.pid)
             if rss > memory:
                 error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(rss)})"
                 _kill(proc)

@@ -13,7 +13,6 @@ is never taken for a rejection.
 
 from __future__ import annotations
 
-import os
 import shlex
 import time
 import traceback
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from kgate import procmem
 from kgate.compare import clone_tree, flatten, map_tensors, tensors
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
@@ -73,14 +73,6 @@ HOST_MEMORY: int | None = None
 ORACLE_HOST_FACTOR = 3
 
 
-def _resident_bytes() -> int:
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def host_can_hold(args: Any, output_elements: int = 0) -> bool:
     """Whether a float64 oracle on `args` fits in what is left of the worker's host memory limit: its
     inputs and its outputs (`output_elements`, as the reference gave them at these input shapes), both in
@@ -91,7 +83,7 @@ def host_can_hold(args: Any, output_elements: int = 0) -> bool:
     if HOST_MEMORY is None:
         return True
     need = ORACLE_HOST_FACTOR * 8 * (sum(t.numel() for t in tensors(args)) + output_elements)
-    return need <= HOST_MEMORY - _resident_bytes()
+    return need <= HOST_MEMORY - procmem.resident()
 
 
 def _shapes_key(args: Any) -> tuple:

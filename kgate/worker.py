@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from kgate import procmem
+
 EVENT_FD_ENV = "KGATE_EVENT_FD"
 # Bound before user code runs: a kernel that patches time.perf_counter must not skew the durations.
 _clock = time.perf_counter
@@ -74,14 +76,6 @@ def prepare_process(job: dict[str, Any]) -> None:
 MIN_ADDRESS_SPACE = 2 * 2**30
 
 
-def _address_space() -> int:
-    try:
-        with open("/proc/self/statm", encoding="ascii") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def _limit_memory(limit: int | None, device: str) -> None:
     """On the CPU, an allocation past the limit becomes a MemoryError that the gate reports (the parent
     also kills a worker whose resident memory passes it, on every device). The address space mapped
@@ -90,7 +84,7 @@ def _limit_memory(limit: int | None, device: str) -> None:
     started. Address-space limits break CUDA itself (it reserves huge virtual ranges): there the
     parent's resident-memory watch is the limit."""
     if limit and device == "cpu":
-        soft = _address_space() + max(limit, MIN_ADDRESS_SPACE)
+        soft = procmem.address_space() + max(limit, MIN_ADDRESS_SPACE)
         resource.setrlimit(resource.RLIMIT_AS, (soft, soft))
 
 

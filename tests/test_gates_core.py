@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kgate import gates as registry
+from kgate import procmem
 from kgate.subject import UserCodeError
 from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
 from tests.gate_harness import check
@@ -430,11 +431,11 @@ def test_the_oracle_keeps_the_devices_out_of_memory_error_when_the_host_cannot_h
     subject = subject_for(lambda x: x * 2, _oom_on_the_device(calls), lambda case, device: (torch.ones(4, 4),))
     subject.oracle_device = torch.device("meta")
     # room for the process as it is and 100 bytes more: a float64 copy of 16 elements (x3) needs 384
-    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 100)
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", procmem.resident() + 100)
     with pytest.raises(UserCodeError, match="CUDA out of memory"):
         subject.oracle((torch.ones(4, 4),))
     assert calls == ["meta"]
-    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 2**30)
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", procmem.resident() + 2**30)
     assert subject_module.host_can_hold((torch.ones(4, 4),))
 
 
@@ -456,7 +457,7 @@ def test_the_oracle_counts_the_references_output_before_falling_back_to_the_cpu(
     subject = subject_for(lambda x: x, outer, lambda case, device: (torch.ones(256),))
     subject.oracle_device = torch.device("meta")
     # room for the inputs in float64 three times over (6 KiB) and 64 KiB more, not for the outputs (1.5 MiB)
-    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 70 * 2**10)
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", procmem.resident() + 70 * 2**10)
     x = torch.ones(256)
     assert subject_module.host_can_hold((x,))  # inputs alone: it would fall back
     subject.run_reference((x,))  # the reference at these shapes: 65,536 output elements
@@ -464,5 +465,5 @@ def test_the_oracle_counts_the_references_output_before_falling_back_to_the_cpu(
     with pytest.raises(UserCodeError, match="CUDA out of memory"):
         subject.oracle((x,))
     assert calls == ["meta"]  # the device's error stands (an audit judges it again with the whole GPU)
-    monkeypatch.setattr(subject_module, "HOST_MEMORY", subject_module._resident_bytes() + 2**30)
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", procmem.resident() + 2**30)
     assert subject.oracle((x,)).shape == (256, 256) and calls == ["meta", "meta", "cpu"]
