@@ -721,6 +721,10 @@ def test_the_summary_counts_failures_only_on_empty_inputs_apart():
     assert (s["violation"], s["broken"]) == (3, 3)
     assert s["violation_empty_only"] == 1 and s["violation_on_data"] == 2 and s["broken_on_data"] == 2
     assert s["violation_empty_only_pct"] == 25.0
+    shapes = s["per_gate"]["shapes"]
+    assert (shapes["fail"], shapes["empty_only"], shapes["failure_rate"], shapes["failure_rate_on_data"]) == \
+        (3, 2, 75.0, 25.0)
+    assert s["per_gate"]["layouts"]["failure_rate_on_data"] == s["per_gate"]["layouts"]["failure_rate"] == 25.0
     # with the shapes and layouts gates set aside, none of the four has a violation
     assert (s["violation_as_given"], s["broken_as_given"]) == (0, 0)
 

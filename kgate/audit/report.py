@@ -121,10 +121,13 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
                 if g["gate"] == name:
                     kind = "internal" if INTERNAL in g["message"] else "not_run" if _not_run(g) else g["verdict"]
                     counts[kind] += 1
+                    # a failure on the empty (size-0) batch alone, every non-empty input passing (shapes gate)
+                    counts["empty_only"] += kind == "fail" and bool((g.get("details") or {}).get("empty_only"))
         failing = counts["fail"] + counts["error"]
         per_gate[name] = {"pass": counts["pass"], "fail": counts["fail"], "error": counts["error"],
                           "not_run": counts["not_run"], "skip": counts["skip"], "internal": counts["internal"],
-                          "failure_rate": _pct(failing, n)}
+                          "empty_only": counts["empty_only"], "failure_rate": _pct(failing, n),
+                          "failure_rate_on_data": _pct(failing - counts["empty_only"], n)}
     per_level: dict[str, dict[str, int]] = defaultdict(lambda: Counter())
     for r, c in judged:
         row = per_level[str(r.get("level") or "?")]
@@ -250,11 +253,12 @@ def render(console: Any, summary: dict[str, Any]) -> None:
         t.add_row(label, str(count), f"{pct:.1f}")
     console.print(t)
     g = Table(title="per gate", header_style="bold")
-    for col in ("gate", "fail", "error", "not run", "skip", "failure rate %"):
+    for col in ("gate", "fail", "of which empty only", "error", "not run", "skip", "failure rate %",
+                "on non-empty inputs %"):
         g.add_column(col, justify="left" if col == "gate" else "right")
     for name, row in summary["per_gate"].items():
-        g.add_row(name, str(row["fail"]), str(row["error"]), str(row["not_run"]), str(row["skip"]),
-                  f"{row['failure_rate']:.1f}")
+        g.add_row(name, str(row["fail"]), str(row["empty_only"]), str(row["error"]), str(row["not_run"]),
+                  str(row["skip"]), f"{row['failure_rate']:.1f}", f"{row['failure_rate_on_data']:.1f}")
     console.print(g)
     if summary["not_judged"]:
         console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits)[/]")
@@ -318,11 +322,17 @@ def plots(folder: Path, summary: dict[str, Any]) -> list[str]:
     except ImportError:
         return []
     made = []
-    gates = list(summary["per_gate"])
+    gates = list(summary["per_gate"])[::-1]
     rates = [summary["per_gate"][g]["failure_rate"] for g in gates]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(gates) + 1.2))
-    bars = ax.barh(gates[::-1], rates[::-1], color="#c0392b")
-    ax.bar_label(bars, fmt="%.1f%%", padding=3)
+    on_data = [summary["per_gate"][g]["failure_rate_on_data"] for g in gates]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(gates) + 1.6))
+    ax.barh(gates, on_data, color="#c0392b", label="on non-empty inputs")
+    if any(r > d for r, d in zip(rates, on_data, strict=True)):
+        ax.barh(gates, [r - d for r, d in zip(rates, on_data, strict=True)], left=on_data, color="#f1948a",
+                label="on the empty batch only (every non-empty input passes)")
+        ax.legend(loc="lower right", fontsize="small")
+    for y, rate in enumerate(rates):
+        ax.text(rate, y, f" {rate:.1f}%", va="center")
     ax.set_xlabel("candidates failing the gate (fail or error), % of judged")
     ax.set_xlim(0, max(rates + [1]) * 1.2)
     ax.set_title("Failure rate per gate")
@@ -412,11 +422,13 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     lines += ["## Per gate", "",
               "`fail`: the gate found a violation; `error`: the candidate crashed, hung or raised inside this gate; "
               "`not run`: the candidate never got to this gate (it did not load, or crashed earlier); the failure "
-              "rate counts fail + error over the judged candidates.", "",
-              "| gate | fail | error | not run | skip | failure rate % |", "|---|---:|---:|---:|---:|---:|"]
+              "rate counts fail + error over the judged candidates; `empty only`: failures on the empty (size-0) "
+              "batch alone, every non-empty input passing, which the last column leaves out.", "",
+              "| gate | fail | of which empty only | error | not run | skip | failure rate % | on non-empty inputs % |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, row in summary["per_gate"].items():
-        lines.append(f"| {name} | {row['fail']} | {row['error']} | {row['not_run']} | {row['skip']} | "
-                     f"{row['failure_rate']} |")
+        lines.append(f"| {name} | {row['fail']} | {row['empty_only']} | {row['error']} | {row['not_run']} | "
+                     f"{row['skip']} | {row['failure_rate']} | {row['failure_rate_on_data']} |")
     lines.append("")
     if "gate_failure_rates.png" in images:
         lines += ["![failure rate per gate](gate_failure_rates.png)", ""]
