@@ -30,7 +30,7 @@
 # KGATE_FROM=.third_party/kgate-audit (every record names the kgate source digest that made it). Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
-SRC=/tmp/kgate-src
+SRC=${KGATE_AUDIT_SRC:-/tmp/kgate-src}  # kgate, bench and the corpus as the driver runs them
 CORPUS=$SRC/kb-corpus
 cmd=${1:-}
 

@@ -113,3 +113,55 @@ def test_the_device_scripts_resume_from_whichever_results_hold_more(tmp_path, ca
                    check=True, capture_output=True)
     got = [json.loads(line)["id"] for line in (tmp_path / "work/results.jsonl").read_text().splitlines()]
     assert got == [f"{source}{i}" for i in range(dict(carried=carried, committed=committed, work=work)[source])]
+
+
+def test_the_background_audit_judges_with_the_kgate_it_is_given_then_runs_the_follow_up(tmp_path):
+    """bench/audit_bg.sh, the device sessions' driver, end to end on the CPU: `start` judges in the
+    background with the kgate of KGATE_FROM (an audit joined across sessions stays one kgate's),
+    resumes from the carried records, runs THEN with this checkout's kgate once the audit ends, and
+    `collect` brings back the records and THEN's files."""
+    import os
+    import shutil
+    import subprocess
+
+    from kgate.audit.evaluate import kgate_stamp
+    from kgate.kernelbench import source_digest
+
+    repo, old = tmp_path / "repo", tmp_path / "old"
+    shutil.copytree(ROOT / "bench", repo / "bench")
+    (repo / "kgate").symlink_to(ROOT / "kgate")
+    shutil.copytree(ROOT / "kgate", old / "kgate", ignore=shutil.ignore_patterns("__pycache__"))
+    with (old / "kgate" / "faults.py").open("a") as f:
+        f.write("# another kgate\n")
+    old_digest = source_digest(*sorted((old / "kgate").rglob("*.py")))
+    assert old_digest != kgate_stamp()["source"]
+    carried = repo / ".third_party/audit-run/results.jsonl"
+    carried.parent.mkdir(parents=True)
+    carried.write_text(json.dumps({"id": "level1/19_ReLU__wrong", "complete": True, "kgate": {"source": "carried"}}) + "\n")
+    python = tmp_path / "bin" / "python3"  # the scripts call python3: this one, with kgate's dependencies
+    python.parent.mkdir()
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
+           "KGATE_AUDIT_WORK": str(tmp_path / "work"), "KGATE_AUDIT_SRC": str(tmp_path / "src"),
+           "KGATE_FROM": str(old), "CORPUS_FROM": str(CORPUS), "DEVICE": "cpu", "NO_PREBUILD": "1", "JOBS": "1",
+           "BUILD_JOBS": "1", "PCH": "", "SELECT": "level1/19_ReLU and (wrong or not __)",
+           "THEN": 'python3 -c "import kgate.audit.evaluate as e; print(e.kgate_stamp()[\'source\'])" > $OUT/source.txt'}
+    out = tmp_path / "out"
+    out.mkdir()
+    script = ["bash", "bench/audit_bg.sh"]
+    try:
+        started = subprocess.run([*script, "start"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+        assert started.returncode == 0 and "resuming from .third_party/audit-run/results.jsonl (1 record(s))" in \
+            started.stdout, started.stdout + started.stderr
+        collected = subprocess.run([*script, "collect", "300"], cwd=repo, env={**env, "OUT": str(out)},
+                                   capture_output=True, text=True, timeout=400)
+    finally:
+        subprocess.run([*script, "stop"], cwd=repo, env=env, capture_output=True, timeout=120)
+    assert "audit: 2 record(s); done" in collected.stdout, collected.stdout
+    records = {r["id"]: r for r in map(json.loads, (out / "audit-results.jsonl").read_text().splitlines())}
+    assert records["level1/19_ReLU__wrong"]["kgate"]["source"] == "carried"  # resumed, not judged again
+    assert records["level1/19_ReLU"]["kgate"]["source"] == old_digest
+    assert all(g["verdict"] in ("pass", "skip") for g in records["level1/19_ReLU"]["gates"])
+    assert (out / "then-source.txt").read_text().strip() == kgate_stamp()["source"]
+    assert "then: rc=0" in (out / "audit-driver.log").read_text()
