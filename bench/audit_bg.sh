@@ -22,7 +22,8 @@
 # made, once the rest is done), SELECT (a `-k` expression: only those candidates, e.g. with REJUDGE=1 to judge
 # chosen records again), KEEP_SOURCE (with REJUDGE=1: kgate source digests whose records are kept, --keep-source)
 # tune it; CORPUS_FROM
-# (default .third_party/kb-corpus) names another corpus; THEN (a command, run from this checkout once the
+# (default .third_party/kb-corpus) names another corpus; KGATE_AUDIT_WORK, KGATE_AUDIT_SRC, KGATE_SITE move the
+# work folder, the copy the driver runs and the installed dependencies (defaults under /tmp); THEN (a command, run from this checkout once the
 # audit has ended, with OUT set to a folder whose files `collect` brings back as then-*: e.g. the throughput
 # benchmark, THEN="bash bench/audit_h200.sh throughput"); KGATE_FROM (default: this checkout) a folder holding the
 # kgate/ package to judge with, so that an audit joined across sessions is judged by one kgate although kgate
@@ -31,6 +32,7 @@
 set -u
 WORK=${KGATE_AUDIT_WORK:-/tmp/kgate-audit}
 SRC=${KGATE_AUDIT_SRC:-/tmp/kgate-src}  # kgate, bench and the corpus as the driver runs them
+SITE=${KGATE_SITE:-/tmp/site}  # the dependencies the device machine lacks, installed from the carried wheels
 CORPUS=$SRC/kb-corpus
 cmd=${1:-}
 
@@ -49,8 +51,8 @@ start)
   if [ -f "$WORK/driver.pid" ] && alive "$(cat "$WORK/driver.pid")"; then
     echo "audit driver already running (pid $(cat "$WORK/driver.pid"))"; exit 0
   fi
-  if ! PYTHONPATH=/tmp/site python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  if ! PYTHONPATH=$SITE python3 -c "import pydantic, junit_xml, rich, yaml" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
       .whl-kgate/*.whl || exit 2
   fi
   kgate_from=${KGATE_FROM:-.}
@@ -64,7 +66,7 @@ start)
   # `cd` apart from the `&`: then $! is setsid itself, which (not a group leader here) does not fork, so
   # driver.pid is the driver's session and process group, the one `stop` signals
   (cd "$SRC" || exit 2
-   REPO=$OLDPWD PYTHONPATH=/tmp/site:$SRC setsid nohup bash "$SRC/bench/audit_bg.sh" _drive >"$WORK/driver.log" 2>&1 </dev/null &
+   REPO=$OLDPWD PYTHONPATH=$SITE:$SRC setsid nohup bash "$SRC/bench/audit_bg.sh" _drive >"$WORK/driver.log" 2>&1 </dev/null &
    echo $! >"$WORK/driver.pid")
   echo "audit driver started (pid $(cat "$WORK/driver.pid")); building extensions"
   ;;
@@ -96,7 +98,7 @@ _drive)
     # $WORK/then, which `collect` brings back with the audit's
     mkdir -p "$WORK/then"
     echo "then: start $(date -u +%T): $THEN"
-    (cd "$REPO" && OUT="$WORK/then" PYTHONPATH="$REPO:/tmp/site" bash -c "$THEN") >"$WORK/then/then.log" 2>&1
+    (cd "$REPO" && OUT="$WORK/then" PYTHONPATH="$REPO:$SITE" bash -c "$THEN") >"$WORK/then/then.log" 2>&1
     echo "then: rc=$? at $(date -u +%T)"
   fi
   touch "$WORK/DONE"

@@ -144,6 +144,7 @@ def test_the_background_audit_judges_with_the_kgate_it_is_given_then_runs_the_fo
     python.chmod(0o755)
     env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
            "KGATE_AUDIT_WORK": str(tmp_path / "work"), "KGATE_AUDIT_SRC": str(tmp_path / "src"),
+           "KGATE_SITE": str(tmp_path / "site"),
            "KGATE_FROM": str(old), "CORPUS_FROM": str(CORPUS), "DEVICE": "cpu", "NO_PREBUILD": "1", "JOBS": "1",
            "BUILD_JOBS": "1", "PCH": "", "SELECT": "level1/19_ReLU and (wrong or not __)",
            "THEN": 'python3 -c "import kgate.audit.evaluate as e; print(e.kgate_stamp()[\'source\'])" > $OUT/source.txt'}
