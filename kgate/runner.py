@@ -38,6 +38,9 @@ POLL_S = 0.05
 LOAD_TIMEOUT_S = 120.0  # at least this long to start a worker and import the kernel
 # How a worker killed for its resident memory is named (the audit tells it from the kernel's own errors).
 MEMORY_LIMIT = "exceeded the memory limit of"
+# The longest event line kept (a result with its traceback and log tail is far smaller): a worker that
+# writes without newlines cannot grow the parent's memory.
+MAX_EVENT_BYTES = 16 * 2**20
 
 
 @dataclass
@@ -354,7 +357,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     """Run `python -m MODULE JOB.json` under a time and a memory limit, passing each event it sends to
     `on_event`. The job gets `event_fd`, the pipe the worker writes its JSON lines to; stdout and
     stderr go to `log_path` (appended to with `append_log`). `on_event` returns a stage name when a
-    timed stage begins (the clock restarts), "" when the stage ends, None otherwise. Killed workers
+    timed stage begins (the clock restarts, once per name), "" when the stage ends, None otherwise. Killed workers
     take their whole process group; setting `cancel` (from another thread) kills the worker too."""
     read_fd, write_fd = os.pipe()
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
@@ -376,7 +379,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     # can take longer than a tight per-gate limit. A module that hangs at import still times out.
     load_timeout = max(timeout, LOAD_TIMEOUT_S)
     deadline = time.monotonic() + load_timeout
-    buffer = b""
+    lines = EventLines()
+    started: set[str] = set()
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
     try:
@@ -386,16 +390,18 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                 chunk = os.read(read_fd, 1 << 16)
                 if not chunk:
                     break  # worker closed the channel: it exited
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
+                for line in lines.feed(chunk):
                     event = _parse(line)
                     if event is None:
                         continue
                     named = on_event(event)
                     if named:
                         stage = named
-                        deadline = time.monotonic() + timeout
+                        # Each stage starts the clock once: the worker's untrusted code can write to this
+                        # pipe too, and a forged stage start repeated would otherwise hold off the limit.
+                        if named not in started:
+                            started.add(named)
+                            deadline = time.monotonic() + timeout
                     elif named == "":
                         stage = None
             rss = procmem.resident(proc.pid)
@@ -430,6 +436,31 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
             proc.wait()
         os.unlink(job_path)
     return WorkerExit(proc.returncode, error, stage)
+
+
+class EventLines:
+    """The event pipe's bytes as lines. Each chunk is searched once (a worker writing without newlines
+    cannot make every read rescan all it wrote), and a line longer than MAX_EVENT_BYTES is dropped as it
+    grows: the worker's untrusted code can write to the pipe too, and must not grow kgate's memory."""
+
+    def __init__(self, limit: int | None = None):
+        self.limit = MAX_EVENT_BYTES if limit is None else limit
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        *complete, rest = chunk.split(b"\n")
+        out = []
+        if complete:
+            out.append(b"".join([*self._parts, complete[0]]))
+            out.extend(complete[1:])
+            self._parts, self._size = [], 0
+        if rest:
+            self._parts.append(rest)
+            self._size += len(rest)
+            if self._size > self.limit:
+                self._parts, self._size = [], 0  # the rest of that line, when it ends, fails to parse
+        return out
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -250,6 +250,73 @@ def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
     assert result.gates[1].message.startswith("not run: the worker could not start")
 
 
+FORGING_KERNELS = """\
+import json, os, sys, time
+
+import torch
+
+
+def _channel():
+    return json.load(open(sys.argv[1]))["event_fd"]  # the worker's job file names kgate's event pipe
+
+
+def reference(x):
+    return x * 2
+
+
+def make_inputs(seed, shape=None):
+    return (torch.ones(4),)
+
+
+def restarts_the_clock(x):
+    while True:  # hangs, forging a gate's start again and again
+        os.write(_channel(), b'{"event": "gate_start", "gate": "oracle"}\\n')
+        time.sleep(0.2)
+
+
+def floods_the_pipe(x):
+    chunk = b"x" * 2**20
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:  # 1 MiB a write, never a newline
+        os.write(_channel(), chunk)
+    return x * 2
+"""
+
+
+def test_the_event_pipe_cannot_hold_off_the_time_limit_or_grow_without_bound(tmp_path):
+    """A kernel runs in the process that reports on it and can write to its event pipe: a forged stage start
+    must not restart the clock again (each stage starts it once); a flood of bytes without a newline costs
+    the flooding kernel its own result (lost in its garbage: an error), nothing else
+    (`test_event_lines_split_across_chunks_and_drop_what_grows_past_the_limit` bounds the memory)."""
+
+    (tmp_path / "k.py").write_text(FORGING_KERNELS)
+    (tmp_path / "kgate.yaml").write_text(
+        "version: 1\ndefaults: {device: cpu, seeds: [0], gates: [oracle], limits: {timeout: 3, memory: 2GiB}}\n"
+        "kernels:\n"
+        "  - {name: clock, kernel: k.py:restarts_the_clock, reference: k.py:reference, inputs: k.py:make_inputs}\n"
+        "  - {name: flood, kernel: k.py:floods_the_pipe, reference: k.py:reference, inputs: k.py:make_inputs,\n"
+        "     limits: {timeout: 30}}\n")
+    manifest = load(tmp_path / "kgate.yaml")
+    start = time.monotonic()
+    by_name = {r.name: r for r in Runner(manifest, manifest.kernels, RunOptions(out_dir=tmp_path / "out")).run()}
+    assert by_name["clock"].gates[0].message == "timed out after 3 s in gate oracle"
+    assert time.monotonic() - start < 60
+    assert by_name["flood"].gates[0].verdict == "error", by_name["flood"].gates[0]
+
+
+def test_event_lines_split_across_chunks_and_drop_what_grows_past_the_limit():
+    from kgate.runner import EventLines
+
+    lines = EventLines(limit=10)
+    assert lines.feed(b'{"a"') == [] and lines.feed(b': 1}\n{"b": 2}\n{"c"') == [b'{"a": 1}', b'{"b": 2}']
+    assert lines.feed(b"x" * 8) == []
+    assert lines._size <= 10  # the line grew past the limit: dropped so far, nothing kept of it
+    assert lines.feed(b"yy\n{}\n") == [b"yy", b"{}"]  # its tail ends as a line that does not parse
+    for _ in range(1000):
+        lines.feed(b"z" * 4096)
+        assert lines._size <= 10 + 4096
+
+
 def test_a_killed_worker_takes_its_whole_session(tmp_path):
     """ninja runs each compiler in a process group of its own: killing the worker's group alone left
     them compiling on, orphaned. The kill reaches every process of the worker's session."""
