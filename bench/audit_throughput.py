@@ -10,7 +10,8 @@ Reported per mode: wall seconds, seconds per kernel (wall / kernels: what the po
 worker seconds per kernel (mean time one candidate holds a worker), kernels per hour, and the same
 with the compile stage's wall time added. The goal in issue 7: gates <= 5x the standard test per
 kernel, >= 3,000 kernels/hour on one H200. `--more-jobs N` times the full gates once more with N judges
-per device (the ratio stays between the first two modes, which share `--jobs`).
+per device (the ratio stays between the first two modes, which share `--jobs`); `--prestart` times the
+full gates again with each judge count and `kgate audit --prestart`.
 
     python bench/audit_throughput.py --problems P --candidates C [--index I] --device cuda --jobs 8 \
         --limit 100 --out kgate-bench --json bench.json
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--more-jobs", type=int, action="append", default=[], metavar="N",
                         help="after the two modes, the full gates again with N judges per device (repeatable): "
                              "how the gates' throughput scales with judges sharing a GPU")
+    parser.add_argument("--prestart", action="store_true",
+                        help="then the full gates again with each judge count (--jobs and every --more-jobs) and "
+                             "`kgate audit --prestart` (each next worker started while the others judge)")
     args = parser.parse_args(argv)
 
     pairs = select(args)
@@ -53,9 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     full, _ = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), plan,
                          f"standard test + {len(registry.GATE_NAMES)} gates")
     more = []
-    for jobs in args.more_jobs:
+    variants = [(jobs, False) for jobs in args.more_jobs]
+    variants += [(jobs, True) for jobs in [plan.slots * len(plan.devices), *args.more_jobs]] if args.prestart else []
+    for jobs, prestart in variants:
         wider = make_plan(args.device, jobs, args.compile_jobs)
-        wider.compile_stage = False
+        wider.compile_stage, wider.prestart = False, prestart
         row, _ = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), wider,
                             f"standard test + {len(registry.GATE_NAMES)} gates, {wider.describe()}")
         more.append(row)

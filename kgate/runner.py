@@ -13,6 +13,7 @@ judges only the gates they lack (or that judged nothing: "not run", "cancelled")
 from __future__ import annotations
 
 import json
+import math
 import os
 import selectors
 import signal
@@ -353,12 +354,15 @@ class WorkerExit:
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
               on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None,
-              cancel: threading.Event | None = None, append_log: bool = False) -> WorkerExit:
+              cancel: threading.Event | None = None, append_log: bool = False, waits: bool = False) -> WorkerExit:
     """Run `python -m MODULE JOB.json` under a time and a memory limit, passing each event it sends to
     `on_event`. The job gets `event_fd`, the pipe the worker writes its JSON lines to; stdout and
     stderr go to `log_path` (appended to with `append_log`). `on_event` returns a stage name when a
     timed stage begins (the clock restarts, once per name), "" when the stage ends, None otherwise. Killed workers
-    take their whole process group; setting `cancel` (from another thread) kills the worker too."""
+    take their whole process group; setting `cancel` (from another thread) kills the worker too. With `waits`,
+    a `waiting` event before the first stage stops the clock until that stage starts (a worker that waits
+    for its turn on the device, kgate.audit.turns; its kgate code sends the first stage before any of the
+    user's runs, so the user's code cannot stop the clock so)."""
     read_fd, write_fd = os.pipe()
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
         json.dump({**job, "event_fd": write_fd}, jf)
@@ -394,6 +398,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                     event = _parse(line)
                     if event is None:
                         continue
+                    if waits and not started and event.get("event") == "waiting":
+                        stage, deadline = "waiting for a turn on the device", math.inf
                     named = on_event(event)
                     if named:
                         stage = named

@@ -833,3 +833,56 @@ def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
     cause = "the worker could not start, before any kernel code ran: ImportError: libtorch_cuda.so: failed to map segment"
     assert record["error"] == cause
     assert _gate(record, "oracle")["message"] == f"not run: {cause} earlier"
+
+
+def test_prestart_gives_the_same_verdicts_and_a_candidate_cannot_stop_the_clock(audited, tmp_path):
+    """--prestart: twice the workers, --jobs of them judging, the others started and waiting for a turn
+    (kgate.audit.turns). The verdicts are those of the plain audit; the wait is recorded and untimed; a
+    candidate that forges the `waiting` event on its worker's pipe still times out."""
+    import shutil
+
+    candidates = tmp_path / "candidates"
+    shutil.copytree(CORPUS / "candidates", candidates)
+    (candidates / "level1" / "19_ReLU__forges_waiting.py").write_text(
+        "import json, os, sys, time\n\nimport torch.nn as nn\n\n\n"
+        "class ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        fd = json.load(open(sys.argv[1]))['event_fd']  # kgate's event pipe, named in the job file\n"
+        "        while True:\n"
+        "            os.write(fd, b'{\"event\": \"waiting\"}\\n')\n"
+        "            time.sleep(0.5)\n")
+    out = tmp_path / "run"
+    kgate_main(["audit", "--format", "kernelbench", "--problems", str(CORPUS / "problems"), "--candidates",
+                str(candidates), "--device", "cpu", "--gate", GATES, "--jobs", "2", "--prestart", "--timeout", "12",
+                "--out", str(out), "-q"])
+    records = _records(out)
+    forged = records.pop("level1/19_ReLU__forges_waiting")
+    assert forged["standard"]["message"].endswith("timed out after 12 s in the standard test"), forged["standard"]
+
+    def verdicts(r):
+        return r["standard"]["verdict"], [(g["gate"], g["verdict"]) for g in r["gates"]], bool(r["tamper"])
+
+    plain = audited[2]
+    assert {k: verdicts(r) for k, r in records.items()} == {k: verdicts(plain[k]) for k in records}
+    for r in records.values():
+        t = r["timeline"]
+        assert 0 < t["waiting"] <= t["loading"], t
+    assert sorted(p.name for p in (out / "turns" / "cpu").iterdir()) == ["turn0.lock", "turn1.lock"]
+
+
+def test_a_turn_is_held_until_its_worker_exits_and_not_by_a_child_it_forked(tmp_path):
+    """kgate.audit.turns: one turn, two workers; the second gets it only when the first exits, even though
+    the first left a forked child behind that still runs."""
+    take = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from kgate.audit import turns; turns.take({str(tmp_path)!r}, 1)"
+    first = subprocess.Popen([sys.executable, "-c", take + "; import os, time\n"
+                              "if os.fork() == 0:\n    time.sleep(10); os._exit(0)\n"
+                              "print('held', flush=True); time.sleep(2)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "held"
+        start = time.monotonic()
+        second = subprocess.run([sys.executable, "-c", take], timeout=20)
+        waited = time.monotonic() - start
+        assert second.returncode == 0 and first.poll() is not None
+        assert 1.0 < waited < 10, waited
+    finally:
+        first.kill()

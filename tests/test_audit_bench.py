@@ -66,11 +66,14 @@ def test_scaling_names_every_verdict_that_differs():
 def test_throughput_times_both_modes(tmp_path):
     throughput = _load("audit_throughput")
     out = tmp_path / "t.json"
-    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--more-jobs", "1",
+    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--more-jobs", "1", "--prestart",
                             "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    standard, full, narrower = result["modes"]
+    standard, full, narrower, *prestarted = result["modes"]
     assert standard["kernels"] == full["kernels"] == narrower["kernels"] == 5
+    assert [("x 2 worker" in r["mode"], "x 1 worker" in r["mode"]) for r in prestarted] == [(True, False), (False, True)]
+    for row in prestarted:  # the same candidates, each worker started early and waiting for its turn
+        assert row["kernels"] == 5 and "started while they judge" in row["mode"] and "waiting" in row["timeline_median"]
     assert "x 1 worker" in narrower["mode"] and set(narrower["gate_seconds"]) == set(registry.GATE_NAMES)
     assert "gate_start" in full["timeline_median"] and "gate_start" not in standard["timeline_median"]
     assert result["gates_over_standard"] > 0

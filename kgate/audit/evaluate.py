@@ -146,8 +146,11 @@ def kgate_stamp() -> dict[str, str]:
 
 
 def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_fraction: float | None = None,
-                  compiled: dict[str, Any] | None = None, cancel: threading.Event | None = None) -> dict[str, Any]:
-    """The standard test and the gates for one pair; returns the audit record (never raises for user code)."""
+                  compiled: dict[str, Any] | None = None, cancel: threading.Event | None = None,
+                  turns: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The standard test and the gates for one pair; returns the audit record (never raises for user code).
+    `turns` ({"path", "count"}, kgate.audit.turns): the worker waits for a turn on the device before it
+    loads the candidate, untimed (--prestart)."""
     started = time.perf_counter()
     names = list(options.gates)
     record: dict[str, Any] = {"id": pair.id, "candidate": str(pair.candidate), "problem": str(pair.problem or ""),
@@ -184,7 +187,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                "memory": options.memory, "timeout": options.timeout, "seed": options.seed,
                "gate_seeds": options.gate_seeds, "work_elements": options.work_elements,
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
-               "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads, "pch": options.pch}
+               "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads, "pch": options.pch,
+               "turns": turns}
 
         def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining,
                      first: bool = attempt == 0) -> str | None:
@@ -233,7 +237,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
                           timeout=options.timeout, memory=options.memory, on_event=on_event,
                           env=worker_env(pair, options, gpu=device.startswith("cuda")), cancel=cancel,
-                          append_log=attempt > 0)
+                          append_log=attempt > 0, waits=bool(turns))
         if record["problem_error"]:
             break
         remaining = [n for n in remaining if n not in results]

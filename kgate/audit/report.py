@@ -192,7 +192,7 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
 
 
 def timeline_median(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Per worker event (loading, loaded, standard, gate_start, done), the median of the seconds from a
+    """Per worker event (waiting: --prestart, loading, loaded, standard, gate_start, done), the median of the seconds from a
     candidate's start to that event, over the records that have it."""
     seen: dict[str, list[float]] = {}
     for r in records:
@@ -202,7 +202,7 @@ def timeline_median(records: list[dict[str, Any]]) -> dict[str, float]:
     return {k: round(statistics.median(seen[k]), 3) for k in TIMELINE_EVENTS if k in seen}
 
 
-TIMELINE_EVENTS = ("loading", "loaded", "standard", "gate_start", "done")
+TIMELINE_EVENTS = ("waiting", "loading", "loaded", "standard", "gate_start", "done")
 
 
 # -- kgate's own report formats ---------------------------------------------------------------------

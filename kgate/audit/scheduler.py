@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile, needs_whole_gpu
+from kgate.audit.turns import folder as turn_folder
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
 
@@ -35,13 +36,15 @@ from kgate.kernelbench import Pair
 @dataclass
 class Plan:
     devices: list[str]
-    slots: int  # evaluation workers per device
+    slots: int  # evaluation workers judging at once per device
     compile_jobs: int
     compile_stage: bool = True
+    prestart: bool = False  # twice the workers per device, `slots` of them judging (kgate.audit.turns)
 
     def describe(self) -> str:
         return (f"{len(self.devices)} device(s) ({', '.join(self.devices)}) x {self.slots} worker(s), "
-                f"{self.compile_jobs} compile job(s)")
+                f"{self.compile_jobs} compile job(s)" + (", each next worker started while they judge"
+                                                         if self.prestart else ""))
 
 
 def cuda_devices() -> list[int]:
@@ -173,13 +176,14 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         else:
             ready.put((pair, None))
 
-    leases = {d: DeviceLease(plan.slots) for d in plan.devices}
+    starts = 2 if plan.prestart else 1  # workers per judging slot
+    leases = {d: DeviceLease(starts * plan.slots) for d in plan.devices}
     lock = threading.Condition()
     taken = [0]
     judged = [0]
     errors: list[BaseException] = []
     alone_later: list[tuple[Pair, dict[str, Any] | None]] = []  # out of GPU memory while sharing
-    sharing = [len(plan.devices) * plan.slots]  # evaluation threads that may still take shared work
+    sharing = [len(plan.devices) * plan.slots * starts]  # evaluation threads that may still take shared work
 
     def timed_out() -> bool:
         return stop_at is not None and time.monotonic() > stop_at
@@ -194,6 +198,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         lease = leases[device]
         gpu = device.startswith("cuda")
         fraction = round(0.95 / plan.slots, 4) if gpu and plan.slots > 1 else None
+        turns = {"path": str(turn_folder(options.out_dir, device)), "count": plan.slots} if plan.prestart else None
         while not cancel.is_set():
             with lock:
                 if taken[0] >= len(pairs) or timed_out():
@@ -210,7 +215,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
             try:
                 progress.started(pair, device)
                 record = evaluate_pair(pair, options, device, gpu_memory_fraction=fraction, compiled=outcome,
-                                       cancel=cancel)
+                                       cancel=cancel, turns=turns)
             finally:
                 lease.release()
             if cancel.is_set():
@@ -262,7 +267,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         finally:
             finished.set()
 
-    slots = [(d, s, threading.Event()) for d in plan.devices for s in range(plan.slots)]
+    slots = [(d, s, threading.Event()) for d in plan.devices for s in range(starts * plan.slots)]
     finished = [done for _, _, done in slots]
     threads = [threading.Thread(target=guarded, args=(d, done), name=f"kgate-eval-{d}-{s}", daemon=True)
                for d, s, done in slots]

@@ -51,6 +51,15 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     names: list[str] = job["gates"]
     device = prepare_device(job["device"], job.get("gpu_memory_fraction"))
+    if job.get("turns"):  # --prestart: started while others judge; the candidate waits for a turn
+        import torch
+
+        from kgate.audit import turns
+
+        if device.type == "cuda":
+            torch.zeros(1, device=device)  # the CUDA context too, before the wait
+        channel.send("waiting")
+        job["turn_fd"] = turns.take(job["turns"]["path"], int(job["turns"]["count"]))  # held until exit
 
     def all_error(message: str, trace: str | None = None) -> None:
         for name in names:

@@ -81,6 +81,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="candidates evaluated at once (default: one per GPU; on the CPU half the cores, at most 4); "
                         "several per GPU share its memory in equal parts")
+    p.add_argument("--prestart", action="store_true",
+                   help="start each device's next workers while --jobs others judge (Python, torch and a CUDA "
+                        "context take seconds per candidate, the GPU idle meanwhile): twice the worker "
+                        "processes, --jobs of them judging at once, each waiting for its turn untimed. "
+                        "Local backend only")
     p.add_argument("--compile-jobs", type=int, metavar="N", help="extension builds at once (default half the cores)")
     p.add_argument("--no-compile-stage", action="store_true",
                    help="build extensions inside the evaluation instead of in a separate CPU stage")
@@ -170,6 +175,8 @@ def main(args: argparse.Namespace) -> int:
     spec = parse_shard(args.shard)
     if args.address and args.backend != "ray":
         raise UsageError("--address is for --backend ray")
+    if args.prestart and args.backend != "local":
+        raise UsageError("--prestart is for the local backend")
     console = _console()
     code = 0
     for label, problems, candidates, index in _sources(args):
@@ -218,6 +225,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     else:
         plan = make_plan(args.device, args.jobs, args.compile_jobs)
     plan.compile_stage = not args.no_compile_stage
+    plan.prestart = args.prestart
     options = AuditOptions(gates=gate_names, out_dir=out, timeout=args.timeout, memory=memory,
                            compile_timeout=args.compile_timeout, seed=args.seed, work_elements=args.work_elements,
                            repro_args=repro_args(args, problems, candidates, index),

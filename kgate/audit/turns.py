@@ -1,0 +1,46 @@
+"""Turns on a device: at most N audit workers judge on one device at once, while more of them start.
+
+With `kgate audit --prestart`, each device has twice as many workers as judging turns: a worker
+starts (Python, torch, kgate, its CUDA context: seconds that the GPU would otherwise spend idle between
+candidates) while others judge, then waits for a turn before it loads its candidate. A turn is an
+exclusive POSIX lock (`lockf`) on one of N files: the kernel releases it when the worker exits, however
+it exits (a crash, a kill at a limit), so a turn is never lost, and a child the worker forked does not
+inherit it. Torch-free: the worker takes its turn before it
+imports anything of the user's.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import time
+from pathlib import Path
+
+POLL_S = 0.05
+
+
+def folder(out_dir: Path, device: str) -> Path:
+    """Where one device's turn files live (under the audit's --out)."""
+    return out_dir / "turns" / re.sub(r"[^A-Za-z0-9_.\-]", "_", device)
+
+
+def take(path: str | Path, count: int) -> int:
+    """Block until one of `count` turns in `path` is free and take it; returns the file descriptor that
+    holds it (kept open for the life of the process: closing it gives the turn back)."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    fds = [os.open(path / f"turn{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) for i in range(count)]
+    try:
+        while True:
+            for fd in fds:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # held by another worker (EAGAIN or EACCES)
+                    continue
+                fds.remove(fd)
+                return fd
+            time.sleep(POLL_S)
+    finally:
+        for fd in fds:
+            os.close(fd)
