@@ -430,7 +430,7 @@ def test_gpu_oom_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
 
     calls = []
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
         calls.append((pair.id, gpu_memory_fraction))
         oom = pair.id == "big" and gpu_memory_fraction is not None  # fits only with the whole device
         return {"id": pair.id, "oom": oom, "gates": [], "device": device}
@@ -454,7 +454,7 @@ def test_host_memory_limit_while_sharing_is_judged_again_alone(monkeypatch, tmp_
     from kgate.audit.evaluate import AuditOptions
     from kgate.runner import MEMORY_LIMIT
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
         record = {"id": pair.id, "device": device, "problem_error": None, "standard": {}}
         cause = f"{MEMORY_LIMIT} 24.0 GiB (resident 24.1 GiB)" if gpu_memory_fraction is not None else None
         record["error"] = cause
@@ -479,7 +479,7 @@ def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_p
     events = []
     lock = threading.Lock()
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
         with lock:
             events.append(("start", pair.id, gpu_memory_fraction))
         time.sleep(0.05)
@@ -516,7 +516,7 @@ def test_several_devices_share_the_work_each_within_its_slots(monkeypatch, tmp_p
     peak = dict(running)
     seen = []
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
         with lock:
             running[device] += 1
             peak[device] = max(peak[device], running[device])
@@ -538,11 +538,47 @@ def test_several_devices_share_the_work_each_within_its_slots(monkeypatch, tmp_p
     assert next(r for r in records if r["id"] == "p03")["retried_alone"]
 
 
+def test_prestart_plans_twice_the_workers_with_the_memory_and_turns_of_the_judging_slots(monkeypatch, tmp_path):
+    """--prestart on two devices of two slots: four workers per device at once, each capped at a judging
+    slot's share of the memory and given that device's two turns; the second try alone has neither."""
+    from kgate.audit import scheduler, turns
+    from kgate.audit.evaluate import AuditOptions
+
+    lock = threading.Lock()
+    running = {"cuda:0": 0, "cuda:1": 0}
+    peak = dict(running)
+    seen = []
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+        with lock:
+            running[device] += 1
+            peak[device] = max(peak[device], running[device])
+            seen.append((pair.id, device, gpu_memory_fraction, turns))
+        time.sleep(0.2)  # long enough for every thread of a device to be in at once
+        with lock:
+            running[device] -= 1
+        return {"id": pair.id, "oom": pair.id == "p03" and gpu_memory_fraction is not None, "gates": [],
+                "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair(f"p{i:02d}", CORPUS / f"p{i}.py", None) for i in range(24)]
+    plan = scheduler.Plan(devices=["cuda:0", "cuda:1"], slots=2, compile_jobs=1, compile_stage=False, prestart=True)
+    records = []
+    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 24
+    assert sorted(r["id"] for r in records) == [p.id for p in pairs]
+    assert peak == {"cuda:0": 4, "cuda:1": 4}
+    shared = [(d, f, t) for i, d, f, t in seen if t is not None]
+    assert {f for _, f, _ in shared} == {0.475}
+    assert {(d, t["path"], t["count"]) for d, _, t in shared} == {
+        (d, str(turns.folder(tmp_path, d)), 2) for d in ("cuda:0", "cuda:1")}
+    assert [(f, t) for i, _, f, t in seen if i == "p03"][1] == (None, None)  # alone: the whole device, no turn
+
+
 def test_a_deadline_leaves_the_second_tries_to_resume(monkeypatch, tmp_path):
     from kgate.audit import scheduler
     from kgate.audit.evaluate import AuditOptions
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
         time.sleep(0.3)
         return {"id": pair.id, "oom": pair.id == "big" and gpu_memory_fraction is not None, "gates": [],
                 "device": device}
