@@ -504,10 +504,10 @@ def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_p
     assert {r["id"] for r in records if r.get("retried_alone")} == {"big1", "big2"}
 
 
-def test_several_devices_share_the_work_each_within_its_slots(monkeypatch, tmp_path):
-    """The per-GPU worker pool (issue 8) without GPUs: two devices x two slots judge every pair once,
-    both devices work, no device ever runs more than its slots at once, and a second try alone takes
-    one whole device while the other goes on."""
+def _two_device_run(monkeypatch, tmp_path, *, prestart, seconds):
+    """run_local on two devices x two slots over 24 pairs, with a fake evaluation that takes `seconds` and
+    runs out of memory for p03 while sharing; returns (records, the peak of evaluations at once per
+    device, each evaluation's (pair, device, memory fraction, turns))."""
     from kgate.audit import scheduler
     from kgate.audit.evaluate import AuditOptions
 
@@ -520,41 +520,8 @@ def test_several_devices_share_the_work_each_within_its_slots(monkeypatch, tmp_p
         with lock:
             running[device] += 1
             peak[device] = max(peak[device], running[device])
-            seen.append((pair.id, device, gpu_memory_fraction))
-        time.sleep(0.02)
-        with lock:
-            running[device] -= 1
-        oom = pair.id == "p03" and gpu_memory_fraction is not None
-        return {"id": pair.id, "oom": oom, "gates": [], "device": device}
-
-    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
-    pairs = [Pair(f"p{i:02d}", CORPUS / f"p{i}.py", None) for i in range(24)]
-    plan = scheduler.Plan(devices=["cuda:0", "cuda:1"], slots=2, compile_jobs=1, compile_stage=False)
-    records = []
-    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 24
-    assert sorted(r["id"] for r in records) == [p.id for p in pairs]
-    assert {d for _, d, _ in seen} == {"cuda:0", "cuda:1"} and max(peak.values()) <= 2
-    assert [f for i, _, f in seen if i == "p03"] == [0.475, None]
-    assert next(r for r in records if r["id"] == "p03")["retried_alone"]
-
-
-def test_prestart_plans_twice_the_workers_with_the_memory_and_turns_of_the_judging_slots(monkeypatch, tmp_path):
-    """--prestart on two devices of two slots: four workers per device at once, each capped at a judging
-    slot's share of the memory and given that device's two turns; the second try alone has neither."""
-    from kgate.audit import scheduler, turns
-    from kgate.audit.evaluate import AuditOptions
-
-    lock = threading.Lock()
-    running = {"cuda:0": 0, "cuda:1": 0}
-    peak = dict(running)
-    seen = []
-
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
-        with lock:
-            running[device] += 1
-            peak[device] = max(peak[device], running[device])
             seen.append((pair.id, device, gpu_memory_fraction, turns))
-        time.sleep(0.2)  # long enough for every thread of a device to be in at once
+        time.sleep(seconds)
         with lock:
             running[device] -= 1
         return {"id": pair.id, "oom": pair.id == "p03" and gpu_memory_fraction is not None, "gates": [],
@@ -562,10 +529,32 @@ def test_prestart_plans_twice_the_workers_with_the_memory_and_turns_of_the_judgi
 
     monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
     pairs = [Pair(f"p{i:02d}", CORPUS / f"p{i}.py", None) for i in range(24)]
-    plan = scheduler.Plan(devices=["cuda:0", "cuda:1"], slots=2, compile_jobs=1, compile_stage=False, prestart=True)
+    plan = scheduler.Plan(devices=["cuda:0", "cuda:1"], slots=2, compile_jobs=1, compile_stage=False,
+                          prestart=prestart)
     records = []
     assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 24
     assert sorted(r["id"] for r in records) == [p.id for p in pairs]
+    assert next(r for r in records if r["id"] == "p03")["retried_alone"]
+    return records, peak, seen
+
+
+def test_several_devices_share_the_work_each_within_its_slots(monkeypatch, tmp_path):
+    """The per-GPU worker pool (issue 8) without GPUs: two devices x two slots judge every pair once,
+    both devices work, no device ever runs more than its slots at once, and a second try alone takes
+    one whole device while the other goes on."""
+    _, peak, seen = _two_device_run(monkeypatch, tmp_path, prestart=False, seconds=0.02)
+    assert {d for _, d, _, _ in seen} == {"cuda:0", "cuda:1"} and max(peak.values()) <= 2
+    assert [f for i, _, f, _ in seen if i == "p03"] == [0.475, None]
+    assert all(t is None for *_, t in seen)
+
+
+def test_prestart_plans_twice_the_workers_with_the_memory_and_turns_of_the_judging_slots(monkeypatch, tmp_path):
+    """--prestart on two devices of two slots: four workers per device at once, each capped at a judging
+    slot's share of the memory and given that device's two turns; the second try alone has neither."""
+    from kgate.audit import turns
+
+    # 0.2 s: long enough for every thread of a device to be in at once
+    _, peak, seen = _two_device_run(monkeypatch, tmp_path, prestart=True, seconds=0.2)
     assert peak == {"cuda:0": 4, "cuda:1": 4}
     shared = [(d, f, t) for i, d, f, t in seen if t is not None]
     assert {f for _, f, _ in shared} == {0.475}
