@@ -268,8 +268,7 @@ class Runner:
         workers, killed = 0, False
         while remaining:
             workers += 1
-            state: dict[str, Any] = {"current": None, "last": None, "started": False, "done": False, "lost": None,
-                                     "fatal": None}
+            state: dict[str, Any] = {"current": None, "last": None, "started": False, "done": False, "lost": None}
 
             def on_event(event: dict[str, Any], state: dict[str, Any] = state,
                          remaining: list[str] = remaining) -> str | None:
@@ -287,8 +286,6 @@ class Runner:
                     return ""
                 if kind == "context_lost":
                     state["lost"] = str(event.get("message") or "CUDA error")
-                elif kind == "fatal":
-                    state["fatal"] = str(event.get("message") or "")[:2000] or None
                 elif kind == "done":
                     state["done"] = True
                 return None
@@ -304,7 +301,7 @@ class Runner:
             if state["lost"] is not None:
                 cause = "the CUDA context was lost"
             else:
-                cause = exit_.error or (None if state["done"] else state["fatal"] or _exit_cause(exit_.returncode))
+                cause = exit_.cause(state["done"])
             if cause is None:
                 remaining = left  # normally empty: a worker that sent no result for a gate gets it below
                 break
@@ -350,6 +347,12 @@ class WorkerExit:
     returncode: int | None
     error: str | None = None
     stage: str | None = None  # the stage it was in when it ended, as named by on_event
+    fatal: str | None = None  # why its own start failed, before any user code (kgate.worker.reporting_start)
+
+    def cause(self, done: bool) -> str | None:
+        """Why the worker ended before it was `done` (it sent `done`): kgate killed it, its own start
+        failed, or it exited; None when it finished."""
+        return self.error or (None if done else self.fatal or _exit_cause(self.returncode))
 
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
@@ -385,6 +388,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     deadline = time.monotonic() + load_timeout
     lines = EventLines()
     started: set[str] = set()
+    fatal: str | None = None
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
     try:
@@ -400,6 +404,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                         continue
                     if waits and not started and event.get("event") == "waiting":
                         stage, deadline = "waiting for a turn on the device", math.inf
+                    if event.get("event") == "fatal" and fatal is None:
+                        fatal = str(event.get("message") or "")[:2000] or None
                     named = on_event(event)
                     if named:
                         stage = named
@@ -441,7 +447,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
             _kill(proc)
             proc.wait()
         os.unlink(job_path)
-    return WorkerExit(proc.returncode, error, stage)
+    return WorkerExit(proc.returncode, error, stage, fatal)
 
 
 class EventLines:

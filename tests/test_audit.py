@@ -551,7 +551,7 @@ def test_several_devices_share_the_work_each_within_its_slots(monkeypatch, tmp_p
 def test_prestart_plans_twice_the_workers_with_the_memory_and_turns_of_the_judging_slots(monkeypatch, tmp_path):
     """--prestart on two devices of two slots: four workers per device at once, each capped at a judging
     slot's share of the memory and given that device's two turns; the second try alone has neither."""
-    from kgate.audit import turns
+    from kgate.audit.evaluate import turn_folder
 
     # 0.2 s: long enough for every thread of a device to be in at once
     _, peak, seen = _two_device_run(monkeypatch, tmp_path, prestart=True, seconds=0.2)
@@ -559,7 +559,7 @@ def test_prestart_plans_twice_the_workers_with_the_memory_and_turns_of_the_judgi
     shared = [(d, f, t) for i, d, f, t in seen if t is not None]
     assert {f for _, f, _ in shared} == {0.475}
     assert {(d, t["path"], t["count"]) for d, _, t in shared} == {
-        (d, str(turns.folder(tmp_path, d)), 2) for d in ("cuda:0", "cuda:1")}
+        (d, str(turn_folder(tmp_path, d)), 2) for d in ("cuda:0", "cuda:1")}
     assert [(f, t) for i, _, f, t in seen if i == "p03"][1] == (None, None)  # alone: the whole device, no turn
 
 

@@ -71,6 +71,11 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "_", name)
 
 
+def turn_folder(out_dir: Path, device: str) -> Path:
+    """Where one device's turn files live (kgate.audit.turns, --prestart)."""
+    return out_dir / "turns" / _safe(device)
+
+
 def worker_env(pair: Pair, options: AuditOptions, *, gpu: bool) -> dict[str, str]:
     env = dict(os.environ)
     # One extension folder per candidate source: no two candidates' same-named extensions collide, and a
@@ -181,7 +186,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
     attempt = 0
     while remaining or (options.standard and record["standard"] is None):
         clear_stale_locks(pair, options)  # a worker killed while building (no compile stage) left one
-        state = {"current": None, "poisoned": None, "done": False, "fatal": None}
+        state = {"current": None, "poisoned": None, "done": False}
         job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
                "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,
                "memory": options.memory, "timeout": options.timeout, "seed": options.seed,
@@ -228,8 +233,6 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                 state["poisoned"] = str(event.get("message"))
             elif kind == "problem_error":
                 record["problem_error"] = str(event.get("message"))
-            elif kind == "fatal":
-                state["fatal"] = str(event.get("message") or "")[:2000] or None
             elif kind == "done":
                 state["done"] = True
             return None
@@ -241,7 +244,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         if record["problem_error"]:
             break
         remaining = [n for n in remaining if n not in results]
-        cause = exit_.error or (None if state["done"] else state["fatal"] or _exit_cause(exit_.returncode))
+        cause = exit_.cause(state["done"])
         if state["poisoned"]:
             cause = f"CUDA context poisoned: {state['poisoned'][:300]}"
         if cause is None:

@@ -27,8 +27,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile, needs_whole_gpu
-from kgate.audit.turns import folder as turn_folder
+from kgate.audit.evaluate import (
+    AuditOptions,
+    compile_pair,
+    evaluate_pair,
+    needs_compile,
+    needs_whole_gpu,
+    turn_folder,
+)
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
 

@@ -5,24 +5,17 @@ starts (Python, torch, kgate, its CUDA context: seconds that the GPU would other
 candidates) while others judge, then waits for a turn before it loads its candidate. A turn is an
 exclusive POSIX lock (`lockf`) on one of N files: the kernel releases it when the worker exits, however
 it exits (a crash, a kill at a limit), so a turn is never lost, and a child the worker forked does not
-inherit it. Torch-free: the worker takes its turn before it
-imports anything of the user's.
+inherit it. Torch-free: the worker takes its turn before it imports anything of the user's.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import re
 import time
 from pathlib import Path
 
 POLL_S = 0.05
-
-
-def folder(out_dir: Path, device: str) -> Path:
-    """Where one device's turn files live (under the audit's --out)."""
-    return out_dir / "turns" / re.sub(r"[^A-Za-z0-9_.\-]", "_", device)
 
 
 def take(path: str | Path, count: int) -> int:
