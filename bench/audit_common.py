@@ -83,9 +83,25 @@ def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
            # median seconds from a candidate's start to each worker event (kgate.audit.report)
            "timeline_median": timeline_median(records),
            # where the gates' time goes: seconds per gate summed over the candidates, largest first
-           "gate_seconds": gate_seconds(records)}
+           "gate_seconds": gate_seconds(records),
+           # ... and within the accumulation gate (its details["seconds"]), with the probes it ran
+           "accumulation_phases": accumulation_phases(records)}
     print(json.dumps(row), flush=True)
     return row, records
+
+
+def accumulation_phases(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds per phase of the accumulation gate (reference and oracle runs, each emulated order) and the
+    probes it ran, summed over `records`."""
+    total: dict[str, float] = {}
+    for r in records:
+        for g in r.get("gates") or []:
+            if g["gate"] == "accumulation":
+                details = g.get("details") or {}
+                for phase, t in (details.get("seconds") or {}).items():
+                    total[phase] = total.get(phase, 0.0) + float(t)
+                total["probes"] = total.get("probes", 0) + int(details.get("probes") or 0)
+    return {k: round(v, 2) for k, v in total.items()}
 
 
 def gate_seconds(records: list[dict[str, Any]]) -> dict[str, float]:

@@ -86,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
               + ", ".join(f"{k} {v}" for k, v in row["timeline_median"].items()))
     print("gate seconds, summed over the candidates: "
           + ", ".join(f"{k} {v}" for k, v in full["gate_seconds"].items()))
+    print("within the accumulation gate: "
+          + ", ".join(f"{k} {v}" for k, v in full["accumulation_phases"].items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -80,6 +80,9 @@ def test_throughput_times_both_modes(tmp_path):
     # where the gates' time goes: every gate named, none in the standard test alone
     assert set(full["gate_seconds"]) == set(registry.GATE_NAMES) and standard["gate_seconds"] == {}
     assert list(full["gate_seconds"].values()) == sorted(full["gate_seconds"].values(), reverse=True)
+    # ... and within the accumulation gate: its phases, and the probes it ran (none without the gates)
+    assert full["accumulation_phases"]["probes"] >= 1 and "pairwise" in full["accumulation_phases"]
+    assert standard["accumulation_phases"] == {}
 
 
 def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_current_code(monkeypatch, capsys):

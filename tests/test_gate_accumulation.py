@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kgate import gates as registry
 from kgate.gates import accumulation
@@ -54,6 +56,30 @@ def test_fp32_accumulator_passes(dtype):
     result = matmul(correct.matmul_fp32_accumulator, dtypes=[dtype])
     assert result.verdict == "pass", result.message
     assert "no sign of low-precision accumulation" in result.message and "mm x" in result.message
+
+
+def test_the_result_says_where_the_gates_time_went():
+    """details: seconds per phase (the reference and oracle runs, each emulated order) and the probes run,
+    for a passing and a failing kernel alike (the audit's benchmarks sum them)."""
+    for kernel in (correct.matmul_fp32_accumulator, violating.matmul_fp16_accumulator):
+        result = matmul(kernel)
+        seconds = result.details["seconds"]
+        assert {"reference and oracle", PAIRWISE} <= set(seconds) <= {"reference and oracle", PAIRWISE, SEQUENTIAL}
+        assert all(t >= 0 for t in seconds.values()) and sum(seconds.values()) > 0
+        assert result.details["probes"] >= 1
+
+
+@given(st.lists(st.lists(st.integers(1, 3), max_size=3), min_size=1, max_size=3))
+@settings(max_examples=200, deadline=None)
+def test_broadcast_follows_torch(shapes):
+    shapes = [tuple(s) for s in shapes]
+    try:
+        want = tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            accumulation._broadcast(*shapes)
+    else:
+        assert accumulation._broadcast(*shapes) == want
 
 
 def test_fp16_accumulator_in_a_float32_matmul_fails_naming_float16():

@@ -42,8 +42,11 @@ them (`kgate.subject.within_domain`); probes the reference still rejects are ski
 
 from __future__ import annotations
 
+import itertools
 import math
+import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -185,7 +188,7 @@ class LowPrecisionAccumulation(TorchDispatchMode):
     def _lp_matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         k = a.shape[-1]
         m, n = a.shape[-2], b.shape[-1]
-        lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        lead = _broadcast(a.shape[:-2], b.shape[:-2])
         batch = math.prod(lead)
         _within_budget(batch * m * k * n, a.device)
         if k == 0:
@@ -250,6 +253,18 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         c = 1 if correction is None else correction
         var = self.lp_sum((x.to(torch.float64) - mean) ** 2, dim, keepdim) / max(n - c, 0)
         return var, (mean if keepdim else mean.reshape(var.shape))
+
+
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """The broadcast of `shapes` (torch.broadcast_shapes' rule; its first call imports sympy, half a second
+    of a worker's time). Incompatible shapes raise RuntimeError: the op then runs as usual."""
+    out = []
+    for sizes in itertools.zip_longest(*(reversed(tuple(s)) for s in shapes), fillvalue=1):
+        other = {n for n in sizes if n != 1}
+        if len(other) > 1:
+            raise RuntimeError(f"shapes {shapes} do not broadcast")
+        out.append(other.pop() if other else 1)
+    return tuple(reversed(out))
 
 
 def _within_budget(products: int, device: torch.device) -> None:
@@ -438,18 +453,40 @@ def accumulators(dtype: str) -> list[torch.dtype]:
     return lows + [torch.float32] if dtype == "float64" else lows
 
 
+@dataclass
+class _Tally:
+    """What one check has gathered so far, across its cases and probes."""
+
+    covered: Counter = field(default_factory=Counter)  # op -> emulated calls
+    separating: list = field(default_factory=list)  # (power, unexplained outputs) per separating probe
+    rejected: list = field(default_factory=list)  # probes the reference rejects
+    settles: list = field(default_factory=list)  # cases a decisive positive-values probe settled
+    ambiguous: list = field(default_factory=list)  # failures whose accumulator the inputs cannot name
+    failed: dict = field(default_factory=dict)  # op -> why its emulation failed (it then ran as usual)
+    seconds: Counter = field(default_factory=Counter)  # phase -> seconds: where the gate's time goes
+    probes: int = 0  # crafted inputs run
+
+
 class Accumulation(Gate):
     name = "accumulation"
     summary = "error consistent with the reference's accumulator, not with fp16/bf16 accumulation (relative)"
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
-        covered, separating, rejected, settles, ambiguous = Counter(), [], [], [], []
-        failed: dict[str, str] = {}  # ops whose emulation failed (they ran as usual), and why
+        tally = _Tally()
+        result = self._verdict(subject, tally)
+        # where the time went (the reference and oracle runs, each emulated order), for the audit's benchmarks
+        result.details["seconds"] = {phase: round(t, 3) for phase, t in tally.seconds.items()}
+        result.details["probes"] = tally.probes
+        return result
+
+    def _verdict(self, subject: Subject, tally: _Tally) -> GateResult:
+        covered, separating, rejected, settles = tally.covered, tally.separating, tally.rejected, tally.settles
+        failed = tally.failed
         try:
-            found = self._search(subject, covered, separating, rejected, settles, ambiguous, failed)
+            found = self._search(subject, tally)
         except _OutOfTime as stop:
-            found, cut = (ambiguous[0] if ambiguous else None), stop.where
+            found, cut = (tally.ambiguous[0] if tally.ambiguous else None), stop.where
         else:
             cut = None
         if found is not None:
@@ -482,12 +519,12 @@ class Accumulation(Gate):
                         f"there) in {len(settles)} case(s): their other crafted inputs were not tried")
         return self.passed(message + rejected_note(rejected) + stopped)
 
-    def _search(self, subject: Subject, covered: Counter, separating: list, rejected: list,
-                settles: list, ambiguous: list, failed: dict[str, str]) -> GateResult | None:
+    def _search(self, subject: Subject, tally: _Tally) -> GateResult | None:
         """Every case's crafted probes (raises _OutOfTime once the subject's search budget is spent);
-        appends (power, unexplained outputs) of each separating probe to `separating` and the cases a
-        decisive positive-values probe settled to `settles`; returns a failure (the first failure found, when
-        none of the later ones names its accumulator unambiguously: those go to `ambiguous` meanwhile)."""
+        appends (power, unexplained outputs) of each separating probe to `tally.separating` and the cases a
+        decisive positive-values probe settled to `tally.settles`; returns a failure (the first failure found,
+        when none of the later ones names its accumulator unambiguously: those go to `tally.ambiguous`
+        meanwhile)."""
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
             floats = [i for i, a in enumerate(base.args)
@@ -502,55 +539,63 @@ class Accumulation(Gate):
                         where += " (the others as the factory made them)"
                     if subject.out_of_time():
                         raise _OutOfTime(f"{where} ({case.label()})")
-                    return self._probe(subject, case, where, inputs, covered, failed)
+                    return self._probe(subject, case, where, inputs, tally)
 
                 # The factory's inputs change nothing: no argument to retry alone.
                 settled = False
                 for argument, _, outcome in within_domain(base.args, crafted, [] if label == FACTORY else floats,
                                                           judge, subject.conform):
                     if outcome is None:
-                        rejected.append(f"{_alone(label, argument)} ({case.label()})")
+                        tally.rejected.append(f"{_alone(label, argument)} ({case.label()})")
                         continue
                     if isinstance(outcome, GateResult):
                         if not outcome.details.get("also_consistent_with"):
                             return outcome
                         # a failure whose accumulator these inputs cannot name: kept, while the other
                         # crafted inputs are tried for one that tells the accumulators apart
-                        ambiguous.append(outcome)
+                        tally.ambiguous.append(outcome)
                         continue
                     if outcome is not False:
-                        separating.append((outcome[0], len(outcome[1])))
+                        tally.separating.append((outcome[0], len(outcome[1])))
                         # an output that misses the bound by far less than any low-precision accumulator
                         # would (a fast GELU, an epilogue's own rounding) leaves the accumulator settled:
                         # the oracle gate judges that miss; one above that range does not
                         settled = (label == UNIFORM and argument is None and outcome[0] >= DECISIVE
                                    and not outcome[2])
                 if settled:
-                    settles.append(case.label())
+                    tally.settles.append(case.label())
                     break
-        return ambiguous[0] if ambiguous else None
+        return tally.ambiguous[0] if tally.ambiguous else None
 
-    def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple, covered: Counter,
-               failed: dict[str, str]) -> GateResult | tuple[float, list] | bool | None:
+    def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,
+               tally: _Tally) -> GateResult | tuple[float, list] | bool | None:
         """A failure; or (separation power, outputs off the bound by an amount no accumulator explains,
         those of them not far below every accumulator's error) of a probe that passes; False when the probe cannot judge (nothing emulated, no output separates the
         accumulators); None when the reference rejects it. `label` gains the argument for a probe whose
         crafted values are in one argument alone (the others as the factory made them)."""
+        covered = tally.covered
         emulated: dict[tuple[torch.dtype, str], Any] = {}
         here: Counter = Counter()
+        tally.probes += 1
 
         def emulate(order: str) -> None:
-            for acc in accumulators(case.dtype):
-                mode = LowPrecisionAccumulation(acc, order)
-                with mode:
-                    emulated[(acc, order)] = subject.oracle(crafted)
-                here.update(mode.emulated)
-                for op, why in mode.failed.items():
-                    failed.setdefault(op, why)
+            start = time.perf_counter()
+            try:
+                for acc in accumulators(case.dtype):
+                    mode = LowPrecisionAccumulation(acc, order)
+                    with mode:
+                        emulated[(acc, order)] = subject.oracle(crafted)
+                    here.update(mode.emulated)
+                    for op, why in mode.failed.items():
+                        tally.failed.setdefault(op, why)
+            finally:
+                tally.seconds[order] += time.perf_counter() - start
 
         def run() -> tuple:
+            start = time.perf_counter()
             reference = subject.run_reference(clone_tree(crafted))
             oracle = subject.oracle(crafted)
+            tally.seconds["reference and oracle"] += time.perf_counter() - start
             emulate(PAIRWISE)
             return reference, oracle
 
