@@ -25,7 +25,9 @@
 # (default .third_party/kb-corpus) names another corpus; KGATE_AUDIT_WORK, KGATE_AUDIT_SRC, KGATE_SITE move the
 # work folder, the copy the driver runs and the installed dependencies (defaults under /tmp); THEN (a command, run from this checkout once the
 # audit has ended, with OUT set to a folder whose files `collect` brings back as then-*: e.g. the throughput
-# benchmark, THEN="bash bench/audit_h200.sh throughput"); KGATE_FROM (default: this checkout) a folder holding the
+# benchmark, THEN="bash bench/audit_h200.sh throughput"); FIRST (the same, run before the audit and its builds,
+# on the quiet machine, its files brought back as first-*: a measurement that must not wait for a long
+# audit); KGATE_FROM (default: this checkout) a folder holding the
 # kgate/ package to judge with, so that an audit joined across sessions is judged by one kgate although kgate
 # changed in between: `git archive COMMIT kgate | tar -x -C .third_party/kgate-audit`, carried, and
 # KGATE_FROM=.third_party/kgate-audit (every record names the kgate source digest that made it). Carry .third_party/kb-corpus, .third_party/audit-run (may be empty) and .whl-kgate.
@@ -39,6 +41,15 @@ cmd=${1:-}
 # Whether process $1 runs: a finished driver nobody reaps (no init that waits in some containers) stays a
 # zombie, which `kill -0` still finds
 alive() { [ -r "/proc/$1/stat" ] && [ "$(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1)" != Z ]; }
+
+# aside NAME COMMAND: run COMMAND (FIRST or THEN) from the checkout, with OUT=$WORK/NAME, whose files
+# `collect` brings back as NAME-*; its output in $WORK/NAME/NAME.log
+aside() {
+  mkdir -p "$WORK/$1"
+  echo "$1: start $(date -u +%T): $2"
+  (cd "$REPO" && OUT="$WORK/$1" PYTHONPATH="$REPO:$SITE" bash -c "$2") >"$WORK/$1/$1.log" 2>&1
+  echo "$1: rc=$? at $(date -u +%T)"
+}
 
 AUDIT=(python3 -m kgate audit --format kernelbench --problems "$CORPUS/problems" --candidates "$CORPUS/candidates"
        --device "${DEVICE:-cuda}" --compile-timeout 600 --out "$WORK" ${PCH---pch})
@@ -61,7 +72,7 @@ start)
     && cp -r "${CORPUS_FROM:-.third_party/kb-corpus}" "$CORPUS" || exit 2
   # the carried results are the truth unless this (warm) machine already holds more
   . bench/audit_carried.sh && take_carried "$WORK"
-  rm -rf "$WORK/GO" "$WORK/DONE" "$WORK/then"
+  rm -rf "$WORK/GO" "$WORK/DONE" "$WORK/then" "$WORK/first"
   [ -n "${NO_PREBUILD:-}" ] && touch "$WORK/GO"
   # `cd` apart from the `&`: then $! is setsid itself, which (not a group leader here) does not fork, so
   # driver.pid is the driver's session and process group, the one `stop` signals
@@ -72,6 +83,7 @@ start)
   ;;
 _drive)
   export PYTHONUNBUFFERED=1
+  [ -n "${FIRST:-}" ] && aside first "$FIRST"
   t0=$(date +%s)
   if [ -z "${NO_PREBUILD:-}" ]; then
     echo "compile-only: start $(date -u +%T)"
@@ -93,14 +105,8 @@ _drive)
   nice -n "${NICE:-0}" "${AUDIT[@]}" --resume ${REJUDGE:+--rejudge-stale} ${keep[@]+"${keep[@]}"} --jobs "${JOBS:-4}" --compile-jobs "${BUILD_JOBS:-8}" --memory "${MEMORY:-24GiB}" \
     --timeout "${GATE_TIMEOUT:-120}" -q --json "$WORK/audit.json"
   echo "audit: rc=$? after $(( $(date +%s) - t1 )) s"
-  if [ -n "${THEN:-}" ]; then
-    # what follows the audit on the same (now quiet) machine, e.g. the throughput benchmark; its files in
-    # $WORK/then, which `collect` brings back with the audit's
-    mkdir -p "$WORK/then"
-    echo "then: start $(date -u +%T): $THEN"
-    (cd "$REPO" && OUT="$WORK/then" PYTHONPATH="$REPO:$SITE" bash -c "$THEN") >"$WORK/then/then.log" 2>&1
-    echo "then: rc=$? at $(date -u +%T)"
-  fi
+  # what follows the audit on the same (now quiet) machine, e.g. the throughput benchmark
+  [ -n "${THEN:-}" ] && aside then "$THEN"
   touch "$WORK/DONE"
   ;;
 go)
@@ -122,7 +128,9 @@ collect)
   while [ ! -f "$WORK/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
   dest=${OUT:-.}
   for f in results.jsonl driver.log audit.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$dest/audit-$f"; done
-  for f in "$WORK"/then/*; do [ -f "$f" ] && cp "$f" "$dest/then-$(basename "$f")"; done
+  for side in first then; do
+    for f in "$WORK/$side"/*; do [ -f "$f" ] && cp "$f" "$dest/$side-$(basename "$f")"; done
+  done
   echo "audit: $(cat "$WORK/results.jsonl" 2>/dev/null | wc -l) record(s); $( [ -f "$WORK/DONE" ] && echo done || echo running)"
   tail -5 "$WORK/driver.log" 2>/dev/null
   ;;

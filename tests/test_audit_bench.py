@@ -122,10 +122,10 @@ def test_the_device_scripts_resume_from_whichever_results_hold_more(tmp_path, ca
 
 
 def test_the_background_audit_judges_with_the_kgate_it_is_given_then_runs_the_follow_up(tmp_path):
-    """bench/audit_bg.sh, the device sessions' driver, end to end on the CPU: `start` judges in the
-    background with the kgate of KGATE_FROM (an audit joined across sessions stays one kgate's),
-    resumes from the carried records, runs THEN with this checkout's kgate once the audit ends, and
-    `collect` brings back the records and THEN's files."""
+    """bench/audit_bg.sh, the device sessions' driver, end to end on the CPU: `start` runs FIRST with this
+    checkout's kgate, then judges in the background with the kgate of KGATE_FROM (an audit joined across
+    sessions stays one kgate's), resumes from the carried records, runs THEN with this checkout's kgate
+    once the audit ends, and `collect` brings back the records and FIRST's and THEN's files."""
     import os
     import shutil
     import subprocess
@@ -154,6 +154,7 @@ def test_the_background_audit_judges_with_the_kgate_it_is_given_then_runs_the_fo
            "KGATE_FROM": str(old), "CORPUS_FROM": str(CORPUS), "DEVICE": "cpu", "NO_PREBUILD": "1", "JOBS": "1",
            "BUILD_JOBS": "1", "PCH": "", "SELECT": "level1/19_ReLU and (wrong or not __)",
            "THEN": 'python3 -c "import kgate.audit.evaluate as e; print(e.kgate_stamp()[\'source\'])" > $OUT/source.txt'}
+    env["FIRST"] = env["THEN"]
     out = tmp_path / "out"
     out.mkdir()
     script = ["bash", "bench/audit_bg.sh"]
@@ -170,5 +171,7 @@ def test_the_background_audit_judges_with_the_kgate_it_is_given_then_runs_the_fo
     assert records["level1/19_ReLU__wrong"]["kgate"]["source"] == "carried"  # resumed, not judged again
     assert records["level1/19_ReLU"]["kgate"]["source"] == old_digest
     assert all(g["verdict"] in ("pass", "skip") for g in records["level1/19_ReLU"]["gates"])
-    assert (out / "then-source.txt").read_text().strip() == kgate_stamp()["source"]
-    assert "then: rc=0" in (out / "audit-driver.log").read_text()
+    for side in ("first", "then"):
+        assert (out / f"{side}-source.txt").read_text().strip() == kgate_stamp()["source"]
+    log = (out / "audit-driver.log").read_text()
+    assert log.index("first: rc=0") < log.index("audit: start") < log.index("then: rc=0"), log
