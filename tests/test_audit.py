@@ -470,6 +470,48 @@ def test_host_memory_limit_while_sharing_is_judged_again_alone(monkeypatch, tmp_
     assert record["retried_alone"] and not record["host_memory"] and record["gates"][0]["verdict"] == "pass"
 
 
+def test_a_problem_that_outgrew_a_share_sends_its_other_candidates_straight_to_the_whole_device(monkeypatch, tmp_path):
+    """Once one candidate of a problem ran out of memory while sharing, the problem's other candidates are
+    not tried in a share at all (what outgrows a share is the problem's own size): they are judged alone,
+    once, and the record says why; the console's progress hears of each held candidate."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    calls, held = [], []
+    lock = threading.Lock()
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+        with lock:
+            calls.append((pair.id, gpu_memory_fraction))
+        time.sleep(0.05)
+        oom = pair.problem.name == "huge.py" and gpu_memory_fraction is not None
+        return {"id": pair.id, "oom": oom, "gates": [], "device": device}
+
+    class Heard(scheduler.Progress):
+        def held(self, pair, why):
+            held.append((pair.id, why))
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    huge, small = CORPUS / "huge.py", CORPUS / "small.py"
+    pairs = [Pair("huge__a", CORPUS / "a.py", huge), Pair("small__a", CORPUS / "b.py", small),
+             Pair("huge__b", CORPUS / "c.py", huge), Pair("small__b", CORPUS / "d.py", small),
+             Pair("huge__c", CORPUS / "e.py", huge)]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=2, compile_jobs=1, compile_stage=False)
+    records = []
+    judged = scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append,
+                                 progress=Heard())
+    assert judged == 5 and sorted(r["id"] for r in records) == sorted(p.id for p in pairs)
+    shared = [i for i, f in calls if f is not None]
+    assert "huge__a" in shared and "huge__c" not in shared  # huge__c comes after huge__a's failure
+    assert sorted(i for i, f in calls if f is None) == ["huge__a", "huge__b", "huge__c"]
+    by_id = {r["id"]: r for r in records}
+    assert by_id["huge__a"]["retried_alone"] and by_id["huge__a"]["alone"] == scheduler.HELD_OOM
+    assert by_id["huge__c"]["alone"] == scheduler.HELD_PROBLEM and "retried_alone" not in by_id["huge__c"]
+    assert all("alone" not in by_id[i] for i in ("small__a", "small__b"))
+    assert ("huge__a", scheduler.HELD_OOM) in held and ("huge__c", scheduler.HELD_PROBLEM) in held
+    assert {i for i, _ in held} == {"huge__a", "huge__b", "huge__c"}
+
+
 def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_path):
     """Taking the whole device in mid-run would idle every other slot while the longest candidate in flight
     ends; the second try of a candidate that ran out of memory while sharing comes after the shared work."""

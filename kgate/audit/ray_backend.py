@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile, needs_whole_gpu
-from kgate.audit.scheduler import Progress
+from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile
+from kgate.audit.scheduler import HELD_OOM, HELD_PROBLEM, Progress, WholeDevice, mark_alone
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
 
@@ -96,11 +96,12 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
     options_json = options.to_json()
     window = max(2, 2 * slots * max(1, int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1))))
     queue = list(pairs)
-    in_flight: dict[Any, tuple[Pair, bool]] = {}  # task -> (pair, alone)
+    in_flight: dict[Any, tuple[Pair, str | None]] = {}  # task -> (pair, why alone, or None: sharing)
+    whole = WholeDevice()  # problems whose candidates skip sharing (kgate.audit.scheduler)
     judged = 0
 
-    def submit(pair: Pair, alone: bool) -> None:
-        gpus, fraction = task_share(gpu, slots, alone)
+    def submit(pair: Pair, alone: str | None) -> None:
+        gpus, fraction = task_share(gpu, slots, alone is not None)
         remote = ray.remote(_remote_evaluate).options(num_cpus=1, num_gpus=gpus, max_retries=0)
         problem_src = pair.problem.read_bytes() if pair.problem is not None else None
         ref = remote.remote(pair.to_json(), problem_src, pair.candidate.read_bytes(), options_json, task_device,
@@ -111,7 +112,11 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
     try:
         while (queue or in_flight) and not cancel.is_set():
             while queue and len(in_flight) < window and (stop_at is None or time.monotonic() < stop_at):
-                submit(queue.pop(0), alone=False)
+                pair = queue.pop(0)
+                alone = HELD_PROBLEM if task_share(gpu, slots, False)[1] is not None and whole.known(pair) else None
+                if alone:
+                    progress.held(pair, alone)
+                submit(pair, alone)
             if stop_at is not None and time.monotonic() >= stop_at:
                 queue.clear()
             if not in_flight:
@@ -123,12 +128,13 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
                     record = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - a lost node or a kgate bug on the node
                     raise InfrastructureError(f"Ray task for {pair.id} failed: {exc}") from None
-                if needs_whole_gpu(record) and task_share(gpu, slots, alone)[1] is not None:
+                if task_share(gpu, slots, alone is not None)[1] is not None and whole.needs(record, pair):
+                    progress.held(pair, HELD_OOM)
                     if stop_at is None or time.monotonic() < stop_at:
-                        submit(pair, alone=True)  # not recorded now; past the deadline, left to --resume
+                        submit(pair, HELD_OOM)  # not recorded now; past the deadline, left to --resume
                     continue
                 if alone and gpu and slots > 1:
-                    record["retried_alone"] = True
+                    mark_alone(record, alone)
                 sink(record)
                 judged += 1
                 progress.finished(record)

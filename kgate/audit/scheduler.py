@@ -10,7 +10,10 @@ becomes its verdict; so is one killed at its host memory limit while sharing (a 
 large for the worker's share of the GPU moves to the CPU, where it can outgrow the limit). Those
 second tries wait until no shared work is left: taking the whole device in mid-run would leave every
 other slot idle while the longest candidate in flight finishes (on the H200 audit, 7 such drains
-mid-run idled most of the 6 slots).
+mid-run idled most of the 6 slots). Once one candidate of a problem needed the whole device, the
+problem's other candidates go straight to the second tries, without a shared attempt: what outgrows a
+share is nearly always the problem's own size (the reference, its float64 oracle, the inputs), the same
+for every candidate of it (on the H200 audit, every candidate of the 128 x 4096 x 4095 reductions).
 """
 
 from __future__ import annotations
@@ -138,6 +141,39 @@ class Progress:
     def started(self, pair: Pair, device: str) -> None: ...
     def compiled(self, pair: Pair, outcome: dict[str, Any]) -> None: ...
     def finished(self, record: dict[str, Any]) -> None: ...
+    def held(self, pair: Pair, why: str) -> None:
+        """`pair` waits to be judged alone with a whole device (its record, if any, is not kept)."""
+
+
+HELD_OOM = "ran out of memory while sharing the device"
+HELD_PROBLEM = "another candidate of its problem ran out of memory while sharing the device"
+
+
+def mark_alone(record: dict[str, Any], why: str) -> None:
+    """Say in `record` why it was judged with a whole device (`retried_alone`: a second try)."""
+    record["alone"] = why
+    if why == HELD_OOM:
+        record["retried_alone"] = True
+
+
+class WholeDevice:
+    """The problems one of whose candidates needed a whole device: their other candidates skip sharing."""
+
+    def __init__(self) -> None:
+        self._problems: set[Any] = set()
+        self._lock = threading.Lock()
+
+    def needs(self, record: dict[str, Any], pair: Pair) -> bool:
+        """Whether `record` (judged while sharing) means `pair` must be judged again alone; remembers its problem."""
+        if not needs_whole_gpu(record):
+            return False
+        with self._lock:
+            self._problems.add(pair.problem)
+        return True
+
+    def known(self, pair: Pair) -> bool:
+        with self._lock:
+            return pair.problem is not None and pair.problem in self._problems
 
 
 CANCEL_WAIT_S = 30.0
@@ -188,7 +224,8 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     taken = [0]
     judged = [0]
     errors: list[BaseException] = []
-    alone_later: list[tuple[Pair, dict[str, Any] | None]] = []  # out of GPU memory while sharing
+    alone_later: list[tuple[Pair, dict[str, Any] | None, str]] = []  # (pair, build, why): judged alone at the end
+    whole = WholeDevice()
     sharing = [len(plan.devices) * plan.slots * starts]  # evaluation threads that may still take shared work
 
     def timed_out() -> bool:
@@ -217,6 +254,10 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 except queue.Empty:
                     if cancel.is_set():
                         return
+            sharing_gpu = gpu and plan.slots > 1
+            if sharing_gpu and whole.known(pair):
+                hold(pair, outcome, HELD_PROBLEM)
+                continue
             lease.acquire()
             try:
                 progress.started(pair, device)
@@ -226,11 +267,15 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 lease.release()
             if cancel.is_set():
                 return  # an interrupted candidate is not recorded: --resume judges it again
-            if needs_whole_gpu(record) and gpu and plan.slots > 1:
-                with lock:
-                    alone_later.append((pair, outcome))
+            if sharing_gpu and whole.needs(record, pair):
+                hold(pair, outcome, HELD_OOM)
                 continue
             record_it(record)
+
+    def hold(pair: Pair, outcome: dict[str, Any] | None, why: str) -> None:
+        with lock:
+            alone_later.append((pair, outcome, why))
+        progress.held(pair, why)
 
     def alone(device: str) -> None:
         """The candidates that ran out of memory while sharing, each with a whole device, once no shared
@@ -243,12 +288,12 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                     return
                 if not alone_later:
                     continue
-                pair, outcome = alone_later.pop(0)
+                pair, outcome, why = alone_later.pop(0)
             lease.acquire(exclusive=True)
             try:
                 progress.started(pair, device)
                 record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel)
-                record["retried_alone"] = True
+                mark_alone(record, why)
             finally:
                 lease.release(exclusive=True)
             if cancel.is_set():

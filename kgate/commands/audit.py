@@ -355,7 +355,7 @@ class _ConsoleProgress(SchedulerProgress):
         if self.live:
             self.bar.stop()
 
-    def finished(self, record: dict[str, Any]) -> None:
+    def _finished(self, record: dict[str, Any]) -> None:
         c = audit_report.classify(record)
         key = "not judged" if not c["judged"] else ("violation" if c["violation"] else "pass")
         with self._lock:
@@ -368,6 +368,25 @@ class _ConsoleProgress(SchedulerProgress):
             gates = ",".join(c["violated_gates"]) or "-"
             self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; violated: {gates}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
+
+
+    def held(self, pair: Any, why: str) -> None:
+        """A candidate waiting for a whole device: counted on the bar (else one line), so a run whose last
+        minutes go to such candidates one at a time says why."""
+        with self._lock:
+            self.counts["held for a whole device"] = self.counts.get("held for a whole device", 0) + 1
+            text = " · ".join(f"{k} {v}" for k, v in self.counts.items())
+        if self.live:
+            self.bar.update(self.task, description=text)
+        elif not self.quiet:
+            self.console.print(f"{'held':>10} {escape(pair.id)} ({why}: to be judged alone, with a whole device)",
+                               highlight=False)
+
+    def finished(self, record: dict[str, Any]) -> None:
+        if record.get("alone"):
+            with self._lock:  # no longer waiting
+                self.counts["held for a whole device"] = max(0, self.counts.get("held for a whole device", 0) - 1)
+        self._finished(record)
 
 
 def _progress(console: Console, total: int, quiet: bool) -> _ConsoleProgress:
