@@ -10,7 +10,13 @@ The baseline is another version of the module (`--against FILE`, e.g. `git show
 bf1241f:kgate/gates/accumulation.py > /tmp/old_accumulation.py`), or else the current code with its
 working precision forced to float64.
 
-    python bench/accumulation_emulation.py [--device cuda] [--against FILE] [--sizes 64x4096x1024,16x32768x512]
+`--chunks 25,27` then times the current code once more for each of those chunk sizes (2^N float64
+elements of products materialised at once; the gate's own is kgate.gates.accumulation.PRODUCT_CHUNK_GPU
+on a GPU, PRODUCT_CHUNK on the CPU): fewer, larger chunks launch fewer kernels for the same tree, and
+the outputs must not change (counted).
+
+    python bench/accumulation_emulation.py [--device cuda] [--against FILE] [--sizes 64x4096x1024,16x32768x512] \
+        [--chunks 25,27,28]
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ def main() -> int:
     p.add_argument("--sizes", default="64x4096x1024,16x32768x512", help="MxKxN, comma-separated")
     p.add_argument("--orders", default=f"{accumulation.PAIRWISE},{accumulation.SEQUENTIAL}")
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--chunks", default="", help="log2 chunk sizes (float64 elements) to time the current code at")
     args = p.parse_args()
     device = torch.device(args.device)
     baseline, name = _baseline(args.against)
@@ -80,7 +87,24 @@ def main() -> int:
                 differ = int((outs[0] != outs[1]).sum())
                 print(f"{size:>18} {order:>10} {str(acc).removeprefix('torch.'):>9} {times[0]:10.3f} {times[1]:10.3f} "
                       f"{times[0] / times[1]:6.1f} {differ:7d}", flush=True)
+                for log2 in filter(None, args.chunks.split(",")):
+                    t, out = _chunked(int(log2), device, acc, order, a, b, args.repeat)
+                    print(f"{'':>18} {'':>10} {'chunk 2^' + log2:>9} {'':>10} {t:10.3f} {times[1] / t:6.1f} "
+                          f"{int((out != outs[1]).sum()):7d}", flush=True)
     return 0
+
+
+def _chunked(log2: int, device: torch.device, acc: torch.dtype, order: str, a: torch.Tensor, b: torch.Tensor,
+             repeat: int) -> tuple[float, torch.Tensor]:
+    """The current code's time and output with 2^log2 float64 elements of products per chunk."""
+    name = "PRODUCT_CHUNK" if device.type == "cpu" else "PRODUCT_CHUNK_GPU"
+    kept = getattr(accumulation, name)
+    setattr(accumulation, name, 1 << log2)
+    try:
+        mode = accumulation.LowPrecisionAccumulation(acc, order)
+        return _time(lambda: mode.lp_matmul(a, b), device, repeat)
+    finally:
+        setattr(accumulation, name, kept)
 
 
 if __name__ == "__main__":

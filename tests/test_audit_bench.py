@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from kgate import gates as registry
+from kgate.gates import accumulation
 from tests.conftest import DATA, ROOT
 
 CORPUS = DATA / "kernelbench"
@@ -87,12 +88,19 @@ def test_throughput_times_both_modes(tmp_path):
 
 def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_current_code(monkeypatch, capsys):
     bench = _load("accumulation_emulation")
-    monkeypatch.setattr(sys, "argv", ["accumulation_emulation.py", "--sizes", "4x96x8", "--repeat", "1"])
+    monkeypatch.setattr(sys, "argv", ["accumulation_emulation.py", "--sizes", "4x96x8", "--repeat", "1",
+                                      "--chunks", "6"])
+    kept = accumulation.PRODUCT_CHUNK
     assert bench.main() == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert accumulation.PRODUCT_CHUNK == kept  # the chunk size is put back
+    lines = capsys.readouterr().out.splitlines()[2:]
+    rows = [line.split() for line in lines if not line.startswith(" " * 20)]
     assert [(r[1], r[2]) for r in rows] == [("pairwise", "float16"), ("pairwise", "bfloat16"),
                                           ("sequential", "float16"), ("sequential", "bfloat16")]
     assert all(float(r[5]) > 0 and int(r[6]) <= 32 for r in rows)  # a ratio of two timings; differing outputs
+    # each followed by the current code at 2^6 float64 elements per chunk (several chunks here): the same outputs
+    chunked = [line.split() for line in lines if line.startswith(" " * 20)]
+    assert len(chunked) == 4 and all(r[:2] == ["chunk", "2^6"] and int(r[-1]) == 0 for r in chunked)
 
 
 @pytest.mark.parametrize("carried, committed, work, source", [
