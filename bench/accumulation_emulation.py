@@ -10,10 +10,11 @@ The baseline is another version of the module (`--against FILE`, e.g. `git show
 bf1241f:kgate/gates/accumulation.py > /tmp/old_accumulation.py`), or else the current code with its
 working precision forced to float64.
 
-`--chunks 25,27` then times the current code once more for each of those chunk sizes (2^N float64
-elements of products materialised at once; the gate's own is kgate.gates.accumulation.PRODUCT_CHUNK_GPU
-on a GPU, PRODUCT_CHUNK on the CPU): fewer, larger chunks launch fewer kernels for the same tree, and
-the outputs must not change (counted).
+On a GPU the current code takes the Triton path (kgate/gates/lp_triton.py) where Triton is importable.
+`--chunks 25,27` then times the current torch code (Triton off) once more for each of those chunk sizes
+(2^N float64 elements of products materialised at once; the gate's own is
+kgate.gates.accumulation.PRODUCT_CHUNK_GPU on a GPU, PRODUCT_CHUNK on the CPU): fewer, larger chunks
+launch fewer kernels for the same tree. Every row counts the outputs that differ from the current code's.
 
     python bench/accumulation_emulation.py [--device cuda] [--against FILE] [--sizes 64x4096x1024,16x32768x512] \
         [--chunks 25,27,28]
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from kgate.gates import accumulation
+from kgate.gates import accumulation, lp_triton
 
 
 def _time(fn, device: torch.device, repeat: int) -> tuple[float, torch.Tensor]:
@@ -70,7 +71,8 @@ def main() -> int:
     device = torch.device(args.device)
     baseline, name = _baseline(args.against)
     gen = torch.Generator().manual_seed(0)
-    print(f"baseline: {name}; {device}")
+    triton_path = device.type == "cuda" and lp_triton.triton is not None
+    print(f"baseline: {name}; {device}; current: {'Triton' if triton_path else 'torch'} code")
     print(f"{'M x K x N':>18} {'order':>10} {'acc':>9} {'baseline s':>10} {'current s':>10} {'ratio':>6} {'differ':>7}")
     for size in args.sizes.split(","):
         m, k, n = (int(x) for x in size.split("x"))
@@ -96,15 +98,17 @@ def main() -> int:
 
 def _chunked(log2: int, device: torch.device, acc: torch.dtype, order: str, a: torch.Tensor, b: torch.Tensor,
              repeat: int) -> tuple[float, torch.Tensor]:
-    """The current code's time and output with 2^log2 float64 elements of products per chunk."""
+    """The current torch code's time and output (Triton off) with 2^log2 float64 elements of products per chunk."""
     name = "PRODUCT_CHUNK" if device.type == "cpu" else "PRODUCT_CHUNK_GPU"
-    kept = getattr(accumulation, name)
+    kept, kept_triton = getattr(accumulation, name), lp_triton.triton
     setattr(accumulation, name, 1 << log2)
+    lp_triton.triton = None
     try:
         mode = accumulation.LowPrecisionAccumulation(acc, order)
         return _time(lambda: mode.lp_matmul(a, b), device, repeat)
     finally:
         setattr(accumulation, name, kept)
+        lp_triton.triton = kept_triton
 
 
 if __name__ == "__main__":

@@ -193,6 +193,11 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         _within_budget(batch * m * k * n, a.device)
         if k == 0:
             return a.new_zeros(lead + (m, n))
+        if a.is_cuda and (self.order == PAIRWISE or k <= SEQUENTIAL_MAX_STEPS):
+            from kgate.gates import lp_triton  # imported on a GPU only: Triton is optional
+
+            if lp_triton.usable(a, self.work, self.acc):  # the same trees in a few launches
+                return lp_triton.matmul(a, b, self.acc, self.order, self._pairwise, lead)
         if self.order == SEQUENTIAL and k <= SEQUENTIAL_MAX_STEPS:
             acc = self.round(a[..., :, 0:1] * b[..., 0:1, :])
             for i in range(1, k):

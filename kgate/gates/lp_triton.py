@@ -1,0 +1,137 @@
+"""The accumulation gate's emulated low-precision matrix products (kgate.gates.accumulation) in Triton.
+
+The same trees as the gate's torch code, bit for bit, in a few launches where the torch code launches
+thousands of small kernels (a product of 512 x 8192 by 8192 x 8192 materialises 3.4e10 products in
+hundreds of chunks, each summed level by level; a running sum of K steps launches a handful of kernels
+per step). Used on a GPU when Triton is importable; the torch code stays the reference (and the CPU's
+path), and tests compare the two bit for bit (in the Triton interpreter on the CPU, for real on a GPU).
+
+- Pairwise order: each program computes the products of a (BM x BK) block of `a` and a (BK x BN) block
+  of `b` in float32, rounds them to the accumulator's dtype, and sums each output's BK products as a
+  balanced tree (adjacent pairs, every sum computed in float32 and rounded to the accumulator, as torch
+  adds two float16 or bfloat16 tensors), writing one partial sum per aligned block of K. The caller sums
+  those partial sums with the same tree (kgate's `_pairwise`): a balanced tree over K zero-padded to a
+  power of two is the trees of its aligned power-of-two blocks, then a tree over their sums.
+- Sequential order: each program keeps a (BM x BN) running sum in float32 and, for every k in turn, adds
+  the float32 product and rounds the sum to the accumulator (as the torch code's `round(acc + a_k * b_k)`).
+  The kernel is compiled without floating-point contraction: a fused multiply-add would skip the
+  product's own rounding, which the torch code performs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # Triton is optional: the torch code then does all of it
+    triton = None
+
+BM, BN, BK = 16, 16, 32  # output tile and K block (BM x BK x BN products in registers per program)
+MAX_GRID = 65535  # grid dimensions 1 and 2 (K blocks, batch)
+BLOCK_SUMS = 1 << 26  # partial sums of K blocks materialised at once (float32: 256 MiB)
+
+if triton is not None:
+
+    @triton.jit
+    def _round(x, BF16: tl.constexpr):
+        """x (float32) rounded to the accumulator's dtype (nearest, ties to even), kept in float32. bfloat16
+        by the bits (Triton's interpreter truncates a conversion to bfloat16; a GPU rounds): add half an ulp
+        of bfloat16 less one, plus the lowest kept bit (ties to even), and clear the bits below; NaN as is."""
+        if BF16:
+            bits = x.to(tl.int32, bitcast=True)
+            bits = (bits + (((bits >> 16) & 1) + 0x7FFF)) & -65536
+            return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+        else:
+            return x.to(tl.float16).to(tl.float32)
+
+    @triton.jit
+    def _pairwise_blocks(a_ptr, b_ptr, out_ptr, M, N, K, KB, s_ab, s_am, s_ak, s_bb, s_bk, s_bn,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOG_BK: tl.constexpr,
+                         BF16: tl.constexpr):
+        tiles_n = tl.cdiv(N, BN)
+        pid_m = tl.program_id(0) // tiles_n
+        pid_n = tl.program_id(0) % tiles_n
+        pid_k = tl.program_id(1)
+        batch = tl.program_id(2).to(tl.int64)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        rk = pid_k * BK + tl.arange(0, BK)
+        a = tl.load(a_ptr + batch * s_ab + rm[:, None].to(tl.int64) * s_am + rk[None, :].to(tl.int64) * s_ak,
+                    mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + batch * s_bb + rk[:, None].to(tl.int64) * s_bk + rn[None, :].to(tl.int64) * s_bn,
+                    mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        p = _round(a[:, :, None] * b[None, :, :], BF16)  # (BM, BK, BN): float32 products, rounded
+        for level in tl.static_range(LOG_BK):
+            q = tl.permute(tl.reshape(p, [BM, BK >> (level + 1), 2, BN]), [0, 1, 3, 2])
+            x, y = tl.split(q)  # the even and the odd member of each adjacent pair
+            p = _round(x + y, BF16)
+        s = tl.reshape(p, [BM, BN])
+        offs = ((batch * M + rm[:, None].to(tl.int64)) * N + rn[None, :].to(tl.int64)) * KB + pid_k
+        tl.store(out_ptr + offs, s, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+    @triton.jit
+    def _sequential(a_ptr, b_ptr, out_ptr, M, N, K, s_ab, s_am, s_ak, s_bb, s_bk, s_bn,
+                    BM: tl.constexpr, BN: tl.constexpr, BF16: tl.constexpr):
+        tiles_n = tl.cdiv(N, BN)
+        pid_m = tl.program_id(0) // tiles_n
+        pid_n = tl.program_id(0) % tiles_n
+        batch = tl.program_id(1).to(tl.int64)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        a_row = a_ptr + batch * s_ab + rm.to(tl.int64) * s_am
+        b_col = b_ptr + batch * s_bb + rn.to(tl.int64) * s_bn
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k in range(0, K):
+            a_k = tl.load(a_row + k * s_ak, mask=rm < M, other=0.0)
+            b_k = tl.load(b_col + k * s_bk, mask=rn < N, other=0.0)
+            acc = _round(acc + a_k[:, None] * b_k[None, :], BF16)
+        offs = (batch * M + rm[:, None].to(tl.int64)) * N + rn[None, :].to(tl.int64)
+        tl.store(out_ptr + offs, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def usable(a: torch.Tensor, work: torch.dtype, acc: torch.dtype) -> bool:
+    """Whether these products take the Triton path: Triton importable, a GPU tensor, float32 products, a
+    float16 or bfloat16 accumulator. (Tests call `matmul` on CPU tensors in the Triton interpreter.)"""
+    return triton is not None and a.is_cuda and work == torch.float32 and acc in (torch.float16, torch.bfloat16)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, order: str, pairwise: Callable[[torch.Tensor], torch.Tensor],
+           lead: tuple[int, ...]) -> torch.Tensor:
+    """a (..., M, K) @ b (..., K, N), float32, with the K-sum in `acc` in `order` ("pairwise" or
+    "sequential"); float32 out, shape lead + (M, N). `pairwise` sums the last dimension as the gate's
+    tree does (its `_pairwise`), for the partial sums of the K blocks."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    a = a.expand(*lead, m, k).reshape(-1, m, k)
+    b = b.expand(*lead, k, n).reshape(-1, k, n)
+    batch = a.shape[0]
+    out = torch.empty((batch, m, n), dtype=torch.float32, device=a.device)
+    if out.numel() == 0:
+        return out.reshape(*lead, m, n)
+    tile_grid = triton.cdiv(m, BM) * triton.cdiv(n, BN)
+    bf16 = acc == torch.bfloat16
+    for b0 in range(0, batch, MAX_GRID):
+        sa, sb = a[b0:b0 + MAX_GRID], b[b0:b0 + MAX_GRID]
+        nb = sa.shape[0]
+        if order == "sequential":
+            _sequential[(tile_grid, nb)](sa, sb, out[b0:b0 + nb], m, n, k, *sa.stride(), *sb.stride(),
+                                         BM=BM, BN=BN, BF16=bf16, enable_fp_fusion=False)
+            continue
+        bk = min(BK, 1 << max(0, (k - 1).bit_length()))
+        kb = triton.cdiv(k, bk)
+        if kb > MAX_GRID:
+            raise NotImplementedError(f"K = {k}: more than {MAX_GRID} blocks of {bk}")
+        rows = max(1, min(m, BLOCK_SUMS // max(1, nb * n * kb)))
+        for r0 in range(0, m, rows):
+            ra = sa[:, r0:r0 + rows]
+            r = ra.shape[1]
+            sums = torch.empty((nb, r, n, kb), dtype=torch.float32, device=a.device)  # each one acc-representable
+            _pairwise_blocks[(triton.cdiv(r, BM) * triton.cdiv(n, BN), kb, nb)](
+                ra, sb, sums, r, n, k, kb, *ra.stride(), *sb.stride(),
+                BM=BM, BN=BN, BK=bk, LOG_BK=int(math.log2(bk)), BF16=bf16, enable_fp_fusion=False)
+            out[b0:b0 + nb, r0:r0 + r] = pairwise(sums)
+    return out.reshape(*lead, m, n)

@@ -1,0 +1,128 @@
+"""The accumulation gate's emulated low-precision matrix products in Triton (kgate/gates/lp_triton.py)
+against the gate's torch code, bit for bit: the same trees, so the same verdicts.
+
+Without CUDA the kernels run in the Triton interpreter (TRITON_INTERPRET=1) on CPU tensors; with CUDA
+they are compiled and run on the GPU, and the gate's own dispatch (`_lp_matmul` on CUDA tensors) is
+compared with its torch code on the same GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+triton = pytest.importorskip("triton")  # after TRITON_INTERPRET is set
+
+from kgate.gates import accumulation as A  # noqa: E402
+from kgate.gates import lp_triton  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+ACCS = [torch.float16, torch.bfloat16]
+ORDERS = [A.PAIRWISE, A.SEQUENTIAL]
+
+
+def _operands(lead_a, lead_b, m, k, n, seed=0, special=False):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.rand(*lead_a, m, k, generator=gen, dtype=torch.float64) * 4 - 1
+    b = (torch.rand(*lead_b, k, n, generator=gen, dtype=torch.float64) - 0.5) / 8
+    if special:  # overflow past the accumulator, subnormal products, signed zeros, infinities and NaN
+        flat_a, flat_b = a.view(-1), b.view(-1)
+        for i, v in enumerate([float("inf"), float("-inf"), float("nan"), -0.0, 7e4, 3e38, 1e-30]):
+            flat_a[(71 * i + 3) % flat_a.numel()] = v  # one per row (K = 70 below)
+        flat_b[5 % flat_b.numel()] = 6e4
+        flat_b[11 % flat_b.numel()] = 1e-20
+    return a.to(torch.float32).to(DEVICE), b.to(torch.float32).to(DEVICE)
+
+
+def _both(a, b, acc, order):
+    mode = A.LowPrecisionAccumulation(acc, order)
+    lead = A._broadcast(a.shape[:-2], b.shape[:-2])
+    want = _torch_path(mode, a, b)
+    got = lp_triton.matmul(a, b, acc, order, mode._pairwise, lead)
+    return got, want
+
+
+def _torch_path(mode, a, b):
+    kept = lp_triton.triton
+    lp_triton.triton = None  # the gate's torch code, on whichever device
+    try:
+        return mode._lp_matmul(a, b)
+    finally:
+        lp_triton.triton = kept
+
+
+def _same(got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)  # bit for bit (bar the sign of zero)
+
+
+@pytest.mark.parametrize("acc", ACCS, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("lead_a, lead_b, m, k, n", [
+    ((), (), 5, 37, 7),         # K across two blocks, the second partial
+    ((), (), 17, 96, 18),       # M and N past one tile
+    ((2,), (2,), 3, 64, 5),     # batched
+    ((3, 1), (1, 2), 4, 33, 17),  # broadcast batch
+    ((), (), 1, 1, 1),
+    ((), (), 2, 5, 3),          # K shorter than a block
+])
+def test_the_triton_products_are_the_torch_code_bit_for_bit(acc, order, lead_a, lead_b, m, k, n):
+    _same(*_both(*_operands(lead_a, lead_b, m, k, n), acc, order))
+
+
+@pytest.mark.parametrize("acc", ACCS, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_special_values_round_as_in_the_torch_code(acc, order):
+    got, want = _both(*_operands((), (), 9, 70, 6, special=True), acc, order)
+    assert torch.isnan(want).any() and torch.isinf(want).any()  # the probe reaches what it is meant to
+    _same(got, want)
+
+
+@pytest.mark.parametrize("acc", ACCS, ids=["fp16", "bf16"])
+def test_chunks_of_rows_and_of_batch_change_nothing(monkeypatch, acc):
+    a, b = _operands((5,), (5,), 7, 70, 3)
+    monkeypatch.setattr(lp_triton, "BLOCK_SUMS", 2 * 3 * 3)  # a few rows of partial sums at a time
+    monkeypatch.setattr(lp_triton, "MAX_GRID", 2)  # batches of 2 (and 3 blocks of K: past it, so refused)
+    with pytest.raises(NotImplementedError):
+        _both(a, b, acc, A.PAIRWISE)
+    monkeypatch.setattr(lp_triton, "MAX_GRID", 3)
+    for order in ORDERS:
+        _same(*_both(a, b, acc, order))
+
+
+def test_empty_outputs_launch_nothing():
+    a, b = _operands((0,), (1,), 3, 8, 2)
+    got, want = _both(a, b, torch.float16, A.PAIRWISE)
+    assert got.shape == want.shape == (0, 3, 2)
+
+
+@given(m=st.integers(1, 20), k=st.integers(1, 80), n=st.integers(1, 20), seed=st.integers(0, 99),
+       acc=st.sampled_from(ACCS), order=st.sampled_from(ORDERS))
+@settings(max_examples=25, deadline=None)
+def test_any_small_product_matches(m, k, n, seed, acc, order):
+    _same(*_both(*_operands((), (), m, k, n, seed), acc, order))
+
+
+def test_the_gate_takes_the_triton_path_on_a_gpu_only():
+    cpu = torch.ones(2, 2)
+    assert not lp_triton.usable(cpu, torch.float32, torch.float16)
+    if ON_GPU:
+        gpu = cpu.cuda()
+        assert lp_triton.usable(gpu, torch.float32, torch.float16)
+        assert not lp_triton.usable(gpu, torch.float64, torch.float32)  # a float64 kernel's float32 accumulator
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the gate dispatches to Triton on CUDA tensors only")
+@pytest.mark.parametrize("order", ORDERS)
+def test_the_gate_on_a_gpu_gives_what_its_torch_code_gives(order):
+    a, b = _operands((3,), (), 40, 300, 50)
+    for acc in ACCS:
+        mode = A.LowPrecisionAccumulation(acc, order)
+        _same(mode._lp_matmul(a, b), _torch_path(mode, a, b))
