@@ -16,6 +16,7 @@ import json
 import math
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -374,6 +375,10 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     child_env.pop("GITHUB_TOKEN", None)  # untrusted code never sees the token
     child_env.pop("INPUT_GITHUB-TOKEN", None)
     child_env["PYTHONUNBUFFERED"] = "1"
+    # The worker's own folder, removed after it: where kgate's code in the worker keeps what another
+    # worker must not be able to change (kgate.gates.lp_triton's compiled kernels)
+    private = tempfile.mkdtemp(prefix="kgate-worker-")
+    child_env["KGATE_PRIVATE_DIR"] = private
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab" if append_log else "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", module, job_path], stdin=subprocess.DEVNULL,
@@ -447,6 +452,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
             _kill(proc)
             proc.wait()
         os.unlink(job_path)
+        shutil.rmtree(private, ignore_errors=True)
     return WorkerExit(proc.returncode, error, stage, fatal)
 
 

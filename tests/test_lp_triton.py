@@ -110,19 +110,38 @@ def test_any_small_product_matches(m, k, n, seed, acc, order):
     _same(*_both(*_operands((), (), m, k, n, seed), acc, order))
 
 
-def test_the_gate_takes_the_triton_path_on_a_gpu_only():
+def test_the_gate_takes_the_triton_path_on_a_gpu_only_and_when_asked(monkeypatch):
     cpu = torch.ones(2, 2)
+    monkeypatch.setenv("KGATE_TRITON_EMULATION", "1")
     assert not lp_triton.usable(cpu, torch.float32, torch.float16)
     if ON_GPU:
         gpu = cpu.cuda()
         assert lp_triton.usable(gpu, torch.float32, torch.float16)
         assert not lp_triton.usable(gpu, torch.float64, torch.float32)  # a float64 kernel's float32 accumulator
+        monkeypatch.delenv("KGATE_TRITON_EMULATION")
+        assert not lp_triton.usable(gpu, torch.float32, torch.float16)  # opt-in until measured
+
+
+def test_kgate_kernels_compile_into_the_workers_private_folder(monkeypatch, tmp_path):
+    """Not into the Triton cache the candidates' kernels share (a candidate could leave a forged binary of
+    kgate's kernel there for the next one); the shared setting is put back after."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/shared/cache")
+    monkeypatch.setenv("KGATE_PRIVATE_DIR", str(tmp_path))
+    with lp_triton._private_cache():
+        assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton")
+    assert os.environ["TRITON_CACHE_DIR"] == "/shared/cache"
+    monkeypatch.delenv("KGATE_PRIVATE_DIR")
+    with lp_triton._private_cache():
+        assert os.environ["TRITON_CACHE_DIR"] == "/shared/cache"
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the gate dispatches to Triton on CUDA tensors only")
 @pytest.mark.parametrize("order", ORDERS)
-def test_the_gate_on_a_gpu_gives_what_its_torch_code_gives(order):
+def test_the_gate_on_a_gpu_gives_what_its_torch_code_gives(order, monkeypatch, tmp_path):
+    monkeypatch.setenv("KGATE_TRITON_EMULATION", "1")
+    monkeypatch.setenv("KGATE_PRIVATE_DIR", str(tmp_path))
     a, b = _operands((3,), (), 40, 300, 50)
     for acc in ACCS:
         mode = A.LowPrecisionAccumulation(acc, order)
         _same(mode._lp_matmul(a, b), _torch_path(mode, a, b))
+    assert any((tmp_path / "triton").rglob("*")), "compiled into the private folder"

@@ -399,3 +399,26 @@ def test_a_kernel_that_raises_on_its_own_inputs_errs_in_every_gate(tmp_path):
     odd = {g.gate: g for g in results["refuses-odd"].gates}
     assert odd["oracle"].verdict == "pass"
     assert odd["shapes"].verdict == "fail" and "the last dimension must be even" in odd["shapes"].message
+
+
+
+def test_each_worker_has_a_private_folder_removed_after_it(tmp_path):
+    """kgate.runner.supervise gives every worker its own folder (KGATE_PRIVATE_DIR: where kgate's own
+    compiled Triton kernels go, out of the candidates' shared cache) and removes it when the worker ends."""
+    from kgate.runner import supervise
+
+    (tmp_path / "probe_worker.py").write_text(
+        "import json, os, sys\n"
+        "job = json.load(open(sys.argv[1]))\n"
+        "private = os.environ['KGATE_PRIVATE_DIR']\n"
+        "open(os.path.join(private, 'left-by-the-worker'), 'w').close()\n"
+        "json.dump({'private': private, 'isdir': os.path.isdir(private)}, open(job['out'], 'w'))\n")
+    seen = []
+    for n in range(2):
+        out = tmp_path / f"seen{n}.json"
+        done = supervise("probe_worker", {"out": str(out)}, log_path=tmp_path / "log.txt", cwd=tmp_path,
+                         timeout=60, memory=1 << 34, on_event=lambda event: None)
+        assert done.returncode == 0, (tmp_path / "log.txt").read_text()
+        seen.append(json.loads(out.read_text()))
+    assert all(s["isdir"] for s in seen) and seen[0]["private"] != seen[1]["private"]
+    assert not any(os.path.exists(s["private"]) for s in seen)

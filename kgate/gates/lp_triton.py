@@ -16,12 +16,20 @@ path), and tests compare the two bit for bit (in the Triton interpreter on the C
   the float32 product and rounds the sum to the accumulator (as the torch code's `round(acc + a_k * b_k)`).
   The kernel is compiled without floating-point contraction: a fused multiply-add would skip the
   product's own rounding, which the torch code performs.
+
+Opt-in (`KGATE_TRITON_EMULATION=1`) until its speed is measured on a GPU against the torch code
+(bench/accumulation_emulation.py), with Triton's compile time per worker counted. Compiled kernels go to
+the worker's private folder (`KGATE_PRIVATE_DIR`, which kgate.runner.supervise makes for each worker and
+removes after it), not to the Triton cache the candidates' kernels share: a candidate runs in the same
+process and could otherwise leave a forged binary of kgate's kernel there for the next candidate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -95,9 +103,29 @@ if triton is not None:
 
 
 def usable(a: torch.Tensor, work: torch.dtype, acc: torch.dtype) -> bool:
-    """Whether these products take the Triton path: Triton importable, a GPU tensor, float32 products, a
-    float16 or bfloat16 accumulator. (Tests call `matmul` on CPU tensors in the Triton interpreter.)"""
-    return triton is not None and a.is_cuda and work == torch.float32 and acc in (torch.float16, torch.bfloat16)
+    """Whether these products take the Triton path: asked for (KGATE_TRITON_EMULATION=1), Triton importable,
+    a GPU tensor, float32 products, a float16 or bfloat16 accumulator. (Tests call `matmul` on CPU tensors
+    in the Triton interpreter.)"""
+    return (os.environ.get("KGATE_TRITON_EMULATION") == "1" and triton is not None and a.is_cuda
+            and work == torch.float32 and acc in (torch.float16, torch.bfloat16))
+
+
+@contextlib.contextmanager
+def _private_cache() -> Iterator[None]:
+    """Triton's cache folder for kgate's own kernels: the worker's private folder where there is one."""
+    private = os.environ.get("KGATE_PRIVATE_DIR")
+    if not private:
+        yield
+        return
+    kept = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(private, "triton")
+    try:
+        yield
+    finally:
+        if kept is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = kept
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, order: str, pairwise: Callable[[torch.Tensor], torch.Tensor],
@@ -112,6 +140,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, order: str, pairw
     out = torch.empty((batch, m, n), dtype=torch.float32, device=a.device)
     if out.numel() == 0:
         return out.reshape(*lead, m, n)
+    with _private_cache():
+        return _matmul(a, b, out, acc, order, pairwise, lead)
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc: torch.dtype, order: str,
+            pairwise: Callable[[torch.Tensor], torch.Tensor], lead: tuple[int, ...]) -> torch.Tensor:
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    batch = a.shape[0]
     tile_grid = triton.cdiv(m, BM) * triton.cdiv(n, BN)
     bf16 = acc == torch.bfloat16
     for b0 in range(0, batch, MAX_GRID):
