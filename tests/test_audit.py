@@ -394,6 +394,95 @@ def test_ray_backend_on_a_local_instance(tmp_path):
     assert by_id["level1/19_ReLU"]["candidate"] == str(pairs[0].candidate)  # the driver's paths, not the node's
 
 
+class _FakeRay:
+    """Just enough of Ray for run_ray's scheduling: tasks run when their result is asked for, in order."""
+
+    def __init__(self):
+        self.started, self.pending, self.asked = False, {}, []
+
+    def is_initialized(self):
+        return self.started
+
+    def init(self, **kwargs):
+        self.started = True
+
+    def shutdown(self):
+        self.started = False
+
+    def cluster_resources(self):
+        return {"GPU": 1.0, "CPU": 4.0}
+
+    def remote(self, fn):
+        fake = self
+
+        class Task:
+            def options(self, **opts):
+                self.opts = opts
+                return self
+
+            def remote(self, *args):
+                ref = object()
+                fake.pending[ref] = (fn, args, self.opts)
+                return ref
+
+        return Task()
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        fn, args, opts = self.pending.pop(ref)
+        self.asked.append((args[0]["id"], opts["num_gpus"], args[-1]))
+        return fn(*args)
+
+    def cancel(self, ref, force=False):
+        self.pending.pop(ref, None)
+
+
+def test_ray_sends_a_problems_other_candidates_to_a_whole_gpu_once_one_outgrew_its_share(monkeypatch, tmp_path):
+    """The Ray backend's scheduling with a fake Ray: a candidate that ran out of GPU memory while sharing is
+    judged again with a whole GPU, and the problem's candidates submitted after that ask for a whole GPU at
+    once (those already in flight are judged again like the first)."""
+    from kgate.audit import ray_backend, scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    fake = _FakeRay()
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(ray_backend, "NODE_CACHE", tmp_path / "node")
+    monkeypatch.setattr(ray_backend, "needs_compile", lambda pair: False)
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+        oom = pair.problem.name == "huge.py" and gpu_memory_fraction is not None
+        return {"id": pair.id, "oom": oom, "gates": [], "device": device}
+
+    monkeypatch.setattr(ray_backend, "evaluate_pair", fake_evaluate)
+    for name in ("huge.py", "small.py", "c.py"):
+        (tmp_path / name).write_text("# a file\n")
+    huge, small, source = tmp_path / "huge.py", tmp_path / "small.py", tmp_path / "c.py"
+    ids = ["huge__a", "small__a", "huge__b", "small__b", "small__c", "huge__c"]
+    pairs = [Pair(i, source, huge if i.startswith("huge") else small) for i in ids]
+    held, records = [], []
+
+    class Heard(scheduler.Progress):
+        def held(self, pair, why):
+            held.append((pair.id, why))
+
+    judged = ray_backend.run_ray(pairs, AuditOptions(gates=[], out_dir=tmp_path), address="local", device="cuda",
+                                 slots=2, sink=records.append, progress=Heard())
+    assert judged == len(ids) and sorted(r["id"] for r in records) == sorted(ids)
+    tries = {}
+    for pair_id, gpus, fraction in fake.asked:
+        tries.setdefault(pair_id, []).append((gpus, fraction))
+    assert tries["huge__a"] == [(0.5, 0.475), (1.0, None)] and tries["small__a"] == [(0.5, 0.475)]
+    assert tries["huge__b"] == [(0.5, 0.475), (1.0, None)]  # in flight before huge__a's result came
+    assert tries["huge__c"] == [(1.0, None)]  # submitted after it: a whole GPU at once
+    by_id = {r["id"]: r for r in records}
+    assert by_id["huge__a"]["retried_alone"] and by_id["huge__c"]["alone"] == scheduler.HELD_PROBLEM
+    assert "retried_alone" not in by_id["huge__c"] and "alone" not in by_id["small__c"]
+    assert ("huge__c", scheduler.HELD_PROBLEM) in held and ("huge__a", scheduler.HELD_OOM) in held
+    assert not fake.started  # the instance it started is shut down
+
+
 def test_ray_tasks_budget_gpu_memory_like_the_local_backend():
     """A task sharing a GPU asks Ray for its share and its worker may use only that share of the memory;
     the second try of a candidate that ran out of it asks for the whole GPU, with no memory limit."""

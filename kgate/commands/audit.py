@@ -369,7 +369,6 @@ class _ConsoleProgress(SchedulerProgress):
             self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; violated: {gates}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
 
-
     def held(self, pair: Any, why: str) -> None:
         """A candidate waiting for a whole device: counted on the bar (else one line), so a run whose last
         minutes go to such candidates one at a time says why."""
