@@ -7,7 +7,8 @@
 # .third_party/audit-run/ and run the slice again. Exit 0 or 1: every candidate is judged.
 # `bash bench/audit_h200.sh throughput` runs bench/audit_throughput.py on LIMIT (24) candidates instead
 # (MORE_JOBS=8: the full gates once more with 8 judges on the GPU; PRESTART=1: then each judge count again
-# with `kgate audit --prestart`).
+# with `kgate audit --prestart`; TRITON=1: then the full gates again with the accumulation gate's Triton
+# emulation, KGATE_TRITON_EMULATION=1, and any verdict that changed).
 # PCH= (empty) builds without the shared precompiled torch/extension.h (kgate audit --pch, on by default here).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -32,7 +33,7 @@ if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: th
   python3 bench/audit_throughput.py "${KEEP[@]}" --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" \
     --index "$CORPUS/index.csv" --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" \
     --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json" \
-    ${PCH---pch} ${MORE_JOBS:+--more-jobs "$MORE_JOBS"} ${PRESTART:+--prestart}
+    ${PCH---pch} ${MORE_JOBS:+--more-jobs "$MORE_JOBS"} ${PRESTART:+--prestart} ${TRITON:+--triton-emulation}
   exit $?
 fi
 # The carried results are the truth unless this (warm) machine already holds more.

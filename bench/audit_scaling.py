@@ -28,36 +28,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_common import add_corpus_args, compile_stage, select, timed_pass  # noqa: E402
+from audit_common import add_corpus_args, compile_stage, differences, select, timed_pass  # noqa: E402
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
 from kgate.audit.scheduler import Plan, arch_list, cuda_devices  # noqa: E402
-
-
-def verdicts(record: dict[str, Any]) -> dict[str, str]:
-    """A record's verdicts: the standard test's and each gate's (what must not depend on the device count)."""
-    out = {"standard": str((record.get("standard") or {}).get("verdict"))}
-    out.update({g["gate"]: g["verdict"] for g in record.get("gates") or []})
-    if record.get("problem_error"):
-        out["problem_error"] = "yes"
-    return out
-
-
-def differences(first: list[dict[str, Any]], other: list[dict[str, Any]]) -> list[str]:
-    """One line per candidate whose verdicts differ between two runs (or that only one run judged)."""
-    a = {r["id"]: verdicts(r) for r in first}
-    b = {r["id"]: verdicts(r) for r in other}
-    lines = []
-    for pair_id in sorted(set(a) | set(b)):
-        if pair_id not in a or pair_id not in b:
-            lines.append(f"{pair_id}: judged in only one run")
-            continue
-        changed = [f"{k} {a[pair_id].get(k)} -> {b[pair_id].get(k)}" for k in sorted(set(a[pair_id]) | set(b[pair_id]))
-                   if a[pair_id].get(k) != b[pair_id].get(k)]
-        if changed:
-            lines.append(f"{pair_id}: " + ", ".join(changed))
-    return lines
 
 
 def device_counts(spec: str, available: int) -> list[int]:

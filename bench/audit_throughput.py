@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_common import add_corpus_args, compile_stage, select, timed_pass  # noqa: E402
+from audit_common import add_corpus_args, compile_stage, differences, select, timed_pass  # noqa: E402
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prestart", action="store_true",
                         help="then the full gates again with each judge count (--jobs and every --more-jobs) and "
                              "`kgate audit --prestart` (each next worker started while the others judge)")
+    parser.add_argument("--triton-emulation", action="store_true",
+                        help="then the full gates again with --jobs and KGATE_TRITON_EMULATION=1 (the accumulation "
+                             "gate's emulated products in Triton on a GPU), and whether any verdict changed")
     args = parser.parse_args(argv)
 
     pairs = select(args)
@@ -54,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
     plan.compile_stage = False  # built above: the modes below time evaluation only
     standard, _ = timed_pass(pairs, AuditOptions(gates=[], **base), plan, "standard test alone")
-    full, _ = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), plan,
-                         f"standard test + {len(registry.GATE_NAMES)} gates")
+    full, full_records = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), plan,
+                                    f"standard test + {len(registry.GATE_NAMES)} gates")
     more = []
     variants = [(jobs, False) for jobs in args.more_jobs]
     variants += [(jobs, True) for jobs in [plan.slots * len(plan.devices), *args.more_jobs]] if args.prestart else []
@@ -64,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         wider.compile_stage, wider.prestart = False, prestart
         row, _ = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), wider,
                             f"standard test + {len(registry.GATE_NAMES)} gates, {wider.describe()}")
+        more.append(row)
+    if args.triton_emulation:  # the workers inherit this process's environment (kgate.audit.evaluate.worker_env)
+        os.environ["KGATE_TRITON_EMULATION"] = "1"
+        try:
+            row, records = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), plan,
+                                      f"standard test + {len(registry.GATE_NAMES)} gates, Triton emulation")
+        finally:
+            os.environ.pop("KGATE_TRITON_EMULATION", None)
+        row["differences"] = differences(full_records, records)  # none expected: the same trees
         more.append(row)
     for row in (standard, full, *more):
         total = row["wall_s"] + compile_wall

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 
 import pytest
@@ -48,16 +49,16 @@ def test_scaling_runs_each_device_count_and_compares_verdicts(tmp_path):
     assert "| 2 | 2 | 5 |" in text and "identical" in text and "python bench/audit_scaling.py" in text
 
 
-def test_scaling_names_every_verdict_that_differs():
-    scaling = _load("audit_scaling")
+def test_the_benchmarks_name_every_verdict_that_differs():
+    scaling, common = _load("audit_scaling"), _load("audit_common")
     gates = [{"gate": "oracle", "verdict": "pass"}, {"gate": "determinism", "verdict": "pass"}]
     a = [{"id": "x", "standard": {"verdict": "pass"}, "gates": gates},
          {"id": "y", "standard": {"verdict": "pass"}, "gates": gates}]
     b = [{"id": "x", "standard": {"verdict": "pass"}, "gates": [gates[0], {"gate": "determinism", "verdict": "fail"}]},
          {"id": "z", "standard": {"verdict": "pass"}, "gates": gates}]
-    assert scaling.differences(a, b) == ["x: determinism pass -> fail", "y: judged in only one run",
+    assert common.differences(a, b) == ["x: determinism pass -> fail", "y: judged in only one run",
                                          "z: judged in only one run"]
-    assert scaling.differences(a, a) == []
+    assert common.differences(a, a) == []
     assert scaling.device_counts("1,all", 8) == [1, 8] and scaling.device_counts("1,2,2", 4) == [1, 2]
     with pytest.raises(SystemExit):
         scaling.device_counts("1,3", 2)
@@ -68,9 +69,13 @@ def test_throughput_times_both_modes(tmp_path):
     throughput = _load("audit_throughput")
     out = tmp_path / "t.json"
     assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--more-jobs", "1", "--prestart",
-                            "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
+                            "--triton-emulation", "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    standard, full, narrower, *prestarted = result["modes"]
+    standard, full, narrower, *prestarted, triton = result["modes"]
+    # the full gates again with the accumulation gate's Triton emulation asked for (on the CPU it takes the
+    # torch code all the same): the same verdicts, and the setting is not left behind
+    assert "Triton emulation" in triton["mode"] and triton["kernels"] == 5 and triton["differences"] == []
+    assert "KGATE_TRITON_EMULATION" not in os.environ
     assert standard["kernels"] == full["kernels"] == narrower["kernels"] == 5
     assert [("x 2 worker" in r["mode"], "x 1 worker" in r["mode"]) for r in prestarted] == [(True, False), (False, True)]
     for row in prestarted:  # the same candidates, each worker started early and waiting for its turn
