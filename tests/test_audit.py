@@ -141,6 +141,19 @@ def test_every_record_names_the_kgate_that_judged_it_and_the_report_flags_a_mix(
     assert "more than one kgate source" in text and f"`{'0' * 16}`: 2" in text and "`unrecorded`: 1" in text
 
 
+def test_a_report_of_a_run_cut_short_says_it_is_interim(audited, tmp_path):
+    """Candidates the run covers but has no record of yet (--max-time, an interrupt) are counted apart, and
+    the markdown report opens by saying its figures are interim; a complete run's report does not."""
+    from kgate.audit.report import write_markdown
+
+    records = list(audited[2].values())
+    partial = summarize(records, GATES.split(","), selected=len(records) + 3)
+    assert partial["pending"] == 3 and partial["candidates"] == len(records)
+    assert "**Interim: 3 more candidate(s)" in write_markdown(tmp_path / "p", partial, records, command="x").read_text()
+    done = summarize(records, GATES.split(","), selected=len(records))
+    assert done["pending"] == 0 and "Interim" not in write_markdown(tmp_path / "d", done, records, command="x").read_text()
+
+
 def test_shards_cover_every_candidate_exactly_once():
     pairs = [Pair(f"c{i:03d}", CORPUS / "x.py", None) for i in range(23)]
     for n in (1, 2, 3, 7, 30):

@@ -96,7 +96,9 @@ def _pct(n: int, d: int) -> float:
     return round(100.0 * n / d, 1) if d else 0.0
 
 
-def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]], gate_names: list[str], selected: int | None = None) -> dict[str, Any]:
+    """The audit's figures over `records`; `selected`: how many candidates the run covers, records or not
+    (those without one are `pending`: the run stopped before them)."""
     classes = [(r, classify(r)) for r in records]
     judged = [(r, c) for r, c in classes if c["judged"]]
     n = len(judged)
@@ -163,6 +165,7 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str]) -> dict[str,
     compile_s = sorted(float((r.get("compile") or {}).get("wall_s") or 0) for r, _ in judged if r.get("compile"))
     return {
         "candidates": len(records), "judged": n, "not_judged": len(records) - n,
+        "pending": max(0, (selected or 0) - len(records)),
         "not_judged_reasons": dict(Counter((r.get("problem_error") or r.get("environment_error")
                                             or (LIMITED if c["limited"] else ""))[:120]
                                            for r, c in classes if not c["judged"]).most_common(10)),
@@ -382,6 +385,15 @@ def plots(folder: Path, summary: dict[str, Any]) -> list[str]:
     return made
 
 
+def _pending(summary: dict[str, Any]) -> list[str]:
+    pending = summary.get("pending") or 0
+    if not pending:
+        return []
+    return [f"**Interim: {pending} more candidate(s) of this run have no record yet** (it stopped before them: "
+            f"`--max-time`, an interrupt, or candidates left for a whole device; the same command with `--resume` "
+            f"judges them). The figures below are of the {summary['candidates']} with a record.", ""]
+
+
 def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str, Any]], *, command: str,
                    per_stratum: int = 5) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -398,7 +410,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     lines = ["# kgate audit", "", f"Command: `{command}`", "",
              f"{summary['candidates']} candidate(s); {n} judged"
              + (f", {summary['not_judged']} not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits)" if summary["not_judged"] else "")
-             + ".", "", *mixed,
+             + ".", "", *_pending(summary), *mixed,
              "| measure | count | % of judged |", "|---|---:|---:|",
              f"| standard test accepts (5 trials, atol=rtol=1e-2) | {summary['standard_accepts']} | "
              f"{summary['standard_accepts_pct']} |",

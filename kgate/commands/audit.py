@@ -262,7 +262,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
             cancel.set()
             raise
     records = [r for r in results.read().values() if r["id"] in ids]
-    summary = audit_report.summarize(records, gate_names)
+    summary = audit_report.summarize(records, gate_names, selected=len(pairs))
     audit_report.render(console, summary)
     label = f"kernelbench audit of {candidates} against {problems}"
     if args.json:
