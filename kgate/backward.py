@@ -21,7 +21,6 @@ aliasing.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -29,7 +28,7 @@ import torch
 from kgate.compare import clone_tree, flatten, overlaps
 from kgate.gates import BACKWARD_SUFFIX
 from kgate.inputs import Case
-from kgate.oracle import upcast
+from kgate.oracle import converted_copy, upcast
 from kgate.subject import Subject, UserCodeError
 
 COTANGENT_SEED = 1_000_003
@@ -67,7 +66,7 @@ class GradientOf:
             return self.fn
         key = (torch.float64, floats[0].device)
         if key not in self._converted:
-            self._converted[key] = copy.deepcopy(self.fn).to(device=floats[0].device, dtype=torch.float64)
+            self._converted[key] = converted_copy(self.fn, device=floats[0].device, dtype=torch.float64)
         return self._converted[key]
 
     def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:

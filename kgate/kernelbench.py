@@ -22,7 +22,6 @@ module defines them; a gate that sweeps shapes sets them (on the inputs copy onl
 
 from __future__ import annotations
 
-import copy
 import csv
 import hashlib
 import importlib.util
@@ -547,6 +546,8 @@ class DtypeDispatch:
     def _for(self, args: tuple) -> Any:
         import torch
 
+        from kgate.oracle import converted_copy
+
         first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
         params = [p for p in self.model.parameters()] + [b for b in self.model.buffers()]
         floating = [p for p in params if p.is_floating_point()]
@@ -556,7 +557,7 @@ class DtypeDispatch:
             return self.model
         key = (str(first.dtype), str(first.device))
         if key not in self._copies:
-            self._copies[key] = copy.deepcopy(self.model).to(device=first.device, dtype=first.dtype)
+            self._copies[key] = converted_copy(self.model, device=first.device, dtype=first.dtype)
         return self._copies[key]
 
     def __call__(self, *args: Any) -> Any:

@@ -17,7 +17,9 @@ over a sweep of factors. Integer and boolean outputs must match exactly.
 
 from __future__ import annotations
 
+import copy
 import math
+import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -42,6 +44,37 @@ def upcast(obj: Any, device: torch.device | None = None) -> Any:
         return t.clone()
 
     return map_tensors(obj, one)
+
+
+def converted_copy(module: torch.nn.Module, *, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """A deep copy of `module` moved to `device` and `dtype` (the reference for the float64 oracle), whose
+    own functions follow it: a function stored on a module that closes over the module or its parts (in
+    KernelBench's MiniGPTBlock, `self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))` with `m = self.mlp`)
+    is rebuilt with the copies in its closure. copy.deepcopy keeps functions as they are, so the copy's
+    lambda would call the original's float32 layers, on another device after the CPU fallback."""
+    memo: dict[int, Any] = {}
+    dup = copy.deepcopy(module, memo)
+    for sub in dup.modules():
+        for name, value in list(vars(sub).items()):
+            if isinstance(value, types.FunctionType) and value.__closure__:
+                vars(sub)[name] = _rebound(value, memo)
+    return dup.to(device=device, dtype=dtype)
+
+
+def _rebound(fn: types.FunctionType, memo: dict[int, Any]) -> types.FunctionType:
+    """`fn` with every object in its closure that deepcopy copied replaced by the copy."""
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell (a name assigned after the function was made)
+            cells.append(types.CellType())
+            continue
+        cells.append(types.CellType(memo.get(id(value), value)))
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, tuple(cells))
+    new.__kwdefaults__, new.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+    new.__dict__.update(fn.__dict__)
+    return new
 
 
 def eps(dtype: torch.dtype) -> float:

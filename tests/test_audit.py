@@ -943,6 +943,30 @@ def test_the_summary_sets_apart_candidates_stopped_at_kgates_memory_limits():
     assert any("memory limits" in reason for reason in s["not_judged_reasons"])
 
 
+def test_an_error_the_problems_own_code_raised_is_not_the_candidates_violation():
+    """A gate `error` raised by the reference, its float64 oracle or the inputs (kgate.worker records the
+    role) says nothing of the candidate: not a violation, and a candidate with nothing else is not judged,
+    under that reason (the H200 audit's MiniGPTBlock, whose lambda kgate's float64 copy did not follow);
+    the candidate's own errors still count."""
+    from kgate.audit.report import REFERENCE_FAILED
+
+    by_reference = {"role": "reference (float64 oracle)"}
+    records = [
+        _fake_record("only-reference", [_fake_gate(g, "error", True, by_reference, "reference (float64 oracle) "
+                                                   "raised RuntimeError: mat1 and mat2") for g in ("oracle", "shapes")]),
+        _fake_record("reference-and-wrong", [_fake_gate("oracle", "fail", True),
+                                             _fake_gate("shapes", "error", True, {"role": "inputs factory"})]),
+        _fake_record("kernel-raised", [_fake_gate("oracle", "error", True, {"role": "kernel"}),
+                                       _fake_gate("shapes", "pass")]),
+    ]
+    s = summarize(records, ["oracle", "shapes"])
+    assert (s["judged"], s["not_judged"], s["violation"]) == (2, 1, 2)
+    assert s["not_judged_reasons"] == {REFERENCE_FAILED: 1}
+    shapes = s["per_gate"]["shapes"]  # the inputs factory's error: no verdict on the candidate
+    assert (shapes["error"], shapes["not_run"], shapes["pass"]) == (0, 1, 1)
+    assert s["per_gate"]["oracle"]["error"] == 1 and s["per_gate"]["oracle"]["fail"] == 1
+
+
 def test_pch_build_uses_torchs_builder_and_workers_keep_the_header(monkeypatch):
     from torch.utils import cpp_extension
 

@@ -276,3 +276,59 @@ def test_probes_stay_in_a_triangular_problems_domain(gate):
                         shapes=[[12, 12]])
     wrong.conform = conform
     assert registry.get(gate).check(wrong).verdict == "fail"
+
+
+class _LambdaBlock(torch.nn.Module):
+    """As KernelBench's MiniGPTBlock: a function stored on the module, closing over its submodules."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = torch.nn.ModuleDict(dict(fc=torch.nn.Linear(8, 16), proj=torch.nn.Linear(16, 8)))
+        m = self.mlp
+        self.mlpf = lambda x: m.proj(torch.relu(m.fc(x)))
+        self.scale = lambda x: x * self.gain  # closing over the module itself
+        self.gain = 2.0
+
+    def forward(self, x):
+        return self.scale(x + self.mlpf(x))
+
+
+def test_the_float64_oracle_of_a_model_whose_lambdas_close_over_its_layers():
+    """The oracle's float64 copy of such a model runs its own (float64) layers: a plain deep copy kept the
+    lambdas, which called the original float32 layers ('mat1 and mat2 must have the same dtype' here, a
+    device mismatch on the H200 where the copy had moved to the CPU). The original is left as it was."""
+    from kgate.kernelbench import DtypeDispatch
+    from kgate.oracle import converted_copy
+
+    torch.manual_seed(0)
+    model = _LambdaBlock()
+    x = torch.randn(4, 8)
+    dispatch = DtypeDispatch(model)
+    got = dispatch(x.double())
+    assert got.dtype == torch.float64
+    with torch.no_grad():
+        want = 2.0 * (x.double() + torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(
+            x.double(), model.mlp.fc.weight.double(), model.mlp.fc.bias.double())),
+            model.mlp.proj.weight.double(), model.mlp.proj.bias.double()))
+    torch.testing.assert_close(got, want)
+    assert next(model.parameters()).dtype == torch.float32 and dispatch(x).dtype == torch.float32
+    copy64 = converted_copy(model, device=torch.device("cpu"), dtype=torch.float64)
+    copy64.gain = 3.0  # the copy's lambda reads the copy
+    assert torch.allclose(copy64(x.double()), want * 1.5) and model(x).dtype == torch.float32
+
+
+def test_a_closure_cell_that_is_still_empty_is_copied_as_empty():
+    from kgate.oracle import converted_copy
+
+    def make():
+        def later_bound():
+            return later  # noqa: F821 - bound below, after the return: the cell stays empty
+
+        return later_bound
+        later = 1  # noqa: F841
+
+    module = torch.nn.Linear(2, 2)
+    module.hook = make()
+    dup = converted_copy(module, device=torch.device("cpu"), dtype=torch.float64)
+    with pytest.raises(NameError):
+        dup.hook()

@@ -9,6 +9,10 @@ Definitions (the DESIGN notes' vocabulary, per candidate):
   counted apart and is not a violation;
 - *broken*: a violation that no tolerance explains: a tolerance-free gate failed, the candidate
   crashed or could not load, or it missed the float64 oracle by more than 10x the calibrated bound;
+- *the reference failed*: a gate's `error` raised by the problem's own code (the reference, its float64
+  oracle, or its inputs) is not the candidate's violation; a candidate with no other violation is
+  counted as not judged, under that reason (in the H200 audit: kgate's float64 copy of a model whose
+  lambda closed over its float32 layers, fixed since);
 - *stopped at kgate's limits*: out of GPU memory (with the whole GPU: an audit judges a candidate that
   ran out while sharing again alone) or killed at the worker's host memory limit, with no violation
   found before: kgate's own float64 oracle is the likeliest cause at KernelBench's sizes, so the
@@ -38,9 +42,20 @@ INTERNAL = "kgate internal error"
 NOT_RUN = ("not run:", "could not load the candidate", "compile failed", "not judged")
 
 
+REFERENCE_FAILED = "the problem's own code (reference, float64 oracle or inputs) raised in a gate, nothing else found"
+
+
+def _by_problem(gate: dict[str, Any]) -> bool:
+    """An error the problem's own code raised (kgate.worker records the role of the code that raised)."""
+    role = str((gate.get("details") or {}).get("role") or "")
+    return gate["verdict"] == "error" and role.startswith(("reference", "inputs factory"))
+
+
 def _not_run(gate: dict[str, Any]) -> bool:
-    """Never ran, or stopped at kgate's memory limits (`_at_limit`): no verdict on the candidate."""
-    return gate["verdict"] == "error" and (gate["message"].startswith(NOT_RUN) or _at_limit(gate["message"]))
+    """Never ran, stopped at kgate's memory limits (`_at_limit`), or the problem's own code raised in it
+    (`_by_problem`): no verdict on the candidate."""
+    return gate["verdict"] == "error" and (gate["message"].startswith(NOT_RUN) or _at_limit(gate["message"])
+                                           or _by_problem(gate))
 
 
 AS_GIVEN_ASIDE = ("shapes", "layouts")  # gates that give the candidate other sizes or strided views
@@ -55,7 +70,7 @@ def _at_limit(text: str | None) -> bool:
 
 def _violations(record: dict[str, Any]) -> list[dict[str, Any]]:
     return [g for g in record["gates"] if g["verdict"] in ("fail", "error") and INTERNAL not in g["message"]
-            and not (g["verdict"] == "error" and _at_limit(g["message"]))]
+            and not (g["verdict"] == "error" and _at_limit(g["message"])) and not _by_problem(g)]
 
 
 def classify(record: dict[str, Any]) -> dict[str, Any]:
@@ -67,7 +82,9 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
                or any(g["verdict"] == "error" and _at_limit(g["message"]) for g in record["gates"]))
     runnable = not record.get("problem_error") and not record.get("environment_error")
     stopped = runnable and limited and not violations and not tamper and not crashed  # at kgate's limits only
-    judged = runnable and not stopped
+    problem_failed = (runnable and not violations and not tamper and not crashed
+                      and any(_by_problem(g) for g in record["gates"]))
+    judged = runnable and not stopped and not problem_failed
     # A kernel whose only violation is the shapes gate's empty batch (a launch of zero blocks is a CUDA
     # error; the reference returns an empty result): a real contract violation, but not a wrong number on
     # real data, so the report counts it apart.
@@ -88,6 +105,7 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
         "broken_as_given": judged and (any(g.get("broken") for g in as_given) or tamper or crashed),
         "internal": [g["gate"] for g in record["gates"] if INTERNAL in g["message"]],
         "limited": stopped,
+        "problem_failed": problem_failed,
         "violated_gates": [g["gate"] for g in violations],
     }
 
@@ -167,7 +185,8 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str], selected: in
         "candidates": len(records), "judged": n, "not_judged": len(records) - n,
         "pending": max(0, (selected or 0) - len(records)),
         "not_judged_reasons": dict(Counter((r.get("problem_error") or r.get("environment_error")
-                                            or (LIMITED if c["limited"] else ""))[:120]
+                                            or (LIMITED if c["limited"] else "")
+                                            or (REFERENCE_FAILED if c["problem_failed"] else ""))[:120]
                                            for r, c in classes if not c["judged"]).most_common(10)),
         "stopped_at_limits": sum(c["limited"] for _, c in classes),
         "standard_accepts": accept, "standard_accepts_pct": _pct(accept, n),
@@ -266,7 +285,7 @@ def render(console: Any, summary: dict[str, Any]) -> None:
                   str(row["skip"]), f"{row['failure_rate']:.1f}", f"{row['failure_rate_on_data']:.1f}")
     console.print(g)
     if summary["not_judged"]:
-        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits)[/]")
+        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, no CUDA here, stopped at kgate's memory limits, or the problem's own code raised in the gates)[/]")
     if summary["internal_errors"]:
         console.print(f"[yellow]{summary['internal_errors']} candidate(s) hit a kgate internal error in some gate "
                       "(not counted as violations; see the JSON report)[/]")
@@ -409,7 +428,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
              + ", ".join(f"`{k}`: {v}" for k, v in sources.items()) + ".", ""] if len(sources) > 1 else []
     lines = ["# kgate audit", "", f"Command: `{command}`", "",
              f"{summary['candidates']} candidate(s); {n} judged"
-             + (f", {summary['not_judged']} not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits)" if summary["not_judged"] else "")
+             + (f", {summary['not_judged']} not judged (problem unusable or unpaired, no CUDA here, stopped at kgate's memory limits, or the problem's own code raised in the gates)" if summary["not_judged"] else "")
              + ".", "", *_pending(summary), *mixed,
              "| measure | count | % of judged |", "|---|---:|---:|",
              f"| standard test accepts (5 trials, atol=rtol=1e-2) | {summary['standard_accepts']} | "
@@ -435,7 +454,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
         lines += ["![confusion matrix](confusion_matrix.png)", ""]
     lines += ["## Per gate", "",
               "`fail`: the gate found a violation; `error`: the candidate crashed, hung or raised inside this gate; "
-              "`not run`: the candidate never got to this gate (it did not load, or crashed earlier); the failure "
+              "`not run`: the candidate never got to this gate (it did not load, or crashed earlier), or the problem's own code raised in it; the failure "
               "rate counts fail + error over the judged candidates; `empty only`: failures on the empty (size-0) "
               "batch alone, every non-empty input passing, which the last column leaves out.", "",
               "| gate | fail | of which empty only | error | not run | skip | failure rate % | on non-empty inputs % |",
@@ -488,7 +507,7 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     if summary["internal_errors"] or summary["not_judged"]:
         lines += ["## Not counted", "",
                   f"- kgate internal errors (a gate's own failure, not the candidate's): {summary['internal_errors']}",
-                  f"- not judged (problem unusable or unpaired, no CUDA here, or stopped at kgate's memory limits): {summary['not_judged']}", ""]
+                  f"- not judged (problem unusable or unpaired, no CUDA here, stopped at kgate's memory limits, or the problem's own code raised in the gates): {summary['not_judged']}", ""]
         for reason, count in summary["not_judged_reasons"].items():
             lines.append(f"  - {count} x {reason}")
         lines.append("")
