@@ -82,7 +82,8 @@ def main() -> int:
     os.environ.setdefault("KGATE_TRITON_EMULATION", "1")
     baseline, name = _baseline(args.against)
     gen = torch.Generator().manual_seed(0)
-    triton_path = lp_triton.usable(torch.empty(0, device=device), torch.float32, torch.float16)
+    triton_path = accumulation.triton_asked() and lp_triton.usable(torch.empty(0, device=device), torch.float32,
+                                                                     torch.float16)
     print(f"baseline: {name}; {device}; current: {'Triton' if triton_path else 'torch'} code")
     print(f"{'M x K x N':>18} {'order':>10} {'acc':>9} {'baseline s':>10} {'current s':>10} {'ratio':>6} {'differ':>7} "
           f"{'first s':>8}")

@@ -118,8 +118,9 @@ def test_the_gate_takes_the_triton_path_on_a_gpu_only_and_when_asked(monkeypatch
         gpu = cpu.cuda()
         assert lp_triton.usable(gpu, torch.float32, torch.float16)
         assert not lp_triton.usable(gpu, torch.float64, torch.float32)  # a float64 kernel's float32 accumulator
-        monkeypatch.delenv("KGATE_TRITON_EMULATION")
-        assert not lp_triton.usable(gpu, torch.float32, torch.float16)  # opt-in until measured
+    assert A.triton_asked()
+    monkeypatch.delenv("KGATE_TRITON_EMULATION")
+    assert not A.triton_asked()  # opt-in until measured: the gate does not even import lp_triton
 
 
 def test_kgate_kernels_compile_into_the_workers_private_folder(monkeypatch, tmp_path):

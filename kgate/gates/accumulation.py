@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -74,6 +75,12 @@ PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (256 MiB), where each chunk cost
 EMULATION_BUDGET = {"cpu": 1 << 28, "other": 1 << 38}
 
 aten = torch.ops.aten
+
+
+def triton_asked() -> bool:
+    """KGATE_TRITON_EMULATION=1: the emulated matrix products in Triton on a GPU (kgate.gates.lp_triton),
+    opt-in until measured against the torch code."""
+    return os.environ.get("KGATE_TRITON_EMULATION") == "1"
 
 
 class _OutOfTime(Exception):
@@ -193,8 +200,8 @@ class LowPrecisionAccumulation(TorchDispatchMode):
         _within_budget(batch * m * k * n, a.device)
         if k == 0:
             return a.new_zeros(lead + (m, n))
-        if a.is_cuda and (self.order == PAIRWISE or k <= SEQUENTIAL_MAX_STEPS):
-            from kgate.gates import lp_triton  # imported on a GPU only: Triton is optional
+        if a.is_cuda and (self.order == PAIRWISE or k <= SEQUENTIAL_MAX_STEPS) and triton_asked():
+            from kgate.gates import lp_triton  # imported when asked for, on a GPU: Triton is optional
 
             if lp_triton.usable(a, self.work, self.acc):  # the same trees in a few launches
                 return lp_triton.matmul(a, b, self.acc, self.order, self._pairwise, lead)

@@ -57,7 +57,18 @@ if triton is not None:
         else:
             return x.to(tl.float16).to(tl.float32)
 
-    @triton.jit
+    # One compiled variant per accumulator and K block: no specialization on the sizes' and strides' values
+    # or the pointers' alignment, so a worker compiles (into its private folder) at most what it uses.
+    _SIZES = ["M", "N", "K", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn"]
+    _POINTERS = ["a_ptr", "b_ptr", "out_ptr"]
+
+    def _jit(*sizes: str):
+        try:
+            return triton.jit(do_not_specialize=list(sizes), do_not_specialize_on_alignment=_POINTERS)
+        except TypeError:  # a Triton without do_not_specialize_on_alignment: alignment variants, then
+            return triton.jit(do_not_specialize=list(sizes))
+
+    @_jit(*_SIZES, "KB")
     def _pairwise_blocks(a_ptr, b_ptr, out_ptr, M, N, K, KB, s_ab, s_am, s_ak, s_bb, s_bk, s_bn,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, LOG_BK: tl.constexpr,
                          BF16: tl.constexpr):
@@ -82,7 +93,7 @@ if triton is not None:
         offs = ((batch * M + rm[:, None].to(tl.int64)) * N + rn[None, :].to(tl.int64)) * KB + pid_k
         tl.store(out_ptr + offs, s, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
-    @triton.jit
+    @_jit(*_SIZES)
     def _sequential(a_ptr, b_ptr, out_ptr, M, N, K, s_ab, s_am, s_ak, s_bb, s_bk, s_bn,
                     BM: tl.constexpr, BN: tl.constexpr, BF16: tl.constexpr):
         tiles_n = tl.cdiv(N, BN)
@@ -103,11 +114,10 @@ if triton is not None:
 
 
 def usable(a: torch.Tensor, work: torch.dtype, acc: torch.dtype) -> bool:
-    """Whether these products take the Triton path: asked for (KGATE_TRITON_EMULATION=1), Triton importable,
-    a GPU tensor, float32 products, a float16 or bfloat16 accumulator. (Tests call `matmul` on CPU tensors
-    in the Triton interpreter.)"""
-    return (os.environ.get("KGATE_TRITON_EMULATION") == "1" and triton is not None and a.is_cuda
-            and work == torch.float32 and acc in (torch.float16, torch.bfloat16))
+    """Whether these products can take the Triton path (when asked for: kgate.gates.accumulation.triton_asked):
+    Triton importable, a GPU tensor, float32 products, a float16 or bfloat16 accumulator. (Tests call
+    `matmul` on CPU tensors in the Triton interpreter.)"""
+    return triton is not None and a.is_cuda and work == torch.float32 and acc in (torch.float16, torch.bfloat16)
 
 
 @contextlib.contextmanager
