@@ -1026,6 +1026,12 @@ def test_a_worker_that_cannot_start_says_why(tmp_path, monkeypatch):
     cause = "the worker could not start, before any kernel code ran: ImportError: libtorch_cuda.so: failed to map segment"
     assert record["error"] == cause
     assert _gate(record, "oracle")["message"] == f"not run: {cause} earlier"
+    # the compile stage's worker says the same
+    from kgate.audit.evaluate import AuditOptions, compile_pair
+
+    pair = next(p for p in discover(CORPUS / "problems", CORPUS / "candidates") if p.id == "level1/19_ReLU")
+    outcome = compile_pair(pair, AuditOptions(gates=[], out_dir=tmp_path / "compile"))
+    assert not outcome["ok"] and outcome["message"] == f"compile stage: {cause}"
 
 
 def test_prestart_gives_the_same_verdicts_and_a_candidate_cannot_stop_the_clock(audited, tmp_path):
