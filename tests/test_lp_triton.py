@@ -145,4 +145,23 @@ def test_the_gate_on_a_gpu_gives_what_its_torch_code_gives(order, monkeypatch, t
     for acc in ACCS:
         mode = A.LowPrecisionAccumulation(acc, order)
         _same(mode._lp_matmul(a, b), _torch_path(mode, a, b))
-    assert any((tmp_path / "triton").rglob("*")), "compiled into the private folder"
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the Triton interpreter compiles nothing")
+def test_on_a_gpu_kgates_kernels_compile_into_the_private_folder_only(tmp_path):
+    """In a fresh process (this one has compiled them already): kgate's kernels land in KGATE_PRIVATE_DIR,
+    none in the Triton cache the candidates share."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from kgate.gates import accumulation as A\n"
+            "a = torch.rand(8, 40, device='cuda'); b = torch.rand(40, 8, device='cuda')\n"
+            "for order in (A.PAIRWISE, A.SEQUENTIAL):\n"
+            "    A.LowPrecisionAccumulation(torch.float16, order)._lp_matmul(a, b)\n"
+            "torch.cuda.synchronize()\n")
+    env = {**os.environ, "KGATE_TRITON_EMULATION": "1", "KGATE_PRIVATE_DIR": str(tmp_path / "private"),
+           "TRITON_CACHE_DIR": str(tmp_path / "shared")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert any((tmp_path / "private" / "triton").rglob("*")), "compiled into the private folder"
+    assert not any((tmp_path / "shared").rglob("*")), "nothing of kgate's in the shared cache"
