@@ -172,6 +172,7 @@ class Runner:
         except OSError as exc:
             raise InfrastructureError(f"cannot write to the output folder {self.out_dir}: {exc}; "
                                       "choose another with --out") from None
+        seed_private_folders(sorted({self.device_for(k) for k in self.kernels}))  # before any worker
         if self.options.jobs <= 1:
             return [self.run_kernel(k) for k in self.kernels]
         # Fewer kernels than jobs: each kernel's gates are spread over jobs // kernels workers.
@@ -356,6 +357,37 @@ class WorkerExit:
         return self.error or (None if done else self.fatal or _exit_cause(self.returncode))
 
 
+# Files written into every worker's private folder before it starts (kgate's own compiled Triton kernels,
+# from seed_private_folders): held in this process, so no worker can change what the next one gets.
+PRIVATE_SEED: dict[str, bytes] = {}
+
+
+def seed_private_folders(devices: list[str]) -> str | None:
+    """With the accumulation gate's Triton emulation asked for (KGATE_TRITON_EMULATION=1) and a GPU among
+    `devices`: compile kgate's own Triton kernels once, in a process of their own that runs kgate's code only,
+    before any worker starts, and keep the files for `supervise` to write into each worker's private folder
+    (else every worker compiles them anew: seconds per kernel judged). Returns a line for the console,
+    or None when there is nothing to do; a failure only means each worker compiles its own."""
+    from kgate.gates.accumulation import triton_asked
+
+    gpus = [d for d in devices if d.startswith("cuda")]
+    if not triton_asked() or not gpus or PRIVATE_SEED:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="kgate-seed-"))
+    try:
+        done = subprocess.run([sys.executable, "-m", "kgate.gates.lp_triton", "warm", str(folder), gpus[0]],
+                              capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            return f"kgate's Triton kernels were not precompiled (each worker compiles its own): {done.stderr[-500:]}"
+        files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+        PRIVATE_SEED.update(files)
+        return f"kgate's Triton kernels precompiled on {gpus[0]}: {len(files)} file(s) for each worker"
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"kgate's Triton kernels were not precompiled (each worker compiles its own): {exc}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
               on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None,
               cancel: threading.Event | None = None, append_log: bool = False, waits: bool = False) -> WorkerExit:
@@ -378,6 +410,10 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     # The worker's own folder, removed after it: where kgate's code in the worker keeps what another
     # worker must not be able to change (kgate.gates.lp_triton's compiled kernels)
     private = tempfile.mkdtemp(prefix="kgate-worker-")
+    for relative, data in PRIVATE_SEED.items():
+        target = Path(private) / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
     child_env["KGATE_PRIVATE_DIR"] = private
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab" if append_log else "wb") as log:

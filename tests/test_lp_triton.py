@@ -165,3 +165,37 @@ def test_on_a_gpu_kgates_kernels_compile_into_the_private_folder_only(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert any((tmp_path / "private" / "triton").rglob("*")), "compiled into the private folder"
     assert not any((tmp_path / "shared").rglob("*")), "nothing of kgate's in the shared cache"
+
+
+def test_warm_runs_every_variant():
+    """`warm` (kgate.runner.seed_private_folders runs it in a process of its own) runs each accumulator's
+    pairwise kernel with every K block and its sequential kernel: all that a worker can need."""
+    assert lp_triton.warm(DEVICE) == 2 * (len(range(int(lp_triton.math.log2(lp_triton.BK)) + 1)) + 1)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the Triton interpreter compiles nothing")
+def test_on_a_gpu_the_warmed_files_spare_a_worker_every_compile(tmp_path):
+    """The files `python -m kgate.gates.lp_triton warm` leaves, copied into a fresh process's private folder
+    (as supervise does), serve every product that process emulates: it compiles nothing more."""
+    import shutil
+    import subprocess
+    import sys
+
+    warmed = tmp_path / "warmed"
+    done = subprocess.run([sys.executable, "-m", "kgate.gates.lp_triton", "warm", str(warmed), "cuda"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    before = sorted(p.relative_to(warmed) for p in warmed.rglob("*") if p.is_file())
+    private = tmp_path / "private"
+    shutil.copytree(warmed, private)
+    code = ("import torch; from kgate.gates import accumulation as A\n"
+            "for k in (3, 20, 33, 300):\n"
+            "    a = torch.rand(5, k, device='cuda'); b = torch.rand(k, 7, device='cuda')\n"
+            "    for acc in (torch.float16, torch.bfloat16):\n"
+            "        for order in (A.PAIRWISE, A.SEQUENTIAL):\n"
+            "            A.LowPrecisionAccumulation(acc, order)._lp_matmul(a, b)\n"
+            "torch.cuda.synchronize()\n")
+    env = {**os.environ, "KGATE_TRITON_EMULATION": "1", "KGATE_PRIVATE_DIR": str(private)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.relative_to(private) for p in private.rglob("*") if p.is_file()) == before

@@ -402,17 +402,23 @@ def test_a_kernel_that_raises_on_its_own_inputs_errs_in_every_gate(tmp_path):
 
 
 
-def test_each_worker_has_a_private_folder_removed_after_it(tmp_path):
+def test_each_worker_has_a_private_folder_removed_after_it(tmp_path, monkeypatch):
     """kgate.runner.supervise gives every worker its own folder (KGATE_PRIVATE_DIR: where kgate's own
-    compiled Triton kernels go, out of the candidates' shared cache) and removes it when the worker ends."""
+    compiled Triton kernels go, out of the candidates' shared cache), seeded with the files kgate holds for
+    it (PRIVATE_SEED: a worker that changes its copy changes nobody else's), and removes it when the worker
+    ends."""
+    from kgate import runner
     from kgate.runner import supervise
 
+    monkeypatch.setattr(runner, "PRIVATE_SEED", {"triton/abc/kernel.cubin": b"compiled by kgate"})
     (tmp_path / "probe_worker.py").write_text(
         "import json, os, sys\n"
         "job = json.load(open(sys.argv[1]))\n"
         "private = os.environ['KGATE_PRIVATE_DIR']\n"
-        "open(os.path.join(private, 'left-by-the-worker'), 'w').close()\n"
-        "json.dump({'private': private, 'isdir': os.path.isdir(private)}, open(job['out'], 'w'))\n")
+        "seeded = os.path.join(private, 'triton', 'abc', 'kernel.cubin')\n"
+        "got = open(seeded, 'rb').read().decode()\n"
+        "open(seeded, 'wb').write(b'forged')  # its own copy only\n"
+        "json.dump({'private': private, 'isdir': os.path.isdir(private), 'seed': got}, open(job['out'], 'w'))\n")
     seen = []
     for n in range(2):
         out = tmp_path / f"seen{n}.json"
@@ -421,4 +427,39 @@ def test_each_worker_has_a_private_folder_removed_after_it(tmp_path):
         assert done.returncode == 0, (tmp_path / "log.txt").read_text()
         seen.append(json.loads(out.read_text()))
     assert all(s["isdir"] for s in seen) and seen[0]["private"] != seen[1]["private"]
+    assert [s["seed"] for s in seen] == ["compiled by kgate"] * 2  # the second is not the first's forgery
     assert not any(os.path.exists(s["private"]) for s in seen)
+
+
+def test_kgates_triton_kernels_are_precompiled_once_only_when_asked_for_on_a_gpu(tmp_path, monkeypatch):
+    """seed_private_folders: nothing without KGATE_TRITON_EMULATION=1 or without a GPU; else one process of
+    kgate's own compiles them (`python -m kgate.gates.lp_triton warm`) and its files are kept for every
+    worker; if it fails, the run goes on (each worker compiles its own) and the line says so."""
+    import subprocess as sp
+
+    from kgate import runner
+
+    calls = []
+
+    def fake_run(argv, **kwargs):
+        calls.append(argv)
+        folder = Path(argv[-2])
+        if argv[-1] == "cuda:1":
+            return sp.CompletedProcess(argv, 1, "", "RuntimeError: no such device")
+        (folder / "triton" / "key").mkdir(parents=True)
+        (folder / "triton" / "key" / "k.cubin").write_bytes(b"cubin")
+        return sp.CompletedProcess(argv, 0, "14 variant(s)", "")
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    monkeypatch.setattr(runner, "PRIVATE_SEED", {})
+    monkeypatch.delenv("KGATE_TRITON_EMULATION", raising=False)
+    assert runner.seed_private_folders(["cuda:0"]) is None and not calls  # not asked for
+    monkeypatch.setenv("KGATE_TRITON_EMULATION", "1")
+    assert runner.seed_private_folders(["cpu"]) is None and not calls  # no GPU
+    line = runner.seed_private_folders(["cuda:1"])
+    assert "not precompiled" in line and "no such device" in line and runner.PRIVATE_SEED == {}
+    line = runner.seed_private_folders(["cpu", "cuda:0"])
+    assert "1 file(s)" in line and runner.PRIVATE_SEED == {os.path.join("triton", "key", "k.cubin"): b"cubin"}
+    assert calls[-1][1:4] == ["-m", "kgate.gates.lp_triton", "warm"] and calls[-1][-1] == "cuda:0"
+    assert not Path(calls[-1][-2]).exists()  # its folder removed: the files live in this process
+    assert runner.seed_private_folders(["cuda:0"]) is None and len(calls) == 2  # once per process

@@ -40,6 +40,7 @@ from kgate.audit.evaluate import (
 )
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
+from kgate.runner import seed_private_folders
 
 
 @dataclass
@@ -200,6 +201,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     (fewer than len(pairs) when `stop_at`, a time.monotonic() deadline, passed first)."""
     progress = progress or Progress()
     cancel = cancel or threading.Event()
+    seed_private_folders(plan.devices)  # kgate's own Triton kernels, when asked for: before any worker starts
     ready: queue.Queue[tuple[Pair, dict[str, Any] | None]] = queue.Queue()
     compile_pool = ThreadPoolExecutor(max_workers=plan.compile_jobs, thread_name_prefix="kgate-compile")
 

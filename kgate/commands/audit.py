@@ -248,6 +248,12 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
             console.print(line, highlight=False)
     if args.compile_only:
         return _compile_only(console, todo, options, plan, stop_at)
+    if args.backend == "local" and todo:  # before any worker (the compile stage's run candidates' code too)
+        from kgate.runner import seed_private_folders
+
+        line = seed_private_folders(plan.devices)
+        if line and not args.quiet:
+            console.print(line, highlight=False)
     cancel = threading.Event()
     with _progress(console, len(todo), quiet=args.quiet) as progress:
         try:

@@ -21,7 +21,9 @@ Opt-in (`KGATE_TRITON_EMULATION=1`) until its speed is measured on a GPU against
 (bench/accumulation_emulation.py), with Triton's compile time per worker counted. Compiled kernels go to
 the worker's private folder (`KGATE_PRIVATE_DIR`, which kgate.runner.supervise makes for each worker and
 removes after it), not to the Triton cache the candidates' kernels share: a candidate runs in the same
-process and could otherwise leave a forged binary of kgate's kernel there for the next candidate.
+process and could otherwise leave a forged binary of kgate's kernel there for the next candidate. They
+are compiled once per run (`warm`, in a process of kgate's own, before any worker:
+kgate.runner.seed_private_folders) and the files are written into every worker's private folder.
 """
 
 from __future__ import annotations
@@ -181,3 +183,34 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc: torch.dtyp
                 BM=BM, BN=BN, BK=bk, LOG_BK=int(math.log2(bk)), BF16=bf16, enable_fp_fusion=False)
             out[b0:b0 + nb, r0:r0 + r] = pairwise(sums)
     return out.reshape(*lead, m, n)
+
+
+def warm(device: str) -> int:
+    """Compile every variant of kgate's kernels on `device` (each accumulator: pairwise with each K block,
+    sequential) into the private folder (KGATE_PRIVATE_DIR), by running each once on a tiny product.
+    Run by kgate.runner.seed_private_folders in a process of its own, before any worker: its files are
+    then written into every worker's private folder. Returns how many variants ran."""
+    from kgate.gates.accumulation import PAIRWISE, SEQUENTIAL, LowPrecisionAccumulation
+
+    runs = 0
+    for acc in (torch.float16, torch.bfloat16):
+        for k in [1 << i for i in range(int(math.log2(BK)) + 1)]:
+            a, b = torch.ones(1, k, device=device), torch.ones(k, 1, device=device)
+            matmul(a, b, acc, PAIRWISE, LowPrecisionAccumulation(acc, PAIRWISE)._pairwise, ())
+            runs += 1
+        matmul(a, b, acc, SEQUENTIAL, LowPrecisionAccumulation(acc, SEQUENTIAL)._pairwise, ())
+        runs += 1
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return runs
+
+
+if __name__ == "__main__":  # python -m kgate.gates.lp_triton warm FOLDER DEVICE
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "warm" or triton is None:
+        sys.exit("usage: python -m kgate.gates.lp_triton warm FOLDER DEVICE (Triton needed)")
+    os.environ["KGATE_PRIVATE_DIR"] = sys.argv[2]
+    from kgate.gates import lp_triton  # the kernels as the workers import them (not this __main__ copy)
+
+    print(f"{lp_triton.warm(sys.argv[3])} variant(s) compiled into {sys.argv[2]}")
