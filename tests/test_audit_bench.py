@@ -75,6 +75,7 @@ def test_throughput_times_both_modes(tmp_path):
     # the full gates again with the accumulation gate's Triton emulation asked for (on the CPU it takes the
     # torch code all the same): the same verdicts, and the setting is not left behind
     assert "Triton emulation" in triton["mode"] and triton["kernels"] == 5 and triton["differences"] == []
+    assert triton["warm"] is None and triton["warm_s"] >= 0  # no GPU: nothing of kgate's to precompile
     assert "KGATE_TRITON_EMULATION" not in os.environ
     assert standard["kernels"] == full["kernels"] == narrower["kernels"] == 5
     assert [("x 2 worker" in r["mode"], "x 1 worker" in r["mode"]) for r in prestarted] == [(True, False), (False, True)]
