@@ -360,6 +360,7 @@ class WorkerExit:
 # Files written into every worker's private folder before it starts (kgate's own compiled Triton kernels,
 # from seed_private_folders): held in this process, so no worker can change what the next one gets.
 PRIVATE_SEED: dict[str, bytes] = {}
+_SEED_TRIED: set[str] = set()  # the GPUs seed_private_folders has compiled on (or failed to): once each
 
 
 def seed_private_folders(devices: list[str]) -> str | None:
@@ -371,8 +372,9 @@ def seed_private_folders(devices: list[str]) -> str | None:
     from kgate.gates.accumulation import triton_asked
 
     gpus = [d for d in devices if d.startswith("cuda")]
-    if not triton_asked() or not gpus or PRIVATE_SEED:
-        return None
+    if not triton_asked() or not gpus or PRIVATE_SEED or gpus[0] in _SEED_TRIED:
+        return None  # (a failed attempt is not repeated: the caller's console has its line already)
+    _SEED_TRIED.add(gpus[0])
     folder = Path(tempfile.mkdtemp(prefix="kgate-seed-"))
     try:
         done = subprocess.run([sys.executable, "-m", "kgate.gates.lp_triton", "warm", str(folder), gpus[0]],

@@ -452,12 +452,14 @@ def test_kgates_triton_kernels_are_precompiled_once_only_when_asked_for_on_a_gpu
 
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
     monkeypatch.setattr(runner, "PRIVATE_SEED", {})
+    monkeypatch.setattr(runner, "_SEED_TRIED", set())
     monkeypatch.delenv("KGATE_TRITON_EMULATION", raising=False)
     assert runner.seed_private_folders(["cuda:0"]) is None and not calls  # not asked for
     monkeypatch.setenv("KGATE_TRITON_EMULATION", "1")
     assert runner.seed_private_folders(["cpu"]) is None and not calls  # no GPU
     line = runner.seed_private_folders(["cuda:1"])
     assert "not precompiled" in line and "no such device" in line and runner.PRIVATE_SEED == {}
+    assert runner.seed_private_folders(["cuda:1"]) is None and len(calls) == 1  # a failure is not tried again
     line = runner.seed_private_folders(["cpu", "cuda:0"])
     assert "1 file(s)" in line and runner.PRIVATE_SEED == {os.path.join("triton", "key", "k.cubin"): b"cubin"}
     assert calls[-1][1:4] == ["-m", "kgate.gates.lp_triton", "warm"] and calls[-1][-1] == "cuda:0"

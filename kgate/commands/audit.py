@@ -361,11 +361,13 @@ class _ConsoleProgress(SchedulerProgress):
         if self.live:
             self.bar.stop()
 
-    def _finished(self, record: dict[str, Any]) -> None:
+    def finished(self, record: dict[str, Any]) -> None:
         c = audit_report.classify(record)
         key = "not judged" if not c["judged"] else ("violation" if c["violation"] else "pass")
         with self._lock:
             self.counts[key] += 1
+            if record.get("alone"):  # no longer waiting for a whole device
+                self.counts["held for a whole device"] = max(0, self.counts.get("held for a whole device", 0) - 1)
             text = " · ".join(f"{k} {v}" for k, v in self.counts.items())
         if self.live:
             self.bar.update(self.task, advance=1, description=text)
@@ -386,12 +388,6 @@ class _ConsoleProgress(SchedulerProgress):
         elif not self.quiet:
             self.console.print(f"{'held':>10} {escape(pair.id)} ({why}: to be judged alone, with a whole device)",
                                highlight=False)
-
-    def finished(self, record: dict[str, Any]) -> None:
-        if record.get("alone"):
-            with self._lock:  # no longer waiting
-                self.counts["held for a whole device"] = max(0, self.counts.get("held for a whole device", 0) - 1)
-        self._finished(record)
 
 
 def _progress(console: Console, total: int, quiet: bool) -> _ConsoleProgress:

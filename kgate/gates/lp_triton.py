@@ -153,13 +153,15 @@ def matmul(a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, order: str, pairw
     if out.numel() == 0:
         return out.reshape(*lead, m, n)
     with _private_cache():
-        return _matmul(a, b, out, acc, order, pairwise, lead)
+        _fill(out, a, b, acc, order, pairwise)
+    return out.reshape(*lead, m, n)
 
 
-def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc: torch.dtype, order: str,
-            pairwise: Callable[[torch.Tensor], torch.Tensor], lead: tuple[int, ...]) -> torch.Tensor:
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    batch = a.shape[0]
+def _fill(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, acc: torch.dtype, order: str,
+          pairwise: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """`out` (batch, M, N) = a (batch, M, K) @ b (batch, K, N) as `matmul` says, in launches of at most
+    MAX_GRID batches and BLOCK_SUMS partial sums."""
+    (batch, m, n), k = out.shape, a.shape[-1]
     tile_grid = triton.cdiv(m, BM) * triton.cdiv(n, BN)
     bf16 = acc == torch.bfloat16
     for b0 in range(0, batch, MAX_GRID):
@@ -182,7 +184,6 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, acc: torch.dtyp
                 ra, sb, sums, r, n, k, kb, *ra.stride(), *sb.stride(),
                 BM=BM, BN=BN, BK=bk, LOG_BK=int(math.log2(bk)), BF16=bf16, enable_fp_fusion=False)
             out[b0:b0 + nb, r0:r0 + r] = pairwise(sums)
-    return out.reshape(*lead, m, n)
 
 
 def warm(device: str) -> int:
