@@ -24,7 +24,11 @@ def add_corpus_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--candidates", required=True, type=Path)
     parser.add_argument("--index", type=Path)
     parser.add_argument("-k", dest="select", help="only candidates whose id matches (like kgate audit -k)")
-    parser.add_argument("--limit", type=int, help="the first N candidates in id order")
+    parser.add_argument("--limit", type=int, help="N candidates: the first N in id order, or with --spread N spread "
+                        "evenly over it")
+    parser.add_argument("--spread", action="store_true",
+                        help="with --limit N: every (total/N)-th candidate in id order, so that the set spans the "
+                             "corpus's runs and levels instead of its first run's first problems")
     parser.add_argument("--compile-jobs", type=int)
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--out", type=Path, default=Path("kgate-bench"))
@@ -35,17 +39,25 @@ def add_corpus_args(parser: argparse.ArgumentParser) -> None:
 
 
 def select(args: argparse.Namespace) -> list[Pair]:
-    """The fixed set: every paired candidate in id order, narrowed by -k and --limit."""
+    """The fixed set: every paired candidate in id order, narrowed by -k and --limit (--spread)."""
     pairs = sorted(discover(args.problems, args.candidates, args.index), key=lambda p: p.id)
     if args.select:
         keep = matcher(args.select, [p.id for p in pairs])
         pairs = [p for p in pairs if keep(p.id)]
-    pairs = pairs[: args.limit] if args.limit else pairs
+    if args.limit and args.limit < len(pairs):
+        pairs = spread(pairs, args.limit) if args.spread else pairs[: args.limit]
     if not pairs:
         sys.exit("no candidates selected")
     if not args.keep_cache:
         shutil.rmtree(args.out / "torch_extensions", ignore_errors=True)
     return pairs
+
+
+def spread(items: list[Any], n: int) -> list[Any]:
+    """`n` of `items` at even steps from the first (all of them when there are no more than `n`)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
 
 
 def compile_stage(pairs: list[Pair], base: dict[str, Any], jobs: int, pch: bool) -> tuple[dict[str, Any], float]:

@@ -5,7 +5,10 @@
 # candidates for BUDGET seconds (default 420), finishes those in flight, and leaves the results so far
 # in $OUT/results.jsonl; exit 3 means candidates are left: bring results.jsonl back into
 # .third_party/audit-run/ and run the slice again. Exit 0 or 1: every candidate is judged.
-# `bash bench/audit_h200.sh throughput` runs bench/audit_throughput.py on LIMIT (24) candidates instead
+# `bash bench/audit_h200.sh throughput` runs bench/audit_throughput.py on LIMIT (24) candidates instead,
+# spread evenly over the corpus in id order (SPREAD= (empty): the first LIMIT, as in session 12's run;
+# those held 5 of the corpus's largest problems); its figures and every pass's records come back as
+# $OUT/throughput.json and $OUT/throughput.records.jsonl, rewritten after each pass
 # (MORE_JOBS=8: the full gates once more with 8 judges on the GPU; PRESTART=1: then each judge count again
 # with `kgate audit --prestart`; TRITON=1: then the full gates again with the accumulation gate's Triton
 # emulation, KGATE_TRITON_EMULATION=1, and any verdict that changed).
@@ -32,7 +35,7 @@ if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: th
   fi
   python3 bench/audit_throughput.py "${KEEP[@]}" --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" \
     --index "$CORPUS/index.csv" --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" \
-    --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json" \
+    --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" ${SPREAD---spread} --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json" \
     ${PCH---pch} ${MORE_JOBS:+--more-jobs "$MORE_JOBS"} ${PRESTART:+--prestart} ${TRITON:+--triton-emulation}
   exit $?
 fi

@@ -9,12 +9,18 @@ Stages, in order, on the same candidates and the same worker pool:
 Reported per mode: wall seconds, seconds per kernel (wall / kernels: what the pool delivers) and
 worker seconds per kernel (mean time one candidate holds a worker), kernels per hour, and the same
 with the compile stage's wall time added. The goal in issue 7: gates <= 5x the standard test per
-kernel, >= 3,000 kernels/hour on one H200. `--more-jobs N` times the full gates once more with N judges
-per device (the ratio stays between the first two modes, which share `--jobs`); `--prestart` times the
-full gates again with each judge count and `kgate audit --prestart`.
+kernel, >= 3,000 kernels/hour on one H200. Then, each when asked, in this order: `--triton-emulation`
+(the full gates with the accumulation gate's Triton emulation, and any verdict that changed),
+`--prestart` (the full gates with `--jobs` and `kgate audit --prestart`), `--more-jobs N` (the full gates
+with N judges per device), and with both, each N prestarted. The ratio stays between the first two
+modes, which share `--jobs`.
+
+With `--json F`, F is rewritten after every pass (`"complete": false` until the last) and every
+candidate's record of every pass goes to F's `.records.jsonl` beside it (its `pass` field names the
+mode): a run cut short keeps what it finished, and a slow candidate can be found.
 
     python bench/audit_throughput.py --problems P --candidates C [--index I] --device cuda --jobs 8 \
-        --limit 100 --out kgate-bench --json bench.json
+        --limit 100 --spread --out kgate-bench --json bench.json
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from audit_common import add_corpus_args, compile_stage, differences, select, timed_pass  # noqa: E402
@@ -33,6 +40,17 @@ from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
 from kgate.audit.scheduler import arch_list, make_plan  # noqa: E402
 from kgate.runner import seed_private_folders  # noqa: E402
+
+
+def summary(plan: Any, pairs: list[Any], compile_row: dict[str, Any], rows: list[dict[str, Any]], *,
+            complete: bool) -> dict[str, Any]:
+    """The benchmark's JSON: the figures of every pass done (`complete` once all asked for are)."""
+    standard = rows[0]["s_per_kernel"] if rows else None
+    full = rows[1]["s_per_kernel"] if len(rows) > 1 else None
+    return {"device": plan.describe(), "candidates": len(pairs), "ids": [p.id for p in pairs],
+            "compile": compile_row, "modes": rows, "complete": complete,
+            "gates_over_standard": round(full / standard, 2) if standard and full else None,
+            "goal": {"gates_over_standard_max": 5, "kernels_per_hour_min": 3000}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,42 +77,59 @@ def main(argv: list[str] | None = None) -> int:
     compile_row, compile_wall = compile_stage(pairs, base, plan.compile_jobs, args.pch)
 
     plan.compile_stage = False  # built above: the modes below time evaluation only
-    standard, _ = timed_pass(pairs, AuditOptions(gates=[], **base), plan, "standard test alone")
-    full, full_records = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), plan,
-                                    f"standard test + {len(registry.GATE_NAMES)} gates")
-    more = []
-    variants = [(jobs, False) for jobs in args.more_jobs]
-    variants += [(jobs, True) for jobs in [plan.slots * len(plan.devices), *args.more_jobs]] if args.prestart else []
-    for jobs, prestart in variants:
-        wider = make_plan(args.device, jobs, args.compile_jobs)
-        wider.compile_stage, wider.prestart = False, prestart
-        row, _ = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), wider,
-                            f"standard test + {len(registry.GATE_NAMES)} gates, {wider.describe()}")
-        more.append(row)
+    rows: list[dict[str, Any]] = []
+    records_file = args.json.with_suffix(".records.jsonl") if args.json else None
+    if records_file:
+        records_file.parent.mkdir(parents=True, exist_ok=True)
+        records_file.write_text("")
+
+    def keep(row: dict[str, Any], records: list[dict[str, Any]]) -> None:
+        """One pass done: its row, and (with --json) the figures so far and its records, written at once, so
+        that a benchmark cut short (a device lease ending) still leaves every pass it finished."""
+        row["with_compile_wall_s"] = round(row["wall_s"] + compile_wall, 2)
+        row["with_compile_s_per_kernel"] = round(row["with_compile_wall_s"] / max(1, row["kernels"]), 3)
+        row["with_compile_kernels_per_hour"] = (round(3600 * row["kernels"] / row["with_compile_wall_s"], 1)
+                                                if row["with_compile_wall_s"] else None)
+        rows.append(row)
+        if args.json:
+            args.json.write_text(json.dumps(summary(plan, pairs, compile_row, rows, complete=False), indent=1) + "\n")
+            with records_file.open("a") as out:  # each candidate's record, named by its pass
+                for record in records:
+                    out.write(json.dumps({"pass": row["mode"], **record}) + "\n")
+
+    gates = list(registry.GATE_NAMES)
+    keep(*timed_pass(pairs, AuditOptions(gates=[], **base), plan, "standard test alone"))
+    full_row, full_records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan,
+                                        f"standard test + {len(gates)} gates")
+    keep(full_row, full_records)
     if args.triton_emulation:  # the workers inherit this process's environment (kgate.audit.evaluate.worker_env)
         os.environ["KGATE_TRITON_EMULATION"] = "1"
         try:
             started = time.perf_counter()  # kgate's Triton kernels compiled once for every worker, timed apart
             warm_line = seed_private_folders(plan.devices)
             warm_s = round(time.perf_counter() - started, 2)
-            row, records = timed_pass(pairs, AuditOptions(gates=list(registry.GATE_NAMES), **base), plan,
-                                      f"standard test + {len(registry.GATE_NAMES)} gates, Triton emulation")
+            row, records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan,
+                                      f"standard test + {len(gates)} gates, Triton emulation")
         finally:
             os.environ.pop("KGATE_TRITON_EMULATION", None)
         row["differences"] = differences(full_records, records)  # none expected: the same trees
         row["warm_s"], row["warm"] = warm_s, warm_line
-        more.append(row)
-    for row in (standard, full, *more):
-        total = row["wall_s"] + compile_wall
-        row["with_compile_wall_s"] = round(total, 2)
-        row["with_compile_s_per_kernel"] = round(total / max(1, row["kernels"]), 3)
-        row["with_compile_kernels_per_hour"] = round(3600 * row["kernels"] / total, 1) if total else None
-    ratio = round(full["s_per_kernel"] / standard["s_per_kernel"], 2) if standard["s_per_kernel"] else None
-    result = {"device": plan.describe(), "candidates": len(pairs), "compile": compile_row, "modes": [standard, full, *more],
-              "gates_over_standard": ratio, "goal": {"gates_over_standard_max": 5, "kernels_per_hour_min": 3000}}
+        keep(row, records)
+    # then the judge counts: each asked count, and with --prestart every count (--jobs first) again prestarted
+    variants = [(plan.slots * len(plan.devices), True)] if args.prestart else []
+    variants += [(jobs, False) for jobs in args.more_jobs]
+    variants += [(jobs, True) for jobs in args.more_jobs] if args.prestart else []
+    for jobs, prestart in variants:
+        wider = make_plan(args.device, jobs, args.compile_jobs)
+        wider.compile_stage, wider.prestart = False, prestart
+        keep(*timed_pass(pairs, AuditOptions(gates=gates, **base), wider,
+                         f"standard test + {len(gates)} gates, {wider.describe()}"))
+    standard, full = rows[0], rows[1]
+    result = summary(plan, pairs, compile_row, rows, complete=True)
+    ratio = result["gates_over_standard"]
     print("\n| mode | kernels | wall s | s/kernel | worker s/kernel | kernels/h | with compile: s/kernel | "
           "kernels/h |\n|---|---:|---:|---:|---:|---:|---:|---:|")
-    for row in (standard, full, *more):
+    for row in rows:
         print(f"| {row['mode']} | {row['kernels']} | {row['wall_s']} | {row['s_per_kernel']} | "
               f"{row['worker_s_per_kernel']} | {row['kernels_per_hour']} | {row['with_compile_s_per_kernel']} | "
               f"{row['with_compile_kernels_per_hour']} |")

@@ -71,7 +71,14 @@ def test_throughput_times_both_modes(tmp_path):
     assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--more-jobs", "1", "--prestart",
                             "--triton-emulation", "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    standard, full, narrower, *prestarted, triton = result["modes"]
+    assert result["complete"] and len(result["ids"]) == 5
+    # in order: the two modes, Triton, --jobs prestarted, --more-jobs, --more-jobs prestarted
+    standard, full, triton, prestarted_jobs, narrower, prestarted_more = result["modes"]
+    prestarted = [prestarted_jobs, prestarted_more]
+    # every candidate's record of every pass, beside the figures, named by its pass
+    records = [json.loads(line) for line in out.with_suffix(".records.jsonl").read_text().splitlines()]
+    assert [r["pass"] for r in records[::5]] == [row["mode"] for row in result["modes"]]
+    assert {r["id"] for r in records} == set(result["ids"]) and len(records) == 5 * len(result["modes"])
     # the full gates again with the accumulation gate's Triton emulation asked for (on the CPU it takes the
     # torch code all the same): the same verdicts, and the setting is not left behind
     assert "Triton emulation" in triton["mode"] and triton["kernels"] == 5 and triton["differences"] == []
@@ -90,6 +97,29 @@ def test_throughput_times_both_modes(tmp_path):
     # ... and within the accumulation gate: its phases, and the probes it ran (none without the gates)
     assert full["accumulation_phases"]["probes"] >= 1 and "pairwise" in full["accumulation_phases"]
     assert standard["accumulation_phases"] == {}
+
+
+def test_a_throughput_run_cut_short_keeps_the_passes_it_finished(tmp_path, monkeypatch):
+    throughput, common = _load("audit_throughput"), _load("audit_common")
+    real, passes = throughput.timed_pass, []
+
+    def second_pass_dies(*args, **kwargs):
+        if passes:
+            raise KeyboardInterrupt  # the lease ends in the second pass
+        passes.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(throughput, "timed_pass", second_pass_dies)
+    out = tmp_path / "t.json"
+    with pytest.raises(KeyboardInterrupt):
+        throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--out", str(tmp_path / "o"),
+                         "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert not result["complete"] and [r["mode"] for r in result["modes"]] == ["standard test alone"]
+    assert result["gates_over_standard"] is None
+    assert len(out.with_suffix(".records.jsonl").read_text().splitlines()) == 5
+    # --spread: a set that spans the list, not its head
+    assert common.spread(list(range(10)), 3) == [0, 3, 6] and common.spread([1, 2], 5) == [1, 2]
 
 
 def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_current_code(monkeypatch, capsys):
