@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     compile_jobs = args.compile_jobs or 8
     base: dict[str, Any] = dict(out_dir=args.out, timeout=args.timeout,
                                 arch_list=arch_list(names) if args.device == "cuda" else None,
-                                threads=1 if args.device == "cpu" else None, pch=args.pch)
+                                pch=args.pch)  # torch threads: run_local shares the cores among each run's judges
     if args.memory:
         from kgate.manifest import parse_memory
 

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     pairs = select(args)
     plan = make_plan(args.device, args.jobs, args.compile_jobs)
     base = dict(out_dir=args.out, timeout=args.timeout, arch_list=arch_list(plan.devices),
-                threads=1 if plan.devices == ["cpu"] else None, pch=args.pch)
+                pch=args.pch)  # torch threads: run_local shares the cores among each pass's judges
     print(f"{len(pairs)} candidate(s); {plan.describe()}", flush=True)
     compile_row, compile_wall = compile_stage(pairs, base, plan.compile_jobs, args.pch)
 

@@ -130,6 +130,17 @@ def read_judged(text: str) -> dict[str, dict[str, GateResult]]:
     return judged
 
 
+def threads_per_worker(workers: int) -> int | None:
+    """torch's CPU threads for each of `workers` worker processes judging at once: the cores shared out,
+    or None (torch's default, one thread per core) for a lone worker. Each worker would otherwise start
+    one thread per core, and side by side they slow each other down many times over (seen with two
+    workers on two cores: a gate past its 20-minute limit). On a GPU too: their CPU work (KernelBench's
+    inputs, a float64 oracle moved to the CPU, CPU references) runs at the same time."""
+    if workers <= 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 class Runner:
     def __init__(self, manifest: LoadedManifest, kernels: list[ResolvedKernel], options: RunOptions,
                  events: Events | None = None, results_path: Path | None = None):
@@ -235,13 +246,9 @@ class Runner:
         self.events.kernel_finished(outcome)
         return outcome
 
-    def _cpu_threads(self, device: str) -> int | None:
-        """torch threads per worker on the CPU when several run at once: the cores shared out (each worker
-        would otherwise start one thread per core, and the workers then slow each other down many times
-        over; seen with two workers on two cores: a gate past its 20-minute limit)."""
-        if device != "cpu" or self.options.jobs <= 1:
-            return None
-        return max(1, (os.cpu_count() or 1) // self.options.jobs)
+    def _threads(self) -> int | None:
+        """torch threads per worker: the cores shared out among the workers judging at once."""
+        return threads_per_worker(self.options.jobs)
 
     def _judge(self, kernel: ResolvedKernel, device: str, gates: list[str], log_path: Path,
                results: dict[str, GateResult]) -> tuple[list[str], int]:
@@ -253,7 +260,7 @@ class Runner:
                "kernel": kernel.name, "device": device, "memory": memory, "timeout": timeout,
                "seeds": self.options.seeds, "dtypes": self.options.dtypes,
                "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None,
-               "threads": self._cpu_threads(device)}
+               "threads": self._threads()}
 
         def record(result: GateResult) -> None:
             with self._lock:

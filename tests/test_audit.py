@@ -549,6 +549,31 @@ def test_gpu_oom_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
     assert "retried_alone" not in by_id["small"]
 
 
+def test_judges_sharing_a_machine_share_its_cores(monkeypatch, tmp_path):
+    """Each worker gets its share of the cores for torch's threads, on GPUs as on the CPU: 8 judges each
+    taking all 16 cores (torch's default) ran their CPU work 8x oversubscribed. A caller's choice stands."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    seen = []
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+        seen.append(options.threads)
+        return {"id": pair.id, "oom": False, "gates": [], "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    pairs = [Pair("a", CORPUS / "x.py", None)]
+    for devices, slots, threads, expected in [(["cuda:0"], 8, None, 2), (["cuda:0", "cuda:1"], 3, None, 2),
+                                              (["cpu"], 4, None, 4), (["cuda:0"], 1, None, None),
+                                              (["cuda:0"], 8, 5, 5)]:
+        seen.clear()
+        plan = scheduler.Plan(devices=devices, slots=slots, compile_jobs=1, compile_stage=False)
+        assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path, threads=threads), plan,
+                                   lambda r: None) == 1
+        assert seen == [expected], (devices, slots)
+
+
 def test_host_memory_limit_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
     """A worker killed at its host memory limit while it shared the GPU (its float64 oracle did not fit in
     its share and moved to the CPU) is judged again with the whole GPU, like an out-of-memory error."""

@@ -202,13 +202,12 @@ def test_sigterm_stops_kgate_and_its_workers(tmp_path, jobs):
                 os.killpg(pid, signal.SIGKILL)
 
 
-def test_cpu_workers_side_by_side_share_the_cores(monkeypatch):
+def test_workers_side_by_side_share_the_cores(monkeypatch):
     manifest = load(DATA / "hostile" / "kgate.yaml")
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert Runner(manifest, manifest.kernels, RunOptions(jobs=4))._cpu_threads("cpu") == 4
-    assert Runner(manifest, manifest.kernels, RunOptions(jobs=32))._cpu_threads("cpu") == 1
-    assert Runner(manifest, manifest.kernels, RunOptions(jobs=1))._cpu_threads("cpu") is None  # torch's default
-    assert Runner(manifest, manifest.kernels, RunOptions(jobs=4))._cpu_threads("cuda:0") is None
+    assert Runner(manifest, manifest.kernels, RunOptions(jobs=4))._threads() == 4
+    assert Runner(manifest, manifest.kernels, RunOptions(jobs=32))._threads() == 1
+    assert Runner(manifest, manifest.kernels, RunOptions(jobs=1))._threads() is None  # torch's default
 
 
 def test_a_cpu_worker_is_limited_beyond_the_address_space_its_runtime_maps():

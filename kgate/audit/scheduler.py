@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kgate.audit.evaluate import (
@@ -40,7 +40,7 @@ from kgate.audit.evaluate import (
 )
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
-from kgate.runner import seed_private_folders
+from kgate.runner import seed_private_folders, threads_per_worker
 
 
 @dataclass
@@ -50,6 +50,11 @@ class Plan:
     compile_jobs: int
     compile_stage: bool = True
     prestart: bool = False  # twice the workers per device, `slots` of them judging (kgate.audit.turns)
+
+    def threads(self) -> int | None:
+        """torch's CPU threads per worker: this machine's cores shared among the workers judging at once
+        (kgate.runner.threads_per_worker; a prestarted worker waits idle, so it takes no share)."""
+        return threads_per_worker(self.slots * len(self.devices))
 
     def describe(self) -> str:
         return (f"{len(self.devices)} device(s) ({', '.join(self.devices)}) x {self.slots} worker(s), "
@@ -201,6 +206,8 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     (fewer than len(pairs) when `stop_at`, a time.monotonic() deadline, passed first)."""
     progress = progress or Progress()
     cancel = cancel or threading.Event()
+    if options.threads is None:  # unless the caller chose: the cores shared among this plan's judges
+        options = replace(options, threads=plan.threads())
     seed_private_folders(plan.devices)  # kgate's own Triton kernels, when asked for: before any worker starts
     ready: queue.Queue[tuple[Pair, dict[str, Any] | None]] = queue.Queue()
     compile_pool = ThreadPoolExecutor(max_workers=plan.compile_jobs, thread_name_prefix="kgate-compile")

@@ -80,7 +80,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="auto, cpu, cuda (every visible GPU) or cuda:N (default auto)")
     p.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="candidates evaluated at once (default: one per GPU; on the CPU half the cores, at most 4); "
-                        "several per GPU share its memory in equal parts")
+                        "several per GPU share its memory in equal parts, and all share the machine's cores (torch's CPU "
+                        "threads)")
     p.add_argument("--prestart", action="store_true",
                    help="start each device's next workers while --jobs others judge (Python, torch and a CUDA "
                         "context take seconds per candidate, the GPU idle meanwhile): twice the worker "
@@ -229,8 +230,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     options = AuditOptions(gates=gate_names, out_dir=out, timeout=args.timeout, memory=memory,
                            compile_timeout=args.compile_timeout, seed=args.seed, work_elements=args.work_elements,
                            repro_args=repro_args(args, problems, candidates, index),
-                           threads=max(1, (_cpus() // (plan.slots * len(plan.devices)))) if plan.devices == ["cpu"]
-                           else None,
+                           # local: run_local shares the cores among the judges; Ray's CPU workers as before
+                           threads=plan.threads() if args.backend == "ray" and plan.devices == ["cpu"] else None,
                            arch_list=None if args.backend == "ray" else arch_list(plan.devices),
                            pch=args.pch and args.backend == "local")
     if not args.quiet:
@@ -325,12 +326,6 @@ def _compile_only(console: Console, todo: list, options: AuditOptions, plan: Pla
                   f"started (--max-time) in {time.monotonic() - start:.0f} s; cache: {options.out_dir}",
                   highlight=False)
     return EXIT_INCOMPLETE if counts["not started"] else 0
-
-
-def _cpus() -> int:
-    import os
-
-    return os.cpu_count() or 1
 
 
 def _console() -> Console:

@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", metavar="SIZE", help="memory limit per worker, e.g. 8GiB")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="workers at once (default 1): kernels judged in parallel; with fewer kernels than N, "
-                        "each kernel's gates are spread over N // kernels workers")
+                        "each kernel's gates are spread over N // kernels workers; N workers share the cores (torch's "
+                        "CPU threads)")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML here")
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")
     p.add_argument("--out", metavar="DIR", default="kgate-out",
