@@ -510,19 +510,24 @@ class EventLines:
         self.limit = MAX_EVENT_BYTES if limit is None else limit
         self._parts: list[bytes] = []
         self._size = 0
+        self._dropping = False  # the line being read grew past the limit: all of it is dropped, to its end
 
     def feed(self, chunk: bytes) -> list[bytes]:
         *complete, rest = chunk.split(b"\n")
         out = []
         if complete:
-            out.append(b"".join([*self._parts, complete[0]]))
+            if not self._dropping:
+                out.append(b"".join([*self._parts, complete[0]]))
             out.extend(complete[1:])
-            self._parts, self._size = [], 0
-        if rest:
+            self._parts, self._size, self._dropping = [], 0, False
+        if rest and not self._dropping:
             self._parts.append(rest)
             self._size += len(rest)
             if self._size > self.limit:
-                self._parts, self._size = [], 0  # the rest of that line, when it ends, fails to parse
+                # Its tail is dropped too, not handed on as a line of its own: a tail that starts where a
+                # read happened to end would be a well-formed event after the garbage (a result forged, or
+                # the flooding worker's own result, which its garbage must cost it).
+                self._parts, self._size, self._dropping = [], 0, True
         return out
 
 
