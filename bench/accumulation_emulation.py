@@ -35,9 +35,10 @@ import torch
 from kgate.gates import accumulation, lp_triton
 
 
-def _time(fn, device: torch.device, repeat: int) -> tuple[float, torch.Tensor]:
-    """The best of `repeat` calls, and the last output; the first call's time goes to FIRST_CALL."""
-    best, out = float("inf"), None
+def _time(fn, device: torch.device, repeat: int) -> tuple[float, float, torch.Tensor]:
+    """The best of `repeat` calls, the first call's time (a Triton kernel's compile included), and the last
+    output."""
+    best, first, out = float("inf"), 0.0, None
     for i in range(repeat):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -47,12 +48,9 @@ def _time(fn, device: torch.device, repeat: int) -> tuple[float, torch.Tensor]:
             torch.cuda.synchronize(device)
         took = time.perf_counter() - start
         if i == 0:
-            FIRST_CALL[0] = took
+            first = took
         best = min(best, took)
-    return best, out
-
-
-FIRST_CALL = [0.0]  # the last timing's first call (a Triton kernel's compile included)
+    return best, first, out
 
 
 def _baseline(path: Path | None):
@@ -96,12 +94,12 @@ def main() -> int:
                 times, outs = [], []
                 for make in (baseline, accumulation.LowPrecisionAccumulation):
                     mode = make(acc, order)
-                    t, out = _time(lambda mode=mode, a=a, b=b: mode.lp_matmul(a, b), device, args.repeat)
+                    t, first, out = _time(lambda mode=mode, a=a, b=b: mode.lp_matmul(a, b), device, args.repeat)
                     times.append(t)
                     outs.append(out)
                 differ = int((outs[0] != outs[1]).sum())
                 print(f"{size:>18} {order:>10} {str(acc).removeprefix('torch.'):>9} {times[0]:10.3f} {times[1]:10.3f} "
-                      f"{times[0] / times[1]:6.1f} {differ:7d} {FIRST_CALL[0]:8.3f}", flush=True)
+                      f"{times[0] / times[1]:6.1f} {differ:7d} {first:8.3f}", flush=True)
                 for log2 in filter(None, args.chunks.split(",")):
                     t, out = _chunked(int(log2), device, acc, order, a, b, args.repeat)
                     print(f"{'':>18} {'':>10} {'chunk 2^' + log2:>9} {'':>10} {t:10.3f} {times[1] / t:6.1f} "
@@ -118,7 +116,8 @@ def _chunked(log2: int, device: torch.device, acc: torch.dtype, order: str, a: t
     lp_triton.triton = None
     try:
         mode = accumulation.LowPrecisionAccumulation(acc, order)
-        return _time(lambda: mode.lp_matmul(a, b), device, repeat)
+        best, _, out = _time(lambda: mode.lp_matmul(a, b), device, repeat)
+        return best, out
     finally:
         setattr(accumulation, name, kept)
         lp_triton.triton = kept_triton

@@ -248,8 +248,8 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
 
     def shared(device: str) -> None:
         lease = leases[device]
-        gpu = device.startswith("cuda")
-        fraction = round(0.95 / plan.slots, 4) if gpu and plan.slots > 1 else None
+        sharing_gpu = device.startswith("cuda") and plan.slots > 1
+        fraction = round(0.95 / plan.slots, 4) if sharing_gpu else None
         turns = {"path": str(turn_folder(options.out_dir, device)), "count": plan.slots} if plan.prestart else None
         while not cancel.is_set():
             with lock:
@@ -263,7 +263,6 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 except queue.Empty:
                     if cancel.is_set():
                         return
-            sharing_gpu = gpu and plan.slots > 1
             if sharing_gpu and whole.known(pair):
                 hold(pair, outcome, HELD_PROBLEM)
                 continue

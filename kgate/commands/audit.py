@@ -362,8 +362,8 @@ class _ConsoleProgress(SchedulerProgress):
         with self._lock:
             self.counts[key] += 1
             if record.get("alone"):  # no longer waiting for a whole device
-                self.counts["held for a whole device"] = max(0, self.counts.get("held for a whole device", 0) - 1)
-            text = " · ".join(f"{k} {v}" for k, v in self.counts.items())
+                self._count_held(-1)
+            text = self._text()
         if self.live:
             self.bar.update(self.task, advance=1, description=text)
         elif not self.quiet:
@@ -372,17 +372,26 @@ class _ConsoleProgress(SchedulerProgress):
             self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; violated: {gates}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
 
+    def _count_held(self, change: int) -> None:
+        self.counts[HELD] = max(0, self.counts.get(HELD, 0) + change)
+
+    def _text(self) -> str:
+        return " · ".join(f"{k} {v}" for k, v in self.counts.items())
+
     def held(self, pair: Any, why: str) -> None:
         """A candidate waiting for a whole device: counted on the bar (else one line), so a run whose last
         minutes go to such candidates one at a time says why."""
         with self._lock:
-            self.counts["held for a whole device"] = self.counts.get("held for a whole device", 0) + 1
-            text = " · ".join(f"{k} {v}" for k, v in self.counts.items())
+            self._count_held(+1)
+            text = self._text()
         if self.live:
             self.bar.update(self.task, description=text)
         elif not self.quiet:
             self.console.print(f"{'held':>10} {escape(pair.id)} ({why}: to be judged alone, with a whole device)",
                                highlight=False)
+
+
+HELD = "held for a whole device"  # the console's count of candidates waiting for one
 
 
 def _progress(console: Console, total: int, quiet: bool) -> _ConsoleProgress:

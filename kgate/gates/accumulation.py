@@ -78,8 +78,8 @@ aten = torch.ops.aten
 
 
 def triton_asked() -> bool:
-    """KGATE_TRITON_EMULATION=1: the emulated matrix products in Triton on a GPU (kgate.gates.lp_triton),
-    opt-in until measured against the torch code."""
+    """KGATE_TRITON_EMULATION=1: the emulated matrix products in Triton on a GPU (kgate.gates.lp_triton;
+    opt-in, its module docstring says why)."""
     return os.environ.get("KGATE_TRITON_EMULATION") == "1"
 
 

@@ -3,8 +3,9 @@
 The same trees as the gate's torch code, bit for bit, in a few launches where the torch code launches
 thousands of small kernels (a product of 512 x 8192 by 8192 x 8192 materialises 3.4e10 products in
 hundreds of chunks, each summed level by level; a running sum of K steps launches a handful of kernels
-per step). Used on a GPU when Triton is importable; the torch code stays the reference (and the CPU's
-path), and tests compare the two bit for bit (in the Triton interpreter on the CPU, for real on a GPU).
+per step). Used on a GPU when asked for (below) and Triton is importable; the torch code stays the
+reference (and the CPU's path), and tests compare the two bit for bit (in the Triton interpreter on the
+CPU, for real on the H200, where they pass).
 
 - Pairwise order: each program computes the products of a (BM x BK) block of `a` and a (BK x BN) block
   of `b` in float32, rounds them to the accumulator's dtype, and sums each output's BK products as a
@@ -17,8 +18,10 @@ path), and tests compare the two bit for bit (in the Triton interpreter on the C
   The kernel is compiled without floating-point contraction: a fused multiply-add would skip the
   product's own rounding, which the torch code performs.
 
-Opt-in (`KGATE_TRITON_EMULATION=1`) until its speed is measured on a GPU against the torch code
-(bench/accumulation_emulation.py), with Triton's compile time per worker counted. Compiled kernels go to
+Opt-in (`KGATE_TRITON_EMULATION=1`): on the H200 the whole accumulation gate took 4 % of an audit's
+worker time on a quiet machine (docs/audit/README.md, "The ninth lease"), so no speed-up here could move
+an audit's throughput by more; its own speed against the torch code (bench/accumulation_emulation.py)
+is not measured yet. Compiled kernels go to
 the worker's private folder (`KGATE_PRIVATE_DIR`, which kgate.runner.supervise makes for each worker and
 removes after it), not to the Triton cache the candidates' kernels share: a candidate runs in the same
 process and could otherwise leave a forged binary of kgate's kernel there for the next candidate. They
