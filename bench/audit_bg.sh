@@ -12,7 +12,10 @@
 #   bash bench/audit_bg.sh go      let the judging start (the GPU is free for it); builds not done by then
 #                                  are made by the audit itself as it judges
 #   bash bench/audit_bg.sh collect [WAIT_S]   wait up to WAIT_S (default 0) for the audit to end, then copy
-#                                  results.jsonl, driver.log and the audit's output into $OUT
+#                                  results.jsonl, driver.log and the audit's output into $OUT; no waiting when
+#                                  no driver runs (exit 3 when this machine never had one: a fresh machine)
+#   Each device call is best `start; collect WAIT_S`: `start` on the warm machine only says the driver runs,
+#   and on a fresh one (the warm one given back between calls) resumes from the carried results
 #   bash bench/audit_bg.sh stop    end the audit now (finished records kept; `collect` after it), freeing
 #                                  the machine for a measurement
 #
@@ -125,14 +128,25 @@ stop)
 collect)
   wait_s=${2:-0}
   end=$(( $(date +%s) + wait_s ))
-  while [ ! -f "$WORK/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  driving() { [ -f "$WORK/driver.pid" ] && alive "$(cat "$WORK/driver.pid")"; }
+  if [ ! -f "$WORK/DONE" ] && ! driving; then
+    # nothing to wait for: a fresh machine (the warm one was given back between calls, and this one has no
+    # audit), or a driver that died without finishing; waiting would only spend the lease
+    if [ -f "$WORK/driver.pid" ]; then
+      echo "audit: the driver (pid $(cat "$WORK/driver.pid")) ended without finishing; see audit-driver.log"
+    else
+      echo "audit: no audit on this machine (a fresh one?); 'start' again resumes from the carried results" >&2
+      exit 3
+    fi
+  fi
+  while [ ! -f "$WORK/DONE" ] && driving && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
   dest=${OUT:-.}
   for f in results.jsonl driver.log audit.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$dest/audit-$f"; done
   for side in first then; do
     for f in "$WORK/$side"/*; do [ -f "$f" ] && cp "$f" "$dest/$side-$(basename "$f")"; done
   done
   echo "audit: $(cat "$WORK/results.jsonl" 2>/dev/null | wc -l) record(s); $( [ -f "$WORK/DONE" ] && echo done || echo running)"
-  tail -5 "$WORK/driver.log" 2>/dev/null
+  tail -5 "$WORK/driver.log" 2>/dev/null || true
   ;;
 *)
   echo "usage: bash bench/audit_bg.sh start|go|stop|collect [WAIT_S]" >&2; exit 2

@@ -219,3 +219,29 @@ def test_the_background_audit_judges_with_the_kgate_it_is_given_then_runs_the_fo
         assert (out / f"{side}-source.txt").read_text().strip() == kgate_stamp()["source"]
     log = (out / "audit-driver.log").read_text()
     assert log.index("first: rc=0") < log.index("audit: start") < log.index("then: rc=0"), log
+
+
+def test_collecting_where_no_audit_runs_does_not_wait(tmp_path):
+    """Session 13 lost 235 s of a 1,800 s lease: the warm machine was given back between two calls, and
+    `collect 235` on the fresh one waited its whole time for an audit that was not there. It now says so at
+    once (exit 3, fresh machine), and does not wait on a driver that died before finishing either."""
+    import os
+    import subprocess
+    import time
+
+    work = tmp_path / "work"
+    env = {**os.environ, "KGATE_AUDIT_WORK": str(work), "OUT": str(tmp_path)}
+    script = ["bash", str(ROOT / "bench/audit_bg.sh"), "collect", "60"]
+    started = time.monotonic()
+    fresh = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert fresh.returncode == 3 and "no audit on this machine" in fresh.stderr, fresh.stdout + fresh.stderr
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    work.mkdir()
+    (work / "driver.pid").write_text(f"{dead.pid}\n")
+    (work / "results.jsonl").write_text('{"id": "a"}\n')
+    ended = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+    assert ended.returncode == 0 and "ended without finishing" in ended.stdout, ended.stdout + ended.stderr
+    assert "audit: 1 record(s); running" in ended.stdout
+    assert (tmp_path / "audit-results.jsonl").read_text() == '{"id": "a"}\n'
+    assert time.monotonic() - started < 30  # neither waited its 60 s
