@@ -12,7 +12,7 @@ import torch
 
 from kgate.gates import bounds as bounds_module
 from kgate.gates.bounds import Bounds, guard_args
-from kgate.gates.initialization import NAN_BYTE
+from kgate.gates.initialization import NAN_BYTE, SENTINEL_BYTE
 from kgate.inputs import Case
 from tests.gate_harness import check, subject_for
 
@@ -191,3 +191,37 @@ def test_triton_store_without_mask_is_caught_in_the_interpreter(tmp_path):
     assert bad.verdict == "fail" and "past its last element" in bad.message
     assert "torch.empty_like" in bad.where
     assert good.verdict == "pass", good.message
+
+
+def test_a_kernel_with_few_distinct_results_is_not_called_an_out_of_bounds_reader(tmp_path):
+    """The demo's softmax_atomic_order sums in an order drawn per call; at 1 x 128 it has few distinct
+    results, and with the generator where the distributions gate left it, the one extra run the gates made
+    matched the first by chance: bounds (and initialization) called it an out-of-bounds reader."""
+    from kgate.cli import main
+    from kgate.report import Report
+
+    demo = str(bounds_module.Path(__file__).resolve().parents[1] / "examples" / "kgate.yaml")
+    main(["run", demo, "-q", "-k", "softmax-atomic-order", "--device", "cpu", "--json", str(tmp_path / "r.json"),
+          "--out", str(tmp_path / "o"), "--gate", "distributions,bounds,initialization"])
+    [kernel] = Report.read(tmp_path / "r.json").kernels
+    verdicts = {g.gate: (g.verdict, g.message) for g in kernel.gates}
+    assert verdicts["bounds"][0] == "pass" and "not deterministic" in verdicts["bounds"][1], verdicts
+    assert verdicts["initialization"][0] == "pass", verdicts
+
+
+@pytest.mark.parametrize("script, follows", [
+    ({NAN_BYTE: ["a"] * 3, SENTINEL_BYTE: ["b"] * 3}, True),          # each filling its own result: read
+    ({NAN_BYTE: ["a", "a"], SENTINEL_BYTE: ["a"]}, False),            # a filling gives the other's result
+    ({NAN_BYTE: ["a"], SENTINEL_BYTE: ["c"]}, False),                 # one filling, two results
+    ({NAN_BYTE: ["a", "a", "a"], SENTINEL_BYTE: ["b", "b", "d"]}, False),  # late, still chance
+])
+def test_outputs_follow_the_filling_only_when_every_run_of_each_filling_agrees(script, follows):
+    from kgate.gates.initialization import follows_filling
+
+    value = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+    calls = {NAN_BYTE: iter(script[NAN_BYTE]), SENTINEL_BYTE: iter(script[SENTINEL_BYTE])}
+
+    def run(byte):
+        return [("out", torch.tensor([value[next(calls[byte])]]))]
+
+    assert follows_filling(run, [("out", torch.tensor([1.0]))], [("out", torch.tensor([2.0]))]) is follows
