@@ -940,6 +940,35 @@ def test_the_summary_reads_the_candidates_as_given_with_shapes_and_layouts_aside
     assert s["violation_as_given_pct"] == 75.0
 
 
+def test_a_memory_limit_below_the_workers_start_judges_nothing_and_says_why(tmp_path):
+    """A --memory under what the worker needs before the candidate loads: the standard test records the
+    candidate as never loaded (compiled False), which used to count as a crash, so such a candidate was
+    "judged" with no violation: `pass`, exit 0, even with a syntax error. It is not judged, and the
+    console says why."""
+    from kgate.audit.report import LIMITED, classify, not_judged_reason
+    from kgate.runner import MEMORY_LIMIT
+
+    limit = f"{MEMORY_LIMIT} 200 MiB (resident 203 MiB)"
+    record = _fake_record("tiny-limit", [_fake_gate("contract", "error", True, message=f"not run: {limit} earlier")],
+                          error=limit, standard={"verdict": "error", "compiled": False})
+    c = classify(record)
+    assert not c["judged"] and c["limited"] and not_judged_reason(record, c) == LIMITED
+    s = summarize([record], ["contract"])
+    assert (s["judged"], s["all_gates_pass"], s["not_judged_reasons"]) == (0, 0, {LIMITED: 1})
+    never_loaded = _fake_record("syntax", [_fake_gate("contract", "error", True, message="not run: could not load")],
+                                standard={"verdict": "error", "compiled": False})
+    assert classify(never_loaded)["judged"] and classify(never_loaded)["broken"]  # without a limit: a crash
+    out = tmp_path / "o"
+    code = kgate_main(["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
+                       "--device", "cpu", "-k", "19_ReLU and (syntax or not __)", "--gate", "contract",
+                       "--memory", "150MiB", "--out", str(out)])
+    assert code == 2  # no candidate could be judged
+    from kgate.audit.results import ResultsFile
+
+    records = ResultsFile(out / "results.jsonl").read()
+    assert len(records) == 2 and all(not classify(r)["judged"] for r in records.values())
+
+
 def test_the_summary_sets_apart_candidates_stopped_at_kgates_memory_limits():
     """Out of GPU memory with the whole GPU, or killed at the host memory limit, with nothing else
     wrong: most likely kgate's float64 oracle, so not judged (under that reason) rather than a crash. A

@@ -76,7 +76,9 @@ def _violations(record: dict[str, Any]) -> list[dict[str, Any]]:
 def classify(record: dict[str, Any]) -> dict[str, Any]:
     violations = _violations(record)
     standard = record.get("standard") or {}
-    crashed = (bool(record.get("error")) and not _at_limit(record["error"])) or standard.get("compiled") is False
+    # a candidate that never loaded crashed, unless kgate's memory limit stopped its worker first (a limit
+    # below the worker's own start: nothing of the candidate's ran)
+    crashed = not _at_limit(record.get("error")) and (bool(record.get("error")) or standard.get("compiled") is False)
     tamper = bool(record.get("tamper"))
     limited = (_at_limit(record.get("error"))
                or any(g["verdict"] == "error" and _at_limit(g["message"]) for g in record["gates"]))
@@ -108,6 +110,15 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
         "problem_failed": problem_failed,
         "violated_gates": [g["gate"] for g in violations],
     }
+
+
+def not_judged_reason(record: dict[str, Any], classes: dict[str, Any] | None = None) -> str:
+    """Why a candidate that `classify` did not judge has no verdict ("" when it was judged)."""
+    c = classes or classify(record)
+    if c["judged"]:
+        return ""
+    return (record.get("problem_error") or record.get("environment_error") or (LIMITED if c["limited"] else "")
+            or (REFERENCE_FAILED if c["problem_failed"] else "") or "no reason recorded")
 
 
 def _pct(n: int, d: int) -> float:
@@ -184,9 +195,7 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str], selected: in
     return {
         "candidates": len(records), "judged": n, "not_judged": len(records) - n,
         "pending": max(0, (selected or 0) - len(records)),
-        "not_judged_reasons": dict(Counter((r.get("problem_error") or r.get("environment_error")
-                                            or (LIMITED if c["limited"] else "")
-                                            or (REFERENCE_FAILED if c["problem_failed"] else ""))[:120]
+        "not_judged_reasons": dict(Counter(not_judged_reason(r, c)[:120]
                                            for r, c in classes if not c["judged"]).most_common(10)),
         "stopped_at_limits": sum(c["limited"] for _, c in classes),
         "standard_accepts": accept, "standard_accepts_pct": _pct(accept, n),
@@ -253,6 +262,7 @@ def write_json(path: Path, records: list[dict[str, Any]], summary: dict[str, Any
 # -- console ------------------------------------------------------------------------------------------
 
 def render(console: Any, summary: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     n = summary["judged"]
@@ -285,7 +295,9 @@ def render(console: Any, summary: dict[str, Any]) -> None:
                   str(row["skip"]), f"{row['failure_rate']:.1f}", f"{row['failure_rate_on_data']:.1f}")
     console.print(g)
     if summary["not_judged"]:
-        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, no CUDA here, stopped at kgate's memory limits, or the problem's own code raised in the gates)[/]")
+        console.print(f"[yellow]{summary['not_judged']} candidate(s) not judged (problem unusable or unpaired, no CUDA here, stopped at kgate's memory limits, or the problem's own code raised in the gates):[/]")
+        for reason, count in summary["not_judged_reasons"].items():
+            console.print(f"  {count} x {escape(reason)}", highlight=False)
     if summary["internal_errors"]:
         console.print(f"[yellow]{summary['internal_errors']} candidate(s) hit a kgate internal error in some gate "
                       "(not counted as violations; see the JSON report)[/]")

@@ -368,8 +368,9 @@ class _ConsoleProgress(SchedulerProgress):
             self.bar.update(self.task, advance=1, description=text)
         elif not self.quiet:
             std = (record.get("standard") or {}).get("verdict", "-")
-            gates = ",".join(c["violated_gates"]) or "-"
-            self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; violated: {gates}; "
+            said = (f"violated: {','.join(c['violated_gates']) or '-'}" if c["judged"]
+                    else f"why: {audit_report.not_judged_reason(record, c)[:160]}")
+            self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; {escape(said)}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
 
     def _count_held(self, change: int) -> None:
