@@ -91,8 +91,13 @@ def problem_key(candidate: Path) -> str:
 
 
 def _python_files(root: Path) -> list[Path]:
-    return sorted(p for p in root.rglob("*.py") if p.is_file() and "__pycache__" not in p.parts
-                  and not p.name.startswith("."))
+    """The .py files under `root`, hidden folders (.ipynb_checkpoints, .git), __pycache__ and package
+    markers (__init__.py) left out: none of them is a problem or a candidate."""
+    def kept(p: Path) -> bool:
+        parts = p.relative_to(root).parts
+        return (p.is_file() and p.name != "__init__.py"
+                and not any(part.startswith(".") or part == "__pycache__" for part in parts))
+    return sorted(p for p in root.rglob("*.py") if kept(p))
 
 
 def _candidate_id(path: Path, root: Path) -> str:
@@ -133,14 +138,17 @@ def discover(problems: Path, candidates: Path, index: Path | None = None) -> lis
     return pairs
 
 
-def read_index(path: Path) -> list[dict[str, str]]:
-    """Rows of an index file: JSON (a list of objects, or {candidate: problem}) or CSV with a header."""
+def read_index(path: Path) -> list[tuple[str, dict[str, str]]]:
+    """Rows of an index file, each with where it is for messages (a JSON entry's number, a CSV row's line):
+    JSON (a list of objects, or {candidate: problem}; a file named .json or whose text starts with `[` or
+    `{`) or CSV with a header naming `candidate` and `problem`."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a spreadsheet's byte-order mark is not a column name
+    except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--index {path}: cannot read: {exc}") from None
     rows: list[dict[str, str]]
-    if path.suffix.lower() == ".json":
+    is_json = path.suffix.lower() == ".json" or text.lstrip()[:1] in ("[", "{")
+    if is_json:
         try:
             data = json.loads(text)
         except ValueError as exc:
@@ -153,12 +161,22 @@ def read_index(path: Path) -> list[dict[str, str]]:
             raise UsageError(f"--index {path}: expected a list of {{\"candidate\": ..., \"problem\": ...}} objects "
                              "or one {candidate: problem} object")
     else:
-        rows = [dict(r) for r in csv.DictReader(text.splitlines())]
-    for i, row in enumerate(rows):
+        reader = csv.DictReader(text.splitlines())
+        header = [name.strip() for name in reader.fieldnames or []]
+        if "candidate" not in header or "problem" not in header:
+            raise UsageError(f"--index {path}: line 1 must be a comma-separated header naming the columns "
+                             f"'candidate' and 'problem' (found {header}); or give a JSON list of objects")
+        reader.fieldnames = header
+        rows = []
+        for i, r in enumerate(reader):
+            if None in r:
+                raise UsageError(f"--index {path}: line {i + 2} has more fields than the header ({len(header)})")
+            rows.append({k: v.strip() if isinstance(v, str) else v for k, v in r.items()})
+    located = [(f"entry {i + 1}" if is_json else f"line {i + 2}", row) for i, row in enumerate(rows)]
+    for where, row in located:
         if not row.get("candidate") or not row.get("problem"):
-            where = f"row {i + 1}" if path.suffix.lower() == ".json" else f"line {i + 2}"
             raise UsageError(f"--index {path}: {where} needs both 'candidate' and 'problem' (got {row})")
-    return rows
+    return located
 
 
 def _locate(text: str, bases: list[Path]) -> Path | None:
@@ -173,13 +191,12 @@ def _locate(text: str, bases: list[Path]) -> Path | None:
 
 
 def _pairs_from_index(path: Path, problems: Path, candidates: Path) -> list[Pair]:
-    rows = read_index(path)
     pairs: list[Pair] = []
-    seen: dict[str, int] = {}
-    for i, row in enumerate(rows):
+    seen: dict[str, str] = {}
+    for where, row in read_index(path):
         cand = _locate(row["candidate"], [candidates, path.parent])
         if cand is None:
-            raise UsageError(f"--index {path}: entry {i + 1}: candidate {row['candidate']!r} not found under "
+            raise UsageError(f"--index {path}: {where}: candidate {row['candidate']!r} not found under "
                              f"{candidates} or {path.parent}")
         problem = _locate(row["problem"], [problems, path.parent])
         error = None if problem else f"problem {row['problem']!r} (from {path}) not found under {problems}"
@@ -188,8 +205,8 @@ def _pairs_from_index(path: Path, problems: Path, candidates: Path) -> list[Pair
         except ValueError:
             ident = Path(row["candidate"]).with_suffix("").as_posix()
         if ident in seen:
-            raise UsageError(f"--index {path}: candidate {ident!r} listed twice (entries {seen[ident] + 1} and {i + 1})")
-        seen[ident] = i
+            raise UsageError(f"--index {path}: candidate {ident!r} listed twice ({seen[ident]} and {where})")
+        seen[ident] = where
         labels = {k: v for k, v in row.items() if k not in ("candidate", "problem") and v is not None}
         level = int(labels["level"]) if labels.get("level", "").isdigit() else level_of(problem, row["candidate"])
         pairs.append(Pair(ident, cand, problem, level, error, labels))

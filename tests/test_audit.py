@@ -379,6 +379,8 @@ def test_manifest_entry_drives_the_audit(tmp_path, write_manifest):
             candidates: nowhere/
         """, name="bad.yaml")
     assert kgate_main(["audit", "--manifest", str(bad)]) == 2
+    # flags the manifest would silently override
+    assert kgate_main(["audit", "--manifest", str(manifest), "--problems", "elsewhere"]) == 2
 
 
 def test_usage_errors_exit_2(capsys):
@@ -520,7 +522,7 @@ def test_compile_stage_builds_once_and_the_cache_serves_later_runs(tmp_path):
     (first,) = _records(tmp_path).values()
     assert first["compile"]["ok"] and first["standard"]["verdict"] == "pass"
     assert (tmp_path / "torch_extensions").is_dir()
-    assert kgate_main(args) == 0  # a new run (no --resume): the build is found in the cache
+    assert kgate_main([*args, "--fresh"]) == 0  # a new run (not --resume): the build is found in the cache
     (second,) = _records(tmp_path).values()
     assert second["compile"]["ok"]
     assert second["compile"]["seconds"] < first["compile"]["seconds"] / 3
@@ -1139,3 +1141,42 @@ def test_a_turn_is_held_until_its_worker_exits_and_not_by_a_child_it_forked(tmp_
         assert 1.0 < waited < 10, waited
     finally:
         first.kill()
+
+
+def test_an_audit_folder_with_records_is_not_emptied_by_mistake_and_bad_options_stop_before_any_work(
+        tmp_path, capsys):
+    """A run without --resume emptied OUT/results.jsonl silently (hours of records); now it is refused
+    unless --resume or --fresh says which. Output paths and numbers that cannot work are usage errors
+    before anything is judged; a damaged results file (a garbage line, bytes that are not UTF-8) is read
+    around, and the console says so."""
+    def said():  # the console's words (errors on stderr), its line wrapping undone
+        captured = capsys.readouterr()
+        return " ".join((captured.out + captured.err).split())
+
+    out = tmp_path / "o"
+    base = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
+            "--device", "cpu", "-k", "19_ReLU and not __", "--gate", "contract", "--out", str(out), "-q"]
+    assert kgate_main(base) == 0
+    results = out / "results.jsonl"
+    first = results.read_bytes()
+    assert kgate_main(base) == 2  # refused, nothing lost
+    assert "holds 1 record(s) of an earlier audit" in said()
+    assert results.read_bytes() == first
+    assert kgate_main([*base, "--fresh", "--resume"]) == 2
+    with results.open("ab") as f:
+        f.write(b"\xff\xfe garbage\n")
+    assert kgate_main([*base, "--resume"]) == 0
+    told = said()
+    assert "1 line(s) of" in told and "could not be read" in told
+    assert kgate_main([*base, "--fresh"]) == 0  # judged again: one record, the garbage gone
+    assert [json.loads(line)["id"] for line in results.read_text().splitlines()] == ["level1/19_ReLU"]
+    (tmp_path / "afile").write_text("")
+    for extra, message in [(["--report", str(tmp_path / "afile")], "a file is there; give a folder"),
+                           (["--json", str(tmp_path)], "a folder is there"),
+                           (["--junit", str(tmp_path / "afile" / "j.xml")], "is a file, not a folder")]:
+        assert kgate_main([*base, "--fresh", *extra]) == 2
+        assert message in said()
+    assert results.read_bytes() != b""  # refused before start() could empty it
+    for extra in (["--timeout", "0"], ["--compile-jobs", "-1"], ["--sample", "-1"], ["--max-time", "-1"]):
+        assert kgate_main([*base, "--resume", *extra]) == 2
+        assert "must be" in said()

@@ -85,6 +85,42 @@ def test_bad_inputs_are_usage_errors(tmp_path):
         kb.discover(tmp_path / "p", tmp_path / "c", index)
 
 
+def test_index_files_as_people_write_them(tmp_path):
+    """A spreadsheet's CSV (byte-order mark, spaces after commas), JSON in a file not named .json; and the
+    header, an extra field and the row's line named when they are wrong."""
+    _touch(tmp_path / "p" / "a.py")
+    _touch(tmp_path / "c" / "x.py")
+    _touch(tmp_path / "c" / "y.py")
+    index = tmp_path / "i.csv"
+    index.write_text("\ufeffcandidate, problem, run\nx.py, a.py, r1\n", encoding="utf-8")
+    (pair,) = kb.discover(tmp_path / "p", tmp_path / "c", index)
+    assert (pair.id, pair.problem.name, pair.labels) == ("x", "a.py", {"run": "r1"})
+    listing = tmp_path / "pairs.txt"
+    listing.write_text(json.dumps([{"candidate": "x.py", "problem": "a.py"}]))
+    assert [p.id for p in kb.discover(tmp_path / "p", tmp_path / "c", listing)] == ["x"]
+    for text, message in [("cand;prob\nx.py;a.py\n", "line 1 must be a comma-separated header"),
+                          ("candidate,problem\nx.py,a.py,extra\n", "line 2 has more fields than the header"),
+                          ("candidate,problem\nx.py,a.py\nz.py,a.py\n", "line 3: candidate 'z.py' not found"),
+                          ("candidate,problem\nx.py,a.py\ny.py,a.py\nx.py,a.py\n", r"listed twice \(line 2 and line 4\)")]:
+        index.write_text(text)
+        with pytest.raises(UsageError, match=message):
+            kb.discover(tmp_path / "p", tmp_path / "c", index)
+
+
+def test_hidden_folders_caches_and_package_markers_are_not_candidates(tmp_path):
+    _touch(tmp_path / "p" / "a.py")
+    _touch(tmp_path / "c" / "a.py")
+    _touch(tmp_path / "c" / ".ipynb_checkpoints" / "a.py")
+    _touch(tmp_path / "c" / "__init__.py")
+    _touch(tmp_path / "c" / "__pycache__" / "a.py")
+    _touch(tmp_path / "c" / "run" / "__init__.py")
+    assert [p.id for p in kb.discover(tmp_path / "p", tmp_path / "c")] == ["a"]
+    # a hidden folder above the corpus is not a reason to skip it
+    _touch(tmp_path / ".corpora" / "p" / "a.py")
+    _touch(tmp_path / ".corpora" / "c" / "a.py")
+    assert [p.id for p in kb.discover(tmp_path / ".corpora" / "p", tmp_path / ".corpora" / "c")] == ["a"]
+
+
 def test_free_size_parameters_change_inputs_but_not_weights():
     relu = kb.exec_problem(CORPUS / "problems" / "level1" / "19_ReLU.py", "inputs")
     dims = kb.free_dims(relu)

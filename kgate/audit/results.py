@@ -23,19 +23,23 @@ class ResultsFile:
         self.path = path
         self._lock = threading.Lock()
         self.moved = 0  # records start() moved to `replaced`
+        self.unreadable = 0  # lines the last read() could not parse
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Complete records by candidate id (the first one wins if a file was concatenated twice)."""
         records: dict[str, dict[str, Any]] = {}
+        self.unreadable = 0
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            # bytes that are not UTF-8 (a damaged file) spoil their line only
+            lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
         except FileNotFoundError:
             return records
         for line in lines:
             try:
                 record = json.loads(line)
             except ValueError:
-                continue  # a line torn by a kill mid-write
+                self.unreadable += bool(line.strip())  # a line torn by a kill mid-write, or damaged
+                continue
             if isinstance(record, dict) and record.get("complete") and isinstance(record.get("id"), str):
                 records.setdefault(record["id"], record)
         return records
@@ -61,7 +65,7 @@ class ResultsFile:
 
     def _move_out(self, drop: Callable[[dict[str, Any]], bool]) -> int:
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
+            lines = self.path.read_text(encoding="utf-8", errors="replace").splitlines()
         except FileNotFoundError:
             return 0
         keep, out = [], []

@@ -28,6 +28,7 @@ from kgate.audit.evaluate import AuditOptions, compile_pair, kgate_stamp, needs_
 from kgate.audit.results import ResultsFile, parse_shard, shard
 from kgate.audit.scheduler import Plan, arch_list, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
+from kgate.commands import COUNT, SECONDS, number, writable
 from kgate.errors import UsageError
 from kgate.kernelbench import WORK_ELEMENTS, discover
 from kgate.manifest import parse_memory
@@ -78,7 +79,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run only this gate (repeat or comma-separate; default all: `kgate gates`)")
     p.add_argument("--device", default="auto", metavar="D",
                    help="auto, cpu, cuda (every visible GPU) or cuda:N (default auto)")
-    p.add_argument("--jobs", "-j", type=int, metavar="N",
+    p.add_argument("--jobs", "-j", type=COUNT, metavar="N",
                    help="candidates evaluated at once (default: one per GPU; on the CPU half the cores, at most 4); "
                         "several per GPU share its memory in equal parts, and all share the machine's cores (torch's CPU "
                         "threads)")
@@ -87,7 +88,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "context take seconds per candidate, the GPU idle meanwhile): twice the worker "
                         "processes, --jobs of them judging at once, each waiting for its turn untimed. "
                         "Local backend only")
-    p.add_argument("--compile-jobs", type=int, metavar="N", help="extension builds at once (default half the cores)")
+    p.add_argument("--compile-jobs", type=COUNT, metavar="N", help="extension builds at once (default half the cores)")
     p.add_argument("--no-compile-stage", action="store_true",
                    help="build extensions inside the evaluation instead of in a separate CPU stage")
     p.add_argument("--pch", action="store_true",
@@ -101,6 +102,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "build while the GPU does other work")
     p.add_argument("--shard", metavar="I/N", help="judge only shard I of N (every candidate is in exactly one shard)")
     p.add_argument("--resume", action="store_true", help="keep OUT/results.jsonl and skip the candidates it holds")
+    p.add_argument("--fresh", action="store_true",
+                   help="discard the records OUT/results.jsonl already holds and judge every candidate again "
+                        "(without --resume or --fresh, an OUT that holds records is refused: they may be hours of work)")
     p.add_argument("--rejudge-stale", action="store_true",
                    help="with --resume: judge again the selected candidates whose record another kgate made (a "
                         "different version or source, or none recorded), so that the report comes from one kgate; "
@@ -110,19 +114,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "report lists them) is DIGEST count as current and are kept (repeatable): for an earlier "
                         "kgate whose changes since do not touch those records; the report still names every "
                         "source it joins")
-    p.add_argument("--max-time", type=float, metavar="SECONDS",
+    p.add_argument("--max-time", type=number(float, 0), metavar="SECONDS",
                    help="start no new candidate after this long; exit 3 if some are left (then --resume)")
     p.add_argument("--backend", choices=["local", "ray"], default="local", help="where candidates run (default local)")
     p.add_argument("--address", metavar="A",
                    help="Ray cluster address for --backend ray (default: a local instance); with --backend ray, "
                         "--device cuda asks Ray for GPUs (--jobs tasks share one GPU) and --device cpu for CPUs")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=SECONDS, default=300.0, metavar="SECONDS",
                    help="time limit per stage of one candidate: loading, the standard test, each gate (default 300)")
-    p.add_argument("--compile-timeout", type=float, default=900.0, metavar="SECONDS",
+    p.add_argument("--compile-timeout", type=SECONDS, default=900.0, metavar="SECONDS",
                    help="time limit for building one candidate's extension (default 900)")
     p.add_argument("--memory", default="32GiB", metavar="SIZE", help="resident memory limit per worker (default 32GiB)")
     p.add_argument("--seed", type=int, default=42, help="the standard test's seed (KernelBench's default 42)")
-    p.add_argument("--work-elements", type=int, default=WORK_ELEMENTS, metavar="N",
+    p.add_argument("--work-elements", type=number(int, 0), default=WORK_ELEMENTS, metavar="N",
                    help="contract, oracle, determinism and the standard test run at the problem's own shape; "
                         "the other gates at its free sizes halved until the inputs hold at most N elements "
                         f"(default {WORK_ELEMENTS}; 0: every gate at the problem's own shape)")
@@ -131,7 +135,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", metavar="PATH", help="write the JSON report (kgate report + audit records) here")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML here (one suite per candidate)")
     p.add_argument("--report", metavar="DIR", help="write report.md, PNG plots and the stratified sample.csv here")
-    p.add_argument("--sample", type=int, default=5, metavar="N", help="candidates per stratum in sample.csv (default 5)")
+    p.add_argument("--sample", type=number(int, 0), default=5, metavar="N", help="candidates per stratum in sample.csv (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the summary")
     p.set_defaults(func=main)
 
@@ -144,6 +148,10 @@ def _gates(values: list[str]) -> list[str]:
 def _sources(args: argparse.Namespace) -> list[tuple[str, Path, Path, Path | None]]:
     """(label, problems, candidates, index) per corpus: from the flags or the manifest's entries."""
     if args.manifest:
+        given = [flag for flag, value in (("--problems", args.problems), ("--candidates", args.candidates),
+                                          ("--index", args.index)) if value]
+        if given:
+            raise UsageError(f"--manifest names its corpora itself; leave out {', '.join(given)} (or the manifest)")
         from kgate.manifest import load
 
         manifest = load(args.manifest)
@@ -162,12 +170,13 @@ def repro_args(args: argparse.Namespace, problems: Path, candidates: Path, index
         out += ["--index", str(index)]
     if args.device != "auto":
         out += ["--device", args.device]
-    return out + ["--out", "kgate-repro"]
+    return out + ["--out", "kgate-repro", "--fresh"]
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs must be at least 1")
+    writable(args.json, "--json")
+    writable(args.junit, "--junit")
+    writable(args.report, "--report", folder=True)
     try:
         memory = parse_memory(args.memory)
     except ValueError as exc:
@@ -195,8 +204,18 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         if not pairs:
             raise UsageError(f"-k {args.select!r} selects no candidate")
     pairs = shard(pairs, spec)
+    unpaired = [p for p in pairs if p.problem_error]
+    if unpaired:  # known now: say so before the work, not only in the report after it
+        console.print(f"[yellow]kgate audit: {len(unpaired)} candidate(s) will be recorded as not judged:[/]",
+                      highlight=False)
+        for pair in unpaired[:5]:
+            console.print(f"  {escape(pair.id)}: {escape(pair.problem_error or '')}", highlight=False)
+        if len(unpaired) > 5:
+            console.print(f"  ... and {len(unpaired) - 5} more (results.jsonl lists each)", highlight=False)
     results = ResultsFile(out / "results.jsonl")
     ids = {p.id for p in pairs}
+    if args.fresh and args.resume:
+        raise UsageError("--fresh discards the records that --resume keeps: give one of them")
     if args.rejudge_stale and not args.resume:
         raise UsageError("--rejudge-stale goes with --resume (without it every candidate is judged anew anyway)")
     if args.keep_source and not args.rejudge_stale:
@@ -212,9 +231,16 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
             # --resume the candidates it already holds need no build
             done = results.read() if args.resume else {}
         else:
+            if not args.resume and not args.fresh and (held := len(results.read())):
+                raise UsageError(f"{results.path} holds {held} record(s) of an earlier audit: add --resume to go on "
+                                 "from them (the same command otherwise), or --fresh to discard them and judge "
+                                 "every candidate again")
             done = results.start(resume=args.resume, drop=stale if args.rejudge_stale else None)
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out}: {exc}") from None
+    if results.unreadable:
+        console.print(f"[yellow]kgate audit: {results.unreadable} line(s) of {results.path} could not be read (torn by "
+                      "a kill, or damaged); the candidates they held, if any, are judged again[/]", highlight=False)
     if results.moved and not args.quiet:
         console.print(f"kgate audit: {results.moved} record(s) made by another kgate moved to "
                       f"{results.replaced}; judging those candidates again", highlight=False)

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kgate import gates as registry
+from kgate.commands import SECONDS, writable
 from kgate.errors import UsageError
 from kgate.manifest import DTYPE_ALIASES, DTYPES, load, parse_memory
 from kgate.report import Report, environment, now
@@ -37,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="use this dtype instead of the manifest's (repeatable)")
     p.add_argument("--shape", action="append", metavar="N,M,...", default=[],
                    help="use this shape instead of the manifest's (repeatable), e.g. --shape 7,1000")
-    p.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit per gate of one kernel")
+    p.add_argument("--timeout", type=SECONDS, metavar="SECONDS", help="time limit per gate of one kernel")
     p.add_argument("--memory", metavar="SIZE", help="memory limit per worker, e.g. 8GiB")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="workers at once (default 1): kernels judged in parallel; with fewer kernels than N, "
@@ -58,7 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", metavar="WHICH", default="all",
                    help="with --container: all (default), none, a count (2) or device ids (0,1); "
                    "--device cpu requests none")
-    p.add_argument("--container-timeout", type=float, default=3600.0, metavar="SECONDS",
+    p.add_argument("--container-timeout", type=SECONDS, default=3600.0, metavar="SECONDS",
                    help="with --container: wall-clock limit of the whole container (default 3600)")
     p.add_argument("--container-memory", metavar="SIZE",
                    help="with --container: memory limit of the container (default: 80%% of the host's memory)")
@@ -106,6 +107,8 @@ def main(args: argparse.Namespace) -> int:
         return run_in_container(args)
     console = make_console()
     options = options_from(args)
+    writable(args.json, "--json")
+    writable(args.junit, "--junit")
     manifest = load(args.manifest)
     kernels = manifest.kernels
     if not kernels:
