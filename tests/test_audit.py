@@ -1168,6 +1168,8 @@ def test_an_audit_folder_with_records_is_not_emptied_by_mistake_and_bad_options_
     assert kgate_main([*base, "--resume"]) == 0
     told = said()
     assert "1 line(s) of" in told and "could not be read" in told
+    assert kgate_main([*base[:-5], "--gate", "oracle", "--out", str(out), "-q", "--resume"]) == 0
+    assert "1 record(s) kept by --resume were judged with other gates" in said()
     assert kgate_main([*base, "--fresh"]) == 0  # judged again: one record, the garbage gone
     assert [json.loads(line)["id"] for line in results.read_text().splitlines()] == ["level1/19_ReLU"]
     (tmp_path / "afile").write_text("")
@@ -1180,3 +1182,23 @@ def test_an_audit_folder_with_records_is_not_emptied_by_mistake_and_bad_options_
     for extra in (["--timeout", "0"], ["--compile-jobs", "-1"], ["--sample", "-1"], ["--max-time", "-1"]):
         assert kgate_main([*base, "--resume", *extra]) == 2
         assert "must be" in said()
+
+
+@pytest.mark.parametrize("raiser, part", [("get_inputs", "get_inputs()"), ("forward", "Model")])
+def test_a_problem_that_raises_in_the_standard_test_is_named_and_not_judged(tmp_path, raiser, part):
+    problems, candidates = tmp_path / "p", tmp_path / "c"
+    problems.mkdir()
+    candidates.mkdir()
+    source = (CORPUS / "problems" / "level1" / "19_ReLU.py").read_text()
+    if raiser == "get_inputs":
+        source = source.replace("def get_inputs():", "def get_inputs():\n    raise ValueError('boom')")
+    else:
+        source = source.replace("        return torch.relu(x)", "        raise ValueError('boom')")
+    assert "boom" in source
+    (problems / "19_ReLU.py").write_text(source)
+    (candidates / "19_ReLU.py").write_text((CORPUS / "candidates" / "level1" / "19_ReLU.py").read_text())
+    out = tmp_path / "o"
+    assert kgate_main(["audit", "--problems", str(problems), "--candidates", str(candidates), "--device", "cpu",
+                       "--gate", "contract", "--out", str(out), "-q"]) == 2
+    (record,) = _records(out).values()
+    assert record["problem_error"] == f"the problem's {part} raised in the standard test: ValueError: boom"

@@ -124,7 +124,10 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         try:
             verdict = standard_test.run(reference, candidate, inputs_module.get_inputs, device, seed=seed)
         except BaseException as exc:  # noqa: BLE001 - the reference raised: the problem's fault
-            channel.send("problem_error", message=f"the problem's Model raised in the standard test: "
+            code = getattr(inputs_module.get_inputs, "__code__", None)
+            part = ("get_inputs()" if any(frame.f_code is code for frame, _ in traceback.walk_tb(exc.__traceback__))
+                    else "Model")
+            channel.send("problem_error", message=f"the problem's {part} raised in the standard test: "
                                                   f"{type(exc).__name__}: {exc}")
             return
         channel.send("standard", result=verdict.to_json(), seconds=round(time.perf_counter() - started, 3))

@@ -244,6 +244,12 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     if results.moved and not args.quiet:
         console.print(f"kgate audit: {results.moved} record(s) made by another kgate moved to "
                       f"{results.replaced}; judging those candidates again", highlight=False)
+    other_gates = [r["id"] for r in done.values() if r["id"] in ids and r.get("gates")
+                   and {g["gate"] for g in r["gates"]} != set(gate_names)]
+    if other_gates:
+        console.print(f"[yellow]kgate audit: {len(other_gates)} record(s) kept by --resume were judged with other "
+                      f"gates than these (first: {escape(other_gates[0])}); they stand as they are: --fresh, or "
+                      "another --out, judges every candidate with these gates[/]", highlight=False)
     todo = [p for p in pairs if p.id not in done]
     if args.backend == "ray":
         # The devices are the cluster's, not this machine's: Ray places each task on a GPU (or a CPU).
