@@ -1,7 +1,8 @@
 """`kgate run --container IMAGE`: run the gates inside a container, through the docker SDK.
 
 The kernels are untrusted code, so the container gets: no network, the workspace (the current
-folder) mounted read-only at /workspace, only the output folder writable (at /kgate-out), a
+folder) mounted read-only at /workspace with its .git hidden under an empty folder (actions/checkout
+may leave the job's token in .git/config), only the output folder writable (at /kgate-out), a
 read-only root filesystem with a private /tmp, no capabilities, no new privileges, a non-root user,
 memory, process-count and wall-clock limits, none of the host's environment (so no token), and the
 GPUs through a device request. Its logs are streamed as they come and it is removed afterwards.
@@ -171,12 +172,17 @@ def run_in_container(args: argparse.Namespace) -> int:
                 f"image {args.container} is neither on this host nor pullable: {exc}. Build it with "
                 f"`docker build -t {args.container} .` in kgate's repository (see the Dockerfile)") from None
 
+    tmpfs = {"/tmp": "rw,exec,nosuid,nodev,size=8g"}
+    if (workspace / ".git").is_dir():
+        # An empty folder over the checkout's .git: actions/checkout leaves the job's token in .git/config
+        # unless told `persist-credentials: false`, and no kernel needs the history.
+        tmpfs[f"{WORKSPACE}/.git"] = "ro,noexec,nosuid,nodev,size=64k,mode=0555"
     config: dict[str, Any] = dict(
         image=args.container, command=command, user=user, working_dir=WORKSPACE, detach=True,
         environment={"HOME": "/tmp/kgate-home", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
                      "KGATE_IN_CONTAINER": "1", "TERM": "dumb"},
         volumes={str(workspace): {"bind": WORKSPACE, "mode": "ro"}, str(out_dir): {"bind": OUT, "mode": "rw"}},
-        network_mode="none", read_only=True, tmpfs={"/tmp": "rw,exec,nosuid,nodev,size=8g"},
+        network_mode="none", read_only=True, tmpfs=tmpfs,
         cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=4096,
         mem_limit=_memory_limit(getattr(args, "container_memory", None)), shm_size="2g",
         labels={"kgate": "run"}, device_requests=[request] if request else None)

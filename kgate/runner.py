@@ -384,7 +384,7 @@ def seed_private_folders(devices: list[str]) -> str | None:
     _SEED_TRIED.add(gpus[0])
     folder = Path(tempfile.mkdtemp(prefix="kgate-seed-"))
     try:
-        done = subprocess.run([sys.executable, "-m", "kgate.gates.lp_triton", "warm", str(folder), gpus[0]],
+        done = subprocess.run(kgate_command("kgate.gates.lp_triton", "warm", str(folder), gpus[0]),
                               capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             return f"kgate's Triton kernels were not precompiled (each worker compiles its own): {done.stderr[-500:]}"
@@ -395,6 +395,19 @@ def seed_private_folders(devices: list[str]) -> str | None:
         return f"kgate's Triton kernels were not precompiled (each worker compiles its own): {exc}"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# `python -m M` puts the working folder first on sys.path, and workers run in the kernels' folder: a
+# `kgate/` package there (a pull request can add one) would stand in for kgate and report what it likes.
+# This starts M with that entry removed (as -P does on Python 3.11+); the kernels' folders are added
+# later, by kgate.loading, once kgate itself is imported.
+_SAFE_START = ("import runpy, sys\nif sys.path[:1] == ['']:\n    del sys.path[0]\n"
+               "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+
+
+def kgate_command(module: str, *args: str) -> list[str]:
+    """The command that runs kgate's `module` as `python -m module args`, but never from the working folder."""
+    return [sys.executable, "-c", _SAFE_START, module, *args]
 
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
@@ -426,7 +439,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     child_env["KGATE_PRIVATE_DIR"] = private
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab" if append_log else "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", module, job_path], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(kgate_command(module, job_path), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
                                 start_new_session=True, env=child_env, cwd=str(cwd))
     os.close(write_fd)

@@ -133,6 +133,11 @@ def test_action_exit_code_follows_fail_on(workspace, tmp_path, fail_on, kernels,
 
 @pytest.mark.slow
 def test_action_read_only_token_degrades_to_summary_and_annotations(workspace, tmp_path):
+    # A fork's pull request also brings a kgate/ package: it must not stand in for kgate in any step (above
+    # all the one with the token) nor in the workers, which run in the workspace.
+    marker = tmp_path / "shadow-kgate-ran"
+    (workspace / "kgate").mkdir()
+    (workspace / "kgate" / "__init__.py").write_text(f"import os\nopen({str(marker)!r}, 'w').close()\nos._exit(0)\n")
     with FakeGitHub(token=TOKEN, read_only=True) as fake:
         run, summary = _run(fake, workspace, tmp_path, "fork", kernels="naive", **{"fail-on": "broken"})
     assert run.returncode == 1  # broken under fail-on broken: the verdict's exit code, not the comment's
@@ -141,6 +146,7 @@ def test_action_read_only_token_degrades_to_summary_and_annotations(workspace, t
     assert any(line.startswith("::error file=kernels/bad.py") for line in run.log.splitlines())
     assert fake.sticky(PR) == []
     _no_token_anywhere(run.log, tmp_path / "runner-fork", tmp_path / "summary-fork.md")
+    assert not marker.exists(), "the pull request's kgate/ package ran"
 
 
 @pytest.mark.slow

@@ -89,6 +89,30 @@ def test_summary_and_comment_markdown(tmp_path):
     assert "could not judge" in nothing and "unknown key" in nothing
 
 
+def test_what_a_kernel_wrote_stays_text_in_the_summary_and_the_comment(tmp_path):
+    """A kernel's exception lands in its finding: markdown there (a heading, a link, an image, an
+    @mention, HTML, a fence that ends the log's) must render as text, not as the bot's own markup."""
+    hostile = "oops ``` </details>\n# Injected heading\n![pixel](https://x.example/p.png) [click](https://x.example) @someone"
+    kernel = KernelResult("evil", "k.py:evil", "k.py:ref", "cpu",
+                          [_gate("contract", "error", hostile, broken=True, got=hostile)],
+                          source_file=str(tmp_path / "k.py"), source_line=1)
+    report = Report(manifest="kgate.yaml", kernels=[kernel])
+    for text in (gh.summary_markdown(report, fail_on="violation", workspace=tmp_path),
+                 gh.comment_markdown(report, key="k", fail_on="violation", workspace=tmp_path)):
+        lines = text.splitlines()
+        assert not any(line.startswith("# Injected") for line in lines)
+        finding = next(line for line in lines if "oops" in line)
+        # the whole text inside one code span, delimited by more backticks than it holds
+        assert "```` oops ``` </details> # Injected heading ![pixel](https://x.example/p.png) [click](https://x.example) " \
+               "@someone ````" in finding, finding
+        got = next(line for line in lines if line.strip().startswith("- got:"))
+        assert got.strip().startswith("- got: ```` oops") and got.endswith("````")
+    log = gh.summary_markdown(None, fail_on="never", workspace=tmp_path, run_exit_code=2,
+                              run_log="error\n```\n# Injected heading")
+    fence = next(line for line in log.splitlines() if line.startswith("```"))
+    assert fence == "````text" and "\n# Injected heading\n````" in log
+
+
 def test_big_reports_fit_githubs_size_limits(tmp_path):
     report = _report(tmp_path, n_bad=3000)
     body = gh.comment_markdown(report, key="k", fail_on="violation", workspace=tmp_path)

@@ -467,3 +467,42 @@ def test_kgates_triton_kernels_are_precompiled_once_only_when_asked_for_on_a_gpu
     assert calls[-1][1:4] == ["-m", "kgate.gates.lp_triton", "warm"] and calls[-1][-1] == "cuda:0"
     assert not Path(calls[-1][-2]).exists()  # its folder removed: the files live in this process
     assert runner.seed_private_folders(["cuda:0"]) is None and len(calls) == 2  # once per process
+
+
+def test_a_kgate_package_beside_the_kernels_does_not_stand_in_for_kgate(write_manifest, tmp_path, monkeypatch):
+    """Workers run in the manifest's folder, and `python -m kgate.worker` there imported a `kgate/` package
+    a pull request put beside its kernels: it could have reported any verdict. Workers start without the
+    working folder on sys.path (kgate.runner.kgate_command)."""
+    from kgate.cli import main as kgate_main
+    from kgate.report import Report
+
+    marker = tmp_path / "shadow-ran"
+    manifest = write_manifest("""
+        version: 1
+        kernels:
+          - name: off-by-one
+            kernel: k.py:wrong
+            reference: k.py:right
+            inputs: k.py:make
+            shapes: [[4, 8]]
+        """, files={"k.py": """
+        import torch
+        def right(x):
+            return x * 2
+        def wrong(x):
+            return x * 2 + 1
+        def make(shape, dtype, device, seed):
+            g = torch.Generator().manual_seed(seed)
+            return (torch.randn(shape, generator=g).to(dtype=dtype, device=device),)
+        """, "kgate/__init__.py": f"""
+        import os, sys
+        open({str(marker)!r}, "w").close()
+        os._exit(0)
+        """})
+    monkeypatch.chdir(tmp_path)
+    code = kgate_main(["run", str(manifest), "--gate", "oracle", "--device", "cpu", "-q", "--out", str(tmp_path / "o"),
+                       "--json", str(tmp_path / "r.json")])
+    assert not marker.exists(), "the kgate/ package beside the kernels ran"
+    assert code == 1
+    [kernel] = Report.read(tmp_path / "r.json").kernels
+    assert [g.verdict for g in kernel.gates] == ["fail"]

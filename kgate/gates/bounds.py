@@ -166,8 +166,10 @@ class Bounds(Gate):
                 if left < 5:
                     notes.append(f"{tool} not run (the {SANITIZER_BUDGET_S:g} s sanitizer budget is spent)")
                     continue
+                from kgate.runner import kgate_command  # (kgate.runner imports the gates)
+
                 cmd = [exe, "--tool", tool, "--error-exitcode", "86", "--print-limit", "5",
-                       sys.executable, "-m", "kgate.gates.bounds", job_path]
+                       *kgate_command("kgate.gates.bounds", job_path)]
                 try:
                     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left,
                                           cwd=str(Path(job["manifest"]).parent), stdin=subprocess.DEVNULL)

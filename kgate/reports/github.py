@@ -136,10 +136,22 @@ def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
+def _longest_backticks(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
+
+
 def _code(text: str) -> str:
-    """Inline code that survives backticks in the text."""
-    ticks = "``" if "`" in text else "`"
-    return f"{ticks} {text} {ticks}" if ticks == "``" else f"`{text}`"
+    """Inline code, whatever backticks the text holds: GitHub renders nothing inside (no links, images,
+    headings, HTML or @mentions), so text a kernel wrote (its exception, its output) stays text."""
+    text = " ".join(str(text).split())
+    ticks = "`" * (_longest_backticks(text) + 1)
+    return f"{ticks} {text} {ticks}" if len(ticks) > 1 or text.startswith(" ") else f"`{text}`"
+
+
+def _fenced(text: str, info: str = "text") -> list[str]:
+    """A code block that text with backtick fences of its own cannot end early."""
+    fence = "`" * max(3, _longest_backticks(text) + 1)
+    return [fence + info, text, fence]
 
 
 def verdict_of(report: Report | None, run_exit_code: int | None) -> str:
@@ -180,7 +192,7 @@ def _kernel_table(report: Report, *, only_violations: bool = False, limit: int =
 
 def _finding_block(f: Finding, workspace: Path, link_base: str | None) -> list[str]:
     kind = "broken" if f.broken else "violation"
-    out = [f"- **`{f.gate.gate}`** ({kind}): {_cell(f.one_line())}"]
+    out = [f"- **`{f.gate.gate}`** ({kind}): {_code(f.one_line())}"]
     file = relative_path(f.kernel.source_file, workspace)
     if file:
         where = f"{file}:{f.kernel.source_line}" if f.kernel.source_line else file
@@ -191,7 +203,8 @@ def _finding_block(f: Finding, workspace: Path, link_base: str | None) -> list[s
             out.append(f"  - kernel: `{where}`")
     details = [line for line in f.detail_lines() if not line.startswith("reproduce:")]
     for line in details:
-        out.append(f"  - {_cell(line)}")
+        label, _, value = line.partition(": ")
+        out.append(f"  - {label}: {_code(value)}")
     if f.gate.repro:
         out.append(f"  - reproduce: {_code(f.gate.repro)}")
     return out
@@ -230,7 +243,7 @@ def summary_markdown(report: Report | None, *, fail_on: str, workspace: Path, ru
                   f"{run_exit_code if run_exit_code is not None else '?'}: a usage, manifest or infrastructure "
                   "error). Nothing was judged.", ""]
         if run_log:
-            lines += ["```text", run_log.strip()[-4000:], "```", ""]
+            lines += [*_fenced(run_log.strip()[-4000:]), ""]
     else:
         icon = {"pass": "✅", "violation": "❌", "broken": "❌"}[verdict]
         lines += [f"{icon} **{headline(report)}** — manifest `{report.manifest}`, fail-on `{fail_on}`", ""]

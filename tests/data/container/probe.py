@@ -1,6 +1,6 @@
 """A kernel that tries to leave its container: a correct softmax that raises (verdict `error`)
 as soon as any escape works. Passing the contract gate inside the container proves that the
-workspace is read-only, there is no network, no token, and kgate is not root."""
+workspace is read-only and its .git hidden, there is no network, no token, and kgate is not root."""
 
 import os
 import socket
@@ -24,6 +24,9 @@ def _escapes():
         found.append("saw a token variable")
     if os.getuid() == 0:
         found.append("runs as root")
+    # actions/checkout leaves the job's token in .git/config unless `persist-credentials: false`
+    if os.path.isdir("/workspace/.git") and os.listdir("/workspace/.git"):
+        found.append("can read the checkout's .git (and a token actions/checkout may have left there)")
     return found
 
 
