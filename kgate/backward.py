@@ -136,11 +136,12 @@ class BackwardSubject(Subject):
 
     def __init__(self, forward: Subject):
         layout = _Layout()
-        with_params = shared_parameters(forward.kernel_fn, forward.reference_fn)
-        super().__init__(forward.entry, GradientOf(forward.kernel_fn, "kernel", layout, with_params),
-                         GradientOf(forward.reference_fn, "reference", layout, with_params),
+        with_params = shared_parameters(forward.raw_kernel_fn, forward.raw_reference_fn)
+        super().__init__(forward.entry, GradientOf(forward.raw_kernel_fn, "kernel", layout, with_params),
+                         GradientOf(forward.raw_reference_fn, "reference", layout, with_params),
                          _CotangentFactory(forward, layout), forward.device, forward.cases,
-                         repro_manifest=forward.repro_manifest, oracle_device=forward.oracle_device)
+                         repro_manifest=forward.repro_manifest, oracle_device=forward.oracle_device,
+                         judge_inplace=False)
         self.forward = forward
         self.layout = layout
         self.pristine_state = getattr(forward, "pristine_state", None)

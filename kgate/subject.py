@@ -13,11 +13,12 @@ is never taken for a rejection.
 
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
@@ -90,14 +91,39 @@ def _shapes_key(args: Any) -> tuple:
     return tuple((tuple(t.shape), t.dtype) for t in tensors(args))
 
 
+def with_inplace(fn: Callable, inplace: Iterable[int]) -> Callable:
+    """`fn`, but a call that returns None returns instead the arguments it is declared to change in
+    place, as the call left them (`{"args[i]": ...}`): a reference written that way (`a.add_(b)`) gives
+    its results only there, and every gate that judges outputs (oracle, special values, shapes, layouts,
+    determinism, ...) then judges the kernel's writes against it. Before, such a kernel had no output to
+    compare and passed them all, whatever it wrote. A call that returns something is left as it is: an
+    argument declared in-place may then be the kernel's scratch space."""
+    order = sorted(set(inplace))
+    if not order:
+        return fn
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        if result is not None:
+            return result
+        return {f"args[{i}]": args[i] for i in order if i < len(args)}
+
+    return call
+
+
 class Subject:
     def __init__(self, kernel: ResolvedKernel, kernel_fn: Callable, reference_fn: Callable,
                  factory: InputFactory, device: torch.device, cases: list[Case], *,
-                 repro_manifest: str, oracle_device: torch.device | None = None):
+                 repro_manifest: str, oracle_device: torch.device | None = None, judge_inplace: bool = True):
         self.entry = kernel
         self.name = kernel.name
-        self.kernel_fn = kernel_fn
-        self.reference_fn = reference_fn
+        # as given (the backward subject differentiates these)
+        self.raw_kernel_fn, self.raw_reference_fn = kernel_fn, reference_fn
+        # a kernel declared in-place is judged on what it leaves in those arguments as on what it returns
+        inplace = kernel.entry.inplace if judge_inplace else []
+        self.kernel_fn = with_inplace(kernel_fn, inplace)
+        self.reference_fn = with_inplace(reference_fn, inplace)
         self.factory = factory
         self.device = device
         self.oracle_device = oracle_device or device

@@ -467,3 +467,32 @@ def test_the_oracle_counts_the_references_output_before_falling_back_to_the_cpu(
     assert calls == ["meta"]  # the device's error stands (an audit judges it again with the whole GPU)
     monkeypatch.setattr(subject_module, "HOST_MEMORY", procmem.resident() + 2**30)
     assert subject.oracle((x,)).shape == (256, 256) and calls == ["meta", "meta", "cpu"]
+
+
+# --- in-place kernels that return nothing --------------------------------------------------------------
+
+def _add_into(a, b):
+    a.add_(b)
+
+
+def _pairs(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    shape = shape or (4, 16)
+    return (torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+
+
+@pytest.mark.parametrize("gate", ["oracle", "special_values", "shapes", "distributions"])
+def test_an_inplace_kernel_that_returns_nothing_is_judged_on_what_it_writes(gate):
+    """A reference that gives its result only in an argument declared in-place (`a.add_(b)`, returning
+    None): before, no gate had an output to compare, and a kernel writing garbage there passed them all."""
+    def garbage(a, b):
+        a.mul_(7)
+
+    shapes = [[4, 16], [7, 100]]
+    wrong = check(gate, garbage, _add_into, _pairs, shapes=shapes, inplace=[0])
+    assert wrong.verdict == "fail", wrong.message
+    def right(a, b):
+        a.copy_(a + b)
+
+    right = check(gate, right, _add_into, _pairs, shapes=shapes, inplace=[0])
+    assert right.verdict == "pass", right.message
