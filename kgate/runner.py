@@ -70,11 +70,20 @@ class Events:
 
 
 def resolve_device(requested: str) -> str:
-    if requested != "auto":
-        return requested
+    """The device to judge on: `auto` is a GPU when one is visible; a CUDA device that is not visible is
+    an infrastructure error (exit 2, nothing judged), not a verdict on every kernel."""
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        _, _, number = requested.partition(":")
+        index = int(number) if number.isdigit() else 0
+        if index >= count:
+            raise InfrastructureError(f"device {requested}: no such CUDA device here ({count} visible: check the "
+                                      "driver and CUDA_VISIBLE_DEVICES), or use --device cpu")
+    return requested
 
 
 def _exit_cause(returncode: int) -> str:

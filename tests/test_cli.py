@@ -117,3 +117,10 @@ def test_unwritable_output_folder_exits_2(tmp_path, capsys):
     blocker.write_text("")
     assert main(["run", DEMO, "-q", "-k", "softmax-stable", "--out", str(blocker / "out")]) == 2
     assert "cannot write to the output folder" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a visible GPU")
+def test_a_cuda_device_that_is_not_there_is_exit_2_not_every_kernel_broken(tmp_path, capsys):
+    code = main(["run", DEMO, "-q", "-k", "softmax-stable", "--device", "cuda", "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert "no such CUDA device here" in " ".join(capsys.readouterr().err.split())

@@ -413,6 +413,8 @@ def test_each_worker_has_a_private_folder_removed_after_it(tmp_path, monkeypatch
     from kgate.runner import supervise
 
     monkeypatch.setattr(runner, "PRIVATE_SEED", {"triton/abc/kernel.cubin": b"compiled by kgate"})
+    # (on the import path as kgate is: a worker's own working folder is not on it)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     (tmp_path / "probe_worker.py").write_text(
         "import json, os, sys\n"
         "job = json.load(open(sys.argv[1]))\n"
@@ -464,7 +466,7 @@ def test_kgates_triton_kernels_are_precompiled_once_only_when_asked_for_on_a_gpu
     assert runner.seed_private_folders(["cuda:1"]) is None and len(calls) == 1  # a failure is not tried again
     line = runner.seed_private_folders(["cpu", "cuda:0"])
     assert "1 file(s)" in line and runner.PRIVATE_SEED == {os.path.join("triton", "key", "k.cubin"): b"cubin"}
-    assert calls[-1][1:4] == ["-m", "kgate.gates.lp_triton", "warm"] and calls[-1][-1] == "cuda:0"
+    assert calls[-1][:-2] == runner.kgate_command("kgate.gates.lp_triton", "warm") and calls[-1][-1] == "cuda:0"
     assert not Path(calls[-1][-2]).exists()  # its folder removed: the files live in this process
     assert runner.seed_private_folders(["cuda:0"]) is None and len(calls) == 2  # once per process
 

@@ -180,7 +180,7 @@ class Isolation(Gate):
     tolerance_free = True
 
     def check(self, subject: Subject) -> GateResult:
-        before = getattr(subject, "pristine_state", None) or Snapshot.take(subject.reference_fn)
+        before = getattr(subject, "pristine_state", None) or Snapshot.take(subject.raw_reference_fn)
         since = "before the kernel's module was imported" if getattr(subject, "pristine_state", None) \
             else "before this gate's calls"
         cases = subject.first_seed_cases()
@@ -195,7 +195,7 @@ class Isolation(Gate):
                     return result
                 memo_checked += checked
         finally:
-            patched = before.changes(Snapshot.take(subject.reference_fn))
+            patched = before.changes(Snapshot.take(subject.raw_reference_fn))
         if patched:
             return self.failed(subject, f"the kernel patched what it must not touch: {patched[0]}"
                                + (f" (and {len(patched) - 1} more)" if len(patched) > 1 else ""),
