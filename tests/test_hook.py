@@ -240,3 +240,18 @@ def test_pre_commit_passes_the_fixed_kernel_and_skips_a_commit_without_kernels(p
     proc = pre_commit(repo, "run", "kgate")  # a commit that touches no kernel
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "(no files to check)Skipped" in proc.stdout
+
+
+def test_the_plain_git_hook_fails_a_commit_that_deletes_a_kernels_file(tmp_path):
+    """hooks/pre-commit listed only added, copied, modified and renamed files: a commit deleting a file a
+    kernel is made of passed unseen."""
+    repo = _kernel_repo(tmp_path / "kernels-repo", kernel=FIXED)
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "kernels")
+    _git(repo, "rm", "-q", "kernels/scale.py")
+    bin_dir = Path(sys.executable).parent  # kgate's console script beside this interpreter
+    proc = subprocess.run(["bash", str(ROOT / "hooks" / "pre-commit")], cwd=repo, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # the manifest names a file that is gone
+    assert "scale.py" in proc.stdout + proc.stderr
