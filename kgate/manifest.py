@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    NonNegativeInt,
     Tag,
     ValidationError,
     field_validator,
@@ -132,12 +133,13 @@ class KernelEntry(_Strict):
     inputs: str | list[ArgSpec] | None = Field(
         None, description="factory 'file.py:make_inputs' (called as make_inputs(seed, shape=, dtype=, device=)) "
         "or a list of declarative argument specs")
-    shapes: list[list[int]] | None = Field(None, description="shapes passed to the inputs factory")
+    shapes: list[list[NonNegativeInt]] | None = Field(None, description="shapes passed to the inputs factory")
     dtypes: list[DType] | None = Field(None, min_length=1)
     gates: GateSpec | None = None
     seeds: list[int] | None = Field(None, min_length=1)
     backward: bool = Field(False, description="also judge gradients against float64 autograd of the reference")
-    inplace: list[int] = Field(default_factory=list, description="indices of arguments the kernel may modify")
+    inplace: list[NonNegativeInt] = Field(default_factory=list,
+                                          description="indices of arguments the kernel may modify")
     nondeterministic: bool = Field(False, description="declare run-to-run differences as intended")
     bitwise_layouts: bool = Field(
         False, description="layouts gate: results on strided inputs must be bitwise equal to those on contiguous "

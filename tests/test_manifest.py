@@ -123,6 +123,12 @@ def test_bad_dtype_suggests(write_manifest):
     assert found[0].line == 7 and "float64" in (found[0].hint or "") + found[0].message
 
 
+def test_negative_sizes_and_argument_indices_are_manifest_errors(write_manifest):
+    """They passed validation and failed at run time as every kernel's error (exit 1), or were ignored."""
+    found = problems(write_manifest(GOOD + "    shapes: [[1, -128]]\n    inplace: [-1]\n", {"k.py": KERNEL_PY}))
+    assert [(p.line, "greater than or equal to 0" in p.message) for p in found] == [(7, True), (8, True)]
+
+
 def test_dtype_aliases_accepted(write_manifest):
     manifest = load(write_manifest(GOOD + "    dtypes: [bf16, fp16]\n", {"k.py": KERNEL_PY}))
     assert manifest.kernels[0].dtypes == ["bfloat16", "float16"]
