@@ -193,6 +193,21 @@ class Subject:
         self._output_elements[_shapes_key(args)] = sum(t.numel() for t in tensors(out))
         return out
 
+    def _oracle_reference(self, device: torch.device) -> Callable:
+        """The reference to run on float64 inputs: a module reference (its parameters float32) as a float64
+        copy on `device`, made once; a function as it is."""
+        module = self.raw_reference_fn
+        if not isinstance(module, torch.nn.Module) or not any(
+                t.is_floating_point() for t in [*module.parameters(), *module.buffers()]):
+            return self.reference_fn
+        copies = self.__dict__.setdefault("_float64_references", {})
+        if str(device) not in copies:
+            from kgate.oracle import converted_copy
+
+            copy = converted_copy(module, device=device, dtype=torch.float64)
+            copies[str(device)] = with_inplace(copy, self.entry.entry.inplace)
+        return copies[str(device)]
+
     def oracle(self, args: tuple) -> Any:
         """The reference in float64 on upcast copies of `args`; on the CPU if the device refuses and the
         worker's host memory can hold it (`host_can_hold`; else the device's error stands: for an audit,
@@ -206,7 +221,7 @@ class Subject:
                 break
             try:
                 with torch.no_grad():
-                    out = self.reference_fn(*upcast(args, device))
+                    out = self._oracle_reference(device)(*upcast(args, device))
                 synchronize(device)
                 return map_tensors(out, lambda t: t.detach())
             except (Exception, SystemExit) as exc:

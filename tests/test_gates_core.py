@@ -496,3 +496,18 @@ def test_an_inplace_kernel_that_returns_nothing_is_judged_on_what_it_writes(gate
 
     right = check(gate, right, _add_into, _pairs, shapes=shapes, inplace=[0])
     assert right.verdict == "pass", right.message
+
+
+def test_a_module_reference_gets_a_float64_oracle():
+    """A manifest may name nn.Module instances: the float64 oracle ran the module's float32 parameters on
+    float64 inputs and raised in every gate (dtype mismatch)."""
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh())
+    good = check("oracle", reference, reference, rows, shapes=SHAPES[:1])
+    assert good.verdict == "pass", good.message
+
+    def loose(x):
+        return reference(x) * (1 + 1e-3)
+
+    bad = check("oracle", loose, reference, rows, shapes=SHAPES[:1])
+    assert bad.verdict == "fail", bad.message
