@@ -245,3 +245,21 @@ def test_collecting_where_no_audit_runs_does_not_wait(tmp_path):
     assert "audit: 1 record(s); running" in ended.stdout
     assert (tmp_path / "audit-results.jsonl").read_text() == '{"id": "a"}\n'
     assert time.monotonic() - started < 30  # neither waited its 60 s
+
+
+def test_the_standard_test_cost_is_fitted_against_the_problems_input_size(tmp_path, capsys, monkeypatch):
+    """bench/standard_test_cost.py: the line through (input elements, standard_s) of an audit's records,
+    sizes taken from the problems' own get_inputs() shapes (19_ReLU: 4 x 33; 9_Linear_Scale: 3 x 8)."""
+    module = _load("standard_test_cost")
+    assert module.problem_elements(CORPUS / "problems" / "level1" / "19_ReLU.py") == 4 * 33
+    records = [{"problem": "/elsewhere/kb/level1/19_ReLU.py", "standard_s": 1.0 + 132 * 0.5},
+               {"problem": "/elsewhere/kb/level2/9_Linear_Scale.py", "standard_s": 1.0 + 24 * 0.5},
+               {"problem": "/elsewhere/kb/level1/19_ReLU.py", "standard_s": None}]
+    results = tmp_path / "results.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    monkeypatch.setattr(module, "generator_speed", lambda: {"rand": 2e8})
+    monkeypatch.setattr(sys, "argv", ["standard_test_cost.py", str(results), "--problems", str(CORPUS / "problems")])
+    module.main()
+    out = capsys.readouterr().out
+    assert "2 record(s) of 3" in out
+    assert "standard test s = 1.00 + 500000000.0 x (G input elements)" in out  # 0.5 s per element
