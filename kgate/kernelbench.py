@@ -552,38 +552,6 @@ class ProblemInputs:
         return problem_inputs
 
 
-class DtypeDispatch:
-    """A module called with the dtype/device of its first floating-point tensor argument: the float64
-    oracle gets a float64 deep copy of the reference model (made once per dtype and device)."""
-
-    def __init__(self, model: Any):
-        self.model = model
-        self._copies: dict[tuple[str, str], Any] = {}
-
-    def _for(self, args: tuple) -> Any:
-        import torch
-
-        from kgate.oracle import converted_copy
-
-        first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
-        params = [p for p in self.model.parameters()] + [b for b in self.model.buffers()]
-        floating = [p for p in params if p.is_floating_point()]
-        if first is None or not floating:
-            return self.model
-        if first.dtype == floating[0].dtype and first.device == floating[0].device:
-            return self.model
-        key = (str(first.dtype), str(first.device))
-        if key not in self._copies:
-            self._copies[key] = converted_copy(self.model, device=first.device, dtype=first.dtype)
-        return self._copies[key]
-
-    def __call__(self, *args: Any) -> Any:
-        import torch
-
-        with torch.no_grad():
-            return self._for(args)(*args)
-
-
 class NoGrad:
     """ModelNew called as KernelBench calls it: under torch.no_grad()."""
 

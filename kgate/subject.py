@@ -27,7 +27,7 @@ from kgate import procmem
 from kgate.compare import clone_tree, flatten, map_tensors, tensors
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
-from kgate.oracle import upcast
+from kgate.oracle import DtypeDispatch, upcast
 
 _monotonic = time.monotonic  # bound at import, before any kernel code runs (it may patch time)
 
@@ -124,6 +124,9 @@ class Subject:
         inplace = kernel.entry.inplace if judge_inplace else []
         self.kernel_fn = with_inplace(kernel_fn, inplace)
         self.reference_fn = with_inplace(reference_fn, inplace)
+        # the float64 oracle: a module reference (its parameters float32) as a float64 copy, made once
+        self.oracle_fn = with_inplace(DtypeDispatch(reference_fn), inplace) \
+            if isinstance(reference_fn, torch.nn.Module) else self.reference_fn
         self.factory = factory
         self.device = device
         self.oracle_device = oracle_device or device
@@ -193,21 +196,6 @@ class Subject:
         self._output_elements[_shapes_key(args)] = sum(t.numel() for t in tensors(out))
         return out
 
-    def _oracle_reference(self, device: torch.device) -> Callable:
-        """The reference to run on float64 inputs: a module reference (its parameters float32) as a float64
-        copy on `device`, made once; a function as it is."""
-        module = self.raw_reference_fn
-        if not isinstance(module, torch.nn.Module) or not any(
-                t.is_floating_point() for t in [*module.parameters(), *module.buffers()]):
-            return self.reference_fn
-        copies = self.__dict__.setdefault("_float64_references", {})
-        if str(device) not in copies:
-            from kgate.oracle import converted_copy
-
-            copy = converted_copy(module, device=device, dtype=torch.float64)
-            copies[str(device)] = with_inplace(copy, self.entry.entry.inplace)
-        return copies[str(device)]
-
     def oracle(self, args: tuple) -> Any:
         """The reference in float64 on upcast copies of `args`; on the CPU if the device refuses and the
         worker's host memory can hold it (`host_can_hold`; else the device's error stands: for an audit,
@@ -221,7 +209,7 @@ class Subject:
                 break
             try:
                 with torch.no_grad():
-                    out = self._oracle_reference(device)(*upcast(args, device))
+                    out = self.oracle_fn(*upcast(args, device))
                 synchronize(device)
                 return map_tensors(out, lambda t: t.detach())
             except (Exception, SystemExit) as exc:

@@ -333,8 +333,7 @@ def test_the_float64_oracle_of_a_model_whose_lambdas_close_over_its_layers():
     """The oracle's float64 copy of such a model runs its own (float64) layers: a plain deep copy kept the
     lambdas, which called the original float32 layers ('mat1 and mat2 must have the same dtype' here, a
     device mismatch on the H200 where the copy had moved to the CPU). The original is left as it was."""
-    from kgate.kernelbench import DtypeDispatch
-    from kgate.oracle import converted_copy
+    from kgate.oracle import DtypeDispatch, converted_copy
 
     torch.manual_seed(0)
     model = _LambdaBlock()

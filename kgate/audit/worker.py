@@ -47,6 +47,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     from kgate import kernelbench as kb
     from kgate import standard_test
     from kgate.inputs import Case, InputFactory
+    from kgate.oracle import DtypeDispatch
     from kgate.subject import Subject
 
     names: list[str] = job["gates"]
@@ -156,7 +157,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),
                              device=job["device"])
-        return PairSubject(entry, kb.NoGrad(candidate), kb.DtypeDispatch(reference), factory, device,
+        return PairSubject(entry, kb.NoGrad(candidate), DtypeDispatch(reference), factory, device,
                            [Case(shape, "float32", s) for s in seeds], repro_manifest=str(problem_path))
 
     own = subject_at(tuple(dims.defaults) if dims.names else None)

@@ -21,7 +21,6 @@ def number(kind: type[int] | type[float], minimum: float, *, above: bool = False
         if value < minimum or (above and value == minimum):
             raise argparse.ArgumentTypeError(f"{text} must be {'greater than' if above else 'at least'} {minimum:g}")
         return value
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
 

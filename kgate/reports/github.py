@@ -145,7 +145,7 @@ def _code(text: str) -> str:
     headings, HTML or @mentions), so text a kernel wrote (its exception, its output) stays text."""
     text = " ".join(str(text).split())
     ticks = "`" * (_longest_backticks(text) + 1)
-    return f"{ticks} {text} {ticks}" if len(ticks) > 1 or text.startswith(" ") else f"`{text}`"
+    return f"{ticks} {text} {ticks}" if len(ticks) > 1 else f"`{text}`"
 
 
 def _fenced(text: str, info: str = "text") -> list[str]:
