@@ -30,9 +30,12 @@ def flatten(obj: Any, path: str = "out") -> list[tuple[str, Any]]:
 
 
 def structure(obj: Any) -> str:
-    """The shape of an output tree, ignoring leaf values: 'tuple(Tensor, list(Tensor, None))'."""
+    """The shape of an output tree, ignoring leaf values: 'tuple(Tensor, list(Tensor, None))'. A named
+    tuple (`torch.return_types.max`, a `collections.namedtuple`) is a tuple: read by position, as
+    `flatten` reads it (and the float64 oracle, rebuilt by `map_tensors`, is a plain one)."""
     if isinstance(obj, (tuple, list)):
-        return f"{type(obj).__name__}({', '.join(structure(x) for x in obj)})"
+        kind = "tuple" if isinstance(obj, tuple) else "list"
+        return f"{kind}({', '.join(structure(x) for x in obj)})"
     if isinstance(obj, dict):
         return "dict(" + ", ".join(f"{k!r}: {structure(obj[k])}" for k in sorted(obj, key=str)) + ")"
     if isinstance(obj, torch.Tensor):
