@@ -434,6 +434,54 @@ def test_a_budget_does_not_hide_a_violation_found_before_it_ran_out():
     assert result.verdict == "fail", result.message
 
 
+# --- several dtypes: each judged, and named --------------------------------------------------------------
+
+def bf16_running_total_on_bf16(x):
+    """A float32 running total for float16 inputs, a bfloat16 one for bfloat16 inputs (a kernel whose
+    accumulator is bfloat16 on that dtype only): right on the first dtype a manifest lists, wrong on the
+    second."""
+    acc_dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+    acc = torch.zeros(x.shape[:-1], dtype=acc_dtype, device=x.device)
+    for j in range(x.shape[-1]):
+        acc += x[..., j].to(acc_dtype)
+    return acc.to(x.dtype)
+
+
+def _two_dtypes(kernel, probes_allowed=None):
+    subject = subject_for(kernel, correct.rowsum_reference, correct.make_rows, shapes=[[8, 1024]],
+                          dtypes=["float16", "bfloat16"])
+    if probes_allowed is not None:
+        _with_budget(subject, probes_allowed)
+    return registry.get("accumulation").check(subject)
+
+
+def test_every_declared_dtype_is_judged_before_any_dtype_gets_its_other_probes():
+    """float16 then bfloat16: the float16 case's positive values separate the accumulators but not decisively
+    (fp16/bf16 accumulation errs 71x the bound there, not 100x), so they do not settle it, and its other
+    crafted inputs used to come next: a budget of two probes ended the search before bfloat16 was tried,
+    and the kernel passed. Positive values now run in every case first; the failure names the dtype."""
+    result = _two_dtypes(bf16_running_total_on_bf16, probes_allowed=2)
+    assert result.verdict == "fail", result.message
+    assert result.details["dtype"] == "bfloat16" and result.case["dtype"] == "bfloat16"
+    assert "on bfloat16 inputs: kernel error" in result.message and "consistent with bfloat16" in result.message
+    assert _two_dtypes(bf16_running_total_on_bf16).verdict == "fail"
+    good = _two_dtypes(correct.rowsum_fp32_accumulator, probes_allowed=2)
+    assert good.verdict == "pass" and "search budget" in good.message, good.message
+    assert set(good.details["dtypes"]) == {"float16", "bfloat16"} and good.details["not_judged"] == []
+    assert "on float16 (1 probe(s))" in good.message and "on bfloat16 (1 probe(s))" in good.message
+
+
+def test_a_declared_dtype_that_no_probe_separates_is_named_as_not_judged():
+    """A 256-long dot product in bfloat16: fp16/bf16 accumulation errs no more than the reference's own
+    bfloat16 rounding allows, so nothing is judged there; the pass rests on float32 alone and says so."""
+    result = matmul(correct.matmul_fp32_accumulator, dtypes=["float32", "bfloat16"])
+    assert result.verdict == "pass", result.message
+    assert result.details["not_judged"] == ["bfloat16"] and list(result.details["dtypes"]) == ["float32"]
+    assert "not judged on bfloat16: no crafted input made fp16/bf16 accumulation measurably worse" in result.message
+    alone = matmul(correct.matmul_fp32_accumulator)
+    assert alone.details["not_judged"] == [] and "not judged" not in alone.message
+
+
 def test_the_worker_gives_each_gate_a_search_deadline(monkeypatch):
     from kgate import worker
 

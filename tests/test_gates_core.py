@@ -263,9 +263,12 @@ def test_special_values_skips_probes_the_reference_rejects_and_still_judges_the_
     result = check("special_values", decayed_keys, decayed_keys_reference, keys_and_gates)
     assert result.verdict == "pass", result.message
     # +-Inf keys and a +Inf gate are outside the domain; so are scaled keys (the overflow probe is
-    # then retried one argument at a time: the gate alone is inside).
-    assert "NaN/Inf pattern matched the oracle in 4 probe(s)" in result.message
-    assert "skipped 4 the reference rejects: +Inf injected into argument 0" in result.message
+    # then retried one argument at a time: the gate alone is inside). The keys get 5 positions, the gates 4
+    # (their two seeded draws coincide): NaN keys and NaN and -Inf gates are judged, 5 + 4 + 4 probes, and
+    # the gate scaled alone.
+    assert "NaN/Inf pattern matched the oracle in 14 probe(s)" in result.message
+    assert "skipped 15 the reference rejects: +Inf injected into argument 0 at [3, 15, 7] (last element)" \
+        in result.message
     assert "argument 0 scaled to overflow-prone magnitudes" in result.message
 
 
@@ -293,7 +296,8 @@ def test_special_values_skipped_when_the_reference_rejects_every_probe():
         return torch.softmax(x, -1)
 
     result = check("special_values", good_softmax, bounded, rows)
-    assert result.verdict == "skip" and "the reference rejects every probe (4:" in result.message
+    # 4 positions (the first seeded draw is the last element) x NaN, +Inf, -Inf, and the overflow probe
+    assert result.verdict == "skip" and "the reference rejects every probe (13:" in result.message
 
 
 # --- special_values_match: spread ----------------------------------------------------------------------

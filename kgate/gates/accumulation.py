@@ -24,8 +24,13 @@ inputs, with no tolerance of its own beyond the oracle bound. Where no probe sep
 accumulators (no floating inputs, no reduction the emulator knows, reductions too short for the
 dtype), the gate is skipped and says why.
 
-Positive values make every reduction grow with none cancelling, so their probe separates most. Where
-it separates decisively (an emulated low-precision accumulator errs `DECISIVE` x the bound or more)
+Every (shape, dtype) the manifest declares is a case, judged with the accumulators above against the
+reference in that dtype. Positive values make every reduction grow with none cancelling, so their
+probe separates most: it runs first in every case, before any case's other crafted inputs, so that a
+search budget spent on one dtype's later probes leaves no other dtype unjudged. A failure names the
+dtype; the pass message gives the strongest separation per dtype and names any declared dtype on
+which no probe separated the accumulators (not judged there; `details.not_judged`). Where positive
+values separate decisively (an emulated low-precision accumulator errs `DECISIVE` x the bound or more)
 and the kernel meets the bound at every output (or misses it only by less than a quarter of every
 emulated low-precision error there: something other than its accumulator, such as a fast GELU, which
 the oracle gate judges), the kernel's accumulator is shown that much more precise than fp16/bf16 on
@@ -470,7 +475,8 @@ class _Tally:
     """What one check has gathered so far, across its cases and probes."""
 
     covered: Counter = field(default_factory=Counter)  # op -> emulated calls
-    separating: list = field(default_factory=list)  # (power, unexplained outputs) per separating probe
+    separating: list = field(default_factory=list)  # (dtype, power, unexplained outputs) per separating probe
+    dtypes: list = field(default_factory=list)  # the dtypes of the cases with floating-point inputs, in order
     rejected: list = field(default_factory=list)  # probes the reference rejects
     settles: list = field(default_factory=list)  # cases a decisive positive-values probe settled
     ambiguous: list = field(default_factory=list)  # failures whose accumulator the inputs cannot name
@@ -503,7 +509,7 @@ class Accumulation(Gate):
             cut = None
         if found is not None:
             return found
-        judged, unexplained = len(separating), sum(n for _, n in separating)
+        judged, unexplained = len(separating), sum(n for _, _, n in separating)
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before "
                    f"the probe {cut}: not every crafted input was tried" if cut else "")
         left = ("; not emulated: " + ", ".join(f"{op} ({why})" for op, why in sorted(failed.items()))
@@ -520,64 +526,95 @@ class Accumulation(Gate):
             return self.skipped(f"the crafted inputs never made fp16/bf16 accumulation of the reference measurably "
                                 f"worse than its own error ({_ops(covered)} emulated; reductions may be too short "
                                 f"for the dtype): nothing to judge{note}{stopped}")
+        per_dtype: dict[str, list[float]] = {}
+        for dtype, power, _ in separating:
+            per_dtype.setdefault(dtype, []).append(power)
         message = (f"no sign of low-precision accumulation in {judged} separating probe(s) ({_ops(covered)}); "
-                   f"the strongest: low-precision accumulation would err {max(p for p, _ in separating):.3g} x "
-                   f"the bound")
+                   f"the strongest: low-precision accumulation would err "
+                   + ", ".join(f"{max(p):.3g} x the bound on {d} ({len(p)} probe(s))" for d, p in per_dtype.items()))
+        unjudged = [d for d in dict.fromkeys(tally.dtypes) if d not in per_dtype]
+        if unjudged:
+            # a declared dtype none of whose probes separates the accumulators is not judged: said, not hidden
+            message += (f"; not judged on {', '.join(unjudged)}: no crafted input made fp16/bf16 accumulation "
+                        f"measurably worse than the reference's own error there (reductions too short for the "
+                        f"dtype{', or the search budget ran out first' if cut else ''})")
         if unexplained:
             message += (f"; {unexplained} output(s) miss the bound by an amount no emulated accumulator gives "
                         f"(the oracle gate judges those)")
         if settles:
             message += (f"; settled by positive values alone (low-precision accumulation >= {DECISIVE:g} x the bound "
                         f"there) in {len(settles)} case(s): their other crafted inputs were not tried")
-        return self.passed(message + rejected_note(rejected) + stopped)
+        return self.passed(message + rejected_note(rejected) + stopped, details={
+            "dtypes": {d: {"separating": len(p), "strongest": max(p)} for d, p in per_dtype.items()},
+            "not_judged": unjudged})
 
     def _search(self, subject: Subject, tally: _Tally) -> GateResult | None:
-        """Every case's crafted probes (raises _OutOfTime once the subject's search budget is spent);
-        appends (power, unexplained outputs) of each separating probe to `tally.separating` and the cases a
-        decisive positive-values probe settled to `tally.settles`; returns a failure (the first failure found,
-        when none of the later ones names its accumulator unambiguously: those go to `tally.ambiguous`
-        meanwhile)."""
-        for case in subject.first_seed_cases():
-            base = subject.baseline(case)
-            floats = [i for i, a in enumerate(base.args)
-                      if any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
-                             for _, t in flatten(a))]
-            if not floats:
-                continue
-            for label, crafted in crafted_inputs(base.args, case.seed):
-                def judge(inputs: tuple, argument: int | None, case: Case = case, label: str = label):
-                    where = _alone(label, argument)
-                    if argument is not None:
-                        where += " (the others as the factory made them)"
-                    if subject.out_of_time():
-                        raise _OutOfTime(f"{where} ({case.label()})")
-                    return self._probe(subject, case, where, inputs, tally)
-
-                # The factory's inputs change nothing: no argument to retry alone.
-                settled = False
-                for argument, _, outcome in within_domain(base.args, crafted, [] if label == FACTORY else floats,
-                                                          judge, subject.conform):
-                    if outcome is None:
-                        tally.rejected.append(f"{_alone(label, argument)} ({case.label()})")
-                        continue
+        """Every case's crafted probes (raises _OutOfTime once the subject's search budget is spent): first
+        positive values (the probe that separates most) in every case, every dtype and shape, then the other
+        crafted inputs of the cases those did not settle, so that a budget spent on one dtype's later probes
+        does not leave another dtype unjudged. Appends (dtype, power, unexplained outputs) of each separating
+        probe to `tally.separating` and the cases a decisive positive-values probe settled to
+        `tally.settles`; returns a failure (the first failure found, when none of the later ones names its
+        accumulator unambiguously: those go to `tally.ambiguous` meanwhile)."""
+        cases = subject.first_seed_cases()
+        settled: set[Case] = set()
+        for first in (True, False):
+            for case in cases:
+                if case in settled:
+                    continue
+                base = subject.baseline(case)
+                floats = [i for i, a in enumerate(base.args)
+                          if any(isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0
+                                 for _, t in flatten(a))]
+                if not floats:
+                    continue
+                if first:
+                    tally.dtypes.append(case.dtype)
+                crafted_all = crafted_inputs(base.args, case.seed)
+                for label, crafted in (crafted_all[:1] if first else crafted_all[1:]):
+                    outcome = self._crafted(subject, tally, case, base.args, floats, label, crafted)
                     if isinstance(outcome, GateResult):
-                        if not outcome.details.get("also_consistent_with"):
-                            return outcome
-                        # a failure whose accumulator these inputs cannot name: kept, while the other
-                        # crafted inputs are tried for one that tells the accumulators apart
-                        tally.ambiguous.append(outcome)
-                        continue
-                    if outcome is not False:
-                        tally.separating.append((outcome[0], len(outcome[1])))
-                        # an output that misses the bound by far less than any low-precision accumulator
-                        # would (a fast GELU, an epilogue's own rounding) leaves the accumulator settled:
-                        # the oracle gate judges that miss; one above that range does not
-                        settled = (label == UNIFORM and argument is None and outcome[0] >= DECISIVE
-                                   and not outcome[2])
-                if settled:
-                    tally.settles.append(case.label())
-                    break
+                        return outcome
+                    if outcome:
+                        tally.settles.append(case.label())
+                        settled.add(case)
+                        break
         return tally.ambiguous[0] if tally.ambiguous else None
+
+    def _crafted(self, subject: Subject, tally: _Tally, case: Case, args: tuple, floats: list[int], label: str,
+                 crafted: tuple) -> GateResult | bool:
+        """One crafted input of a case, as given and, where the reference rejects it, one argument at a time:
+        a failure that names its accumulator, or whether the probe settled the case."""
+        def judge(inputs: tuple, argument: int | None):
+            where = _alone(label, argument)
+            if argument is not None:
+                where += " (the others as the factory made them)"
+            if subject.out_of_time():
+                raise _OutOfTime(f"{where} ({case.label()})")
+            return self._probe(subject, case, where, inputs, tally)
+
+        # The factory's inputs change nothing: no argument to retry alone.
+        settled = False
+        for argument, _, outcome in within_domain(args, crafted, [] if label == FACTORY else floats, judge,
+                                                  subject.conform):
+            if outcome is None:
+                tally.rejected.append(f"{_alone(label, argument)} ({case.label()})")
+                continue
+            if isinstance(outcome, GateResult):
+                if not outcome.details.get("also_consistent_with"):
+                    return outcome
+                # a failure whose accumulator these inputs cannot name: kept, while the other crafted inputs
+                # are tried for one that tells the accumulators apart
+                tally.ambiguous.append(outcome)
+                continue
+            if outcome is not False:
+                tally.separating.append((case.dtype, outcome[0], len(outcome[1])))
+                # an output that misses the bound by far less than any low-precision accumulator would (a
+                # fast GELU, an epilogue's own rounding) leaves the accumulator settled: the oracle gate
+                # judges that miss; one above that range does not
+                settled = (label == UNIFORM and argument is None and outcome[0] >= DECISIVE
+                           and not outcome[2])
+        return settled
 
     def _probe(self, subject: Subject, case: Case, label: str, crafted: tuple,
                tally: _Tally) -> GateResult | tuple[float, list] | bool | None:
@@ -620,9 +657,9 @@ class Accumulation(Gate):
             return False
         finding, leaves = judge_probe(subject, crafted, reference, oracle)
         if finding is not None and finding.kind != ORACLE:
-            result = self.failed(subject, f"on {label}: {finding.message}", case=case, expected=finding.expected,
-                                 got=finding.got, where=finding.where, broken=True,
-                                 details={**finding.details, "kind": finding.kind})
+            result = self.failed(subject, f"on {label} ({case.dtype}): {finding.message}", case=case,
+                                 expected=finding.expected, got=finding.got, where=finding.where, broken=True,
+                                 details={**finding.details, "kind": finding.kind, "dtype": case.dtype})
             result.tolerance_free = True
             return result
         refs = dict(flatten(reference))
@@ -700,7 +737,7 @@ class Accumulation(Gate):
                            for a, e in low.items())
         where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
         ref = "unknown" if leaf.ref_err is None else f"{leaf.ref_err:.3g}"
-        message = (f"{where}: kernel error {leaf.err:.3g} is consistent with {dtype_name(acc)} accumulation (nearest: "
+        message = (f"{where} on {case.dtype} inputs: kernel error {leaf.err:.3g} is consistent with {dtype_name(acc)} accumulation (nearest: "
                    f"{order} order, {nearest:.3g}"
                    f"{'; also within the range of ' + ' and '.join(others) + ': these inputs do not tell them apart' if others else ''}"
                    f"), while the reference in "
@@ -708,7 +745,7 @@ class Accumulation(Gate):
                    f"accumulator errs: {ranges}; inputs: {label} ({_ops(covered)} emulated)")
         return self.failed(subject, message, case=case, expected=f"{leaf.expected!r} (float64 oracle)",
                            got=repr(leaf.got), where=where, broken=leaf.ratio > BROKEN_FACTOR,
-                           details={"consistent_with": dtype_name(acc), "order": order,
+                           details={"dtype": case.dtype, "consistent_with": dtype_name(acc), "order": order,
                                     "also_consistent_with": others, "kernel_err": leaf.err, "bound": leaf.bound,
                                     "inputs": label,
                                     "emulated": {dtype_name(a): list(e) for a, e in low.items()}})

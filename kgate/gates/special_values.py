@@ -1,7 +1,17 @@
 """special_values: where the oracle gives NaN/+Inf/-Inf the kernel gives the same, and it is finite
-where the oracle is finite. Probes: one NaN, +Inf or -Inf injected into each floating-point input,
-and all inputs scaled to overflow-prone magnitudes. Tolerance-free: only the class of each element
-(NaN, +Inf, -Inf, finite) is compared, against the oracle rounded to the output's dtype.
+where the oracle is finite. Probes: a NaN, a +Inf and a -Inf injected, one at a time, into each
+floating-point input at several positions (`positions`: its last element, its first, its centre and
+`RANDOM_POSITIONS` seeded ones), and all inputs scaled to overflow-prone magnitudes. The last, first
+and centre elements are at the end, start and middle of their row along every dimension, so a kernel
+that mishandles special values in one part of a reduction (a `nansum` over a row's tail, a clamp on
+its first block) meets one there, whichever dimension it reduces. Each probe holds a single special
+value: two in one reduction would let one hide the other's mishandling. Tolerance-free: only the
+class of each element (NaN, +Inf, -Inf, finite) is compared, against the oracle rounded to the
+output's dtype.
+
+The probes run in rounds: first, for every case, the last element of each input and the overflow
+probe; then the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
+only, and the pass message names the probe it stopped before.
 
 `special_values_match` relaxes the comparison for kernels that need it:
 
@@ -40,7 +50,10 @@ from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 _NAMES = {0: "finite", 1: "NaN", 2: "+Inf", 3: "-Inf"}
 _NONFINITE_NAMES = {0: "finite", 1: "non-finite"}
+_INJECTED = ((math.nan, "NaN"), (math.inf, "+Inf"), (-math.inf, "-Inf"))
 OVERFLOW = "inputs scaled to overflow-prone magnitudes"
+# Seeded positions injected beside the last, first and centre elements (rows or tiles other than those).
+RANDOM_POSITIONS = 2
 
 
 def classify(t: torch.Tensor) -> torch.Tensor:
@@ -62,6 +75,22 @@ def overflow_scale(dtype: torch.dtype) -> float:
     return min(1e4, math.sqrt(torch.finfo(dtype).max) / 4)
 
 
+def positions(shape: tuple[int, ...], gen: torch.Generator) -> list[tuple[str, tuple[int, ...]]]:
+    """Where special values are injected into a tensor of `shape` (numel > 0), as (name, index): the last
+    element (the end of its row along every dimension: a reduction's tail, the last tile), the first (the
+    start along every dimension), the centre (the middle along every dimension; with an even size the
+    first element of the second half) and RANDOM_POSITIONS drawn from `gen`; repeats dropped."""
+    named = [("last element", tuple(n - 1 for n in shape)), ("first element", tuple(0 for _ in shape)),
+             ("centre", tuple(n // 2 for n in shape))]
+    numel = math.prod(shape)
+    named += [("seeded position", index_of(int(torch.randint(numel, (1,), generator=gen)), shape))
+              for _ in range(RANDOM_POSITIONS)]
+    chosen: dict[tuple[int, ...], str] = {}
+    for name, index in named:
+        chosen.setdefault(index, name)
+    return [(name, index) for index, name in chosen.items()]
+
+
 class SpecialValues(Gate):
     name = "special_values"
     summary = "NaN/+Inf/-Inf exactly where the float64 oracle has them, finite elsewhere"
@@ -72,19 +101,26 @@ class SpecialValues(Gate):
         return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
                 and a.numel() > 0]
 
-    def probes(self, args: tuple, seed: int) -> Iterator[tuple[str, tuple, str | None, tuple | None]]:
+    def probes(self, args: tuple, seed: int, *, later: bool = False
+               ) -> Iterator[tuple[str, tuple, str | None, tuple | None]]:
         """(label, inputs, the injected value's name or None for the overflow probe, where it was
-        injected: (argument, index) or None)."""
+        injected: (argument, index) or None). The first round (`later` False): NaN, +Inf and -Inf at each
+        input's last element, then the overflow probe; the later rounds (`later` True): the same at the
+        input's other `positions`, one position of every input per round."""
         gen = torch.Generator().manual_seed(seed)
         floats = self.floats(args)
-        for i in floats:
-            pos = int(torch.randint(args[i].numel(), (1,), generator=gen))
-            index = index_of(pos, tuple(args[i].shape))
-            for value, label in ((math.nan, "NaN"), (math.inf, "+Inf"), (-math.inf, "-Inf")):
-                probe = clone_tree(args)
-                probe[i][index] = value
-                yield f"{label} injected into argument {i} at {list(index)}", probe, label, (i, index)
-        if floats:
+        sites = {i: positions(tuple(args[i].shape), gen) for i in floats}
+        rounds = range(1, max((len(s) for s in sites.values()), default=0)) if later else range(1)
+        for r in rounds:
+            for i in floats:
+                if r >= len(sites[i]):
+                    continue
+                name, index = sites[i][r]
+                for value, label in _INJECTED:
+                    probe = clone_tree(args)
+                    probe[i][index] = value
+                    yield f"{label} injected into argument {i} at {list(index)} ({name})", probe, label, (i, index)
+        if floats and not later:
             probe = clone_tree(args)
             for i in floats:
                 t = probe[i]
@@ -97,11 +133,17 @@ class SpecialValues(Gate):
         tried, rejected = 0, []
         spread: list[dict] = []
         structural: list[dict] = []
-        for case in subject.first_seed_cases():
+        cut = None  # the probe a spent search budget stopped the later rounds before
+        for case, later in [(c, later) for later in (False, True) for c in subject.first_seed_cases()]:
+            if cut is not None:
+                break
             base = subject.baseline(case)
             floats = self.floats(base.args)
             skippable = subject.structural_zeros(base.args)
-            for label, probe, injected, site in self.probes(base.args, case.seed):
+            for label, probe, injected, site in self.probes(base.args, case.seed, later=later):
+                if later and subject.out_of_time():
+                    cut = f"{label} ({case.label()})"
+                    break
                 # The injection probes change one argument; the overflow probe all of them, and where the
                 # reference rejects that it is retried one argument at a time.
                 arguments = floats if injected is None else []
@@ -119,13 +161,19 @@ class SpecialValues(Gate):
                     result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural)
                     if result is not None:
                         return result
+        stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before the probe "
+                   f"{cut}: not every position was tried") if cut is not None else ""
         if tried == 0:
             if rejected:
                 return self.skipped(f"the reference rejects every probe ({len(rejected)}: "
-                                    f"{', '.join(rejected[:4])}{' ...' if len(rejected) > 4 else ''}): nothing to judge")
+                                    f"{', '.join(rejected[:4])}{' ...' if len(rejected) > 4 else ''}): nothing to "
+                                    f"judge{stopped}")
             return self.skipped("no floating-point inputs to inject special values into")
-        message = f"NaN/Inf pattern matched the oracle in {tried} probe(s)"
-        details: dict = {}
+        message = (f"NaN/Inf pattern matched the oracle in {tried} probe(s) (NaN, +Inf and -Inf at the last, first "
+                   f"and centre elements and {RANDOM_POSITIONS} seeded positions of each floating-point input; "
+                   f"inputs scaled to overflow-prone magnitudes)")
+        message += stopped
+        details: dict = {"cut": cut} if cut is not None else {}
         if spread:
             by_value: Counter = Counter()
             for s in spread:

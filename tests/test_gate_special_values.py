@@ -1,0 +1,143 @@
+"""special_values gate: special values injected at the start, middle and end of the data, one at a time."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kgate import gates as registry
+from kgate.gates.special_values import RANDOM_POSITIONS, positions
+from tests.gate_harness import check, subject_for
+
+
+def rows(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return ((torch.randn(shape or (5, 33), generator=gen, dtype=torch.float64) * 3).to(dtype),)
+
+
+# Seed 2 on (5, 33): the one seeded position the gate used to inject at is [0, 3], in the first half of row
+# 0 and away from its first element, so every kernel below passed the gate.
+SHAPE, SEED = [5, 33], 2
+
+
+def _row_sum(x):
+    return x.sum(-1)
+
+
+def nansum_on_the_tail(x):
+    """A row sum whose second half is reduced with nansum (a 'safe' tail loop): a NaN there is dropped."""
+    half = x.shape[-1] // 2
+    return x[..., :half].sum(-1) + torch.nansum(x[..., half:], -1)
+
+
+def nansum_on_the_first_block(x):
+    """The first element of each row taken through nan_to_num (a peeled first iteration)."""
+    return torch.nan_to_num(x[..., :1], nan=0.0).sum(-1) + x[..., 1:].sum(-1)
+
+
+def nansum_in_the_middle(x):
+    """The middle third of each row (a middle tile) reduced with nansum."""
+    a, b = x.shape[-1] // 3, 2 * x.shape[-1] // 3
+    return x[..., :a].sum(-1) + torch.nansum(x[..., a:b], -1) + x[..., b:].sum(-1)
+
+
+def clamps_the_first_block(x):
+    """+-Inf clamped to a large finite number in each row's first element only."""
+    return x[..., :1].clamp(-1e30, 1e30).sum(-1) + x[..., 1:].sum(-1)
+
+
+def nansum_on_the_flat_tail(x):
+    """A full reduction whose last quarter (the last blocks of a grid-stride loop) drops NaN."""
+    flat = x.reshape(-1)
+    q = 3 * flat.numel() // 4
+    return flat[:q].sum() + torch.nansum(flat[q:])
+
+
+def nansum_on_the_last_rows(x):
+    """A column sum (reduction over dim 0) whose second half of rows is reduced with nansum."""
+    half = x.shape[0] // 2
+    return x[:half].sum(0) + torch.nansum(x[half:], 0)
+
+
+@pytest.mark.parametrize(("kernel", "reference", "position", "value"), [
+    (nansum_on_the_tail, _row_sum, "[4, 32] (last element)", "NaN"),
+    (nansum_on_the_first_block, _row_sum, "[0, 0] (first element)", "NaN"),
+    (nansum_in_the_middle, _row_sum, "[2, 16] (centre)", "NaN"),
+    (clamps_the_first_block, _row_sum, "[0, 0] (first element)", "+Inf"),
+    (nansum_on_the_flat_tail, lambda x: x.sum(), "[4, 32] (last element)", "NaN"),
+    (nansum_on_the_last_rows, lambda x: x.sum(0), "[4, 32] (last element)", "NaN"),
+])
+def test_special_values_mishandled_on_one_part_of_a_reduction_fail(kernel, reference, position, value):
+    result = check("special_values", kernel, reference, rows, shapes=[SHAPE], seeds=[SEED])
+    assert result.verdict == "fail", result.message
+    assert result.expected == value and result.got.startswith("finite")
+    assert f"after {value} injected into argument 0 at {position}" in result.message
+    assert result.details["probe"].startswith(f"{value} injected into argument 0 at {position}")
+
+
+@pytest.mark.parametrize(("kernel", "reference", "make_inputs"), [
+    (lambda x: x.sum(-1), lambda x: x.sum(-1), rows),
+    (lambda x: x.sum(), lambda x: x.sum(), rows),
+    (lambda x: x.sum(0), lambda x: x.sum(0), rows),
+    (lambda x: torch.exp(x - x.amax(-1, keepdim=True)) / torch.exp(x - x.amax(-1, keepdim=True)).sum(-1, keepdim=True),
+     lambda x: torch.softmax(x, -1), rows),
+    (lambda x: torch.cumsum(x, -1), lambda x: torch.cumsum(x, -1), rows),
+    (lambda q, k: (q.double() @ k.double()).float(), lambda q, k: q @ k,
+     lambda seed, shape=None, dtype=torch.float32: (rows(seed, (4, 8))[0], rows(seed + 1, (8, 6))[0])),
+])
+@pytest.mark.parametrize("seed", [0, SEED])
+def test_correct_kernels_pass_every_position(kernel, reference, make_inputs, seed):
+    result = check("special_values", kernel, reference, make_inputs, seeds=[seed])
+    assert result.verdict == "pass", result.message
+    assert "at the last, first and centre elements" in result.message
+
+
+def test_positions_cover_the_ends_and_middle_of_every_dimension():
+    got = positions((5, 33, 8), torch.Generator().manual_seed(0))
+    named = dict((name, index) for name, index in got if name != "seeded position")
+    assert named == {"last element": (4, 32, 7), "first element": (0, 0, 0), "centre": (2, 16, 4)}
+    seeded = [index for name, index in got if name == "seeded position"]
+    assert 1 <= len(seeded) <= RANDOM_POSITIONS and len({i for _, i in got}) == len(got)
+    assert got == positions((5, 33, 8), torch.Generator().manual_seed(0))  # seeded: the same every run
+    assert positions((1,), torch.Generator().manual_seed(0)) == [("last element", (0,))]
+    assert positions((), torch.Generator().manual_seed(0)) == [("last element", ())]
+
+
+def test_probes_inject_one_special_value_each():
+    gate = registry.get("special_values")
+    (x,) = rows(0)
+    probes = list(gate.probes((x,), 0)) + list(gate.probes((x,), 0, later=True))
+    injected = [(label, probe) for label, probe, value, _ in probes if value is not None]
+    assert len(injected) == 3 * len(positions(tuple(x.shape), torch.Generator().manual_seed(0)))
+    for label, (probe,) in injected:
+        assert int((~torch.isfinite(probe)).sum()) == 1, label
+        assert torch.equal(torch.where(torch.isfinite(probe), probe, x), x)
+    assert sum(value is None for _, _, value, _ in probes) == 1  # the overflow probe, in the first round
+    assert [v for _, _, v, _ in gate.probes((x,), 0)] == ["NaN", "+Inf", "-Inf", None]
+
+
+def test_a_spent_search_budget_ends_the_later_rounds_only_and_says_so():
+    """The first round (the last element of every input, the overflow probe) always runs; the other positions
+    only while the search budget lasts, and the pass message names the probe it stopped before."""
+    def spent(kernel):
+        subject = subject_for(kernel, _row_sum, rows, shapes=[SHAPE], seeds=[SEED])
+        subject.out_of_time = lambda: True
+        return registry.get("special_values").check(subject)
+
+    assert spent(nansum_on_the_tail).verdict == "fail"
+    cut = spent(nansum_on_the_first_block)
+    assert cut.verdict == "pass" and "NaN/Inf pattern matched the oracle in 4 probe(s)" in cut.message
+    assert "ran out before the probe NaN injected into argument 0 at [0, 0] (first element)" in cut.message
+    assert cut.details["cut"].startswith("NaN injected into argument 0 at [0, 0]")
+
+
+def test_nan_and_inf_reaching_every_row_through_a_matmul_still_match():
+    """A special value in one of b's rows reaches every output row of a @ b: positions along the reduced
+    dimension (first, centre, last) of both operands, judged one at a time."""
+    def mats(seed, shape=None, dtype=torch.float32):
+        return rows(seed, (6, 40))[0], rows(seed + 1, (40, 5))[0]
+
+    result = check("special_values", lambda a, b: a @ b, lambda a, b: a @ b, mats)
+    assert result.verdict == "pass", result.message
+    masked = check("special_values", lambda a, b: torch.nan_to_num(a @ b, nan=0.0), lambda a, b: a @ b, mats)
+    assert masked.verdict == "fail" and masked.expected == "NaN" and masked.got.startswith("finite")
