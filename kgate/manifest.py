@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import importlib.machinery
+import os
 import re
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -48,10 +52,47 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def _dtype(value: Any) -> Any:
+class InvalidValue(ValueError):
+    """A validator's complaint about one value, with a hint for the user (shown as `hint:`)."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+_DTYPE_LIST = ", ".join(DTYPES)
+_INTEGER_DTYPE_RE = re.compile(r"^(torch\.)?(u?int\d*|bool|long|short|byte|char)$", re.IGNORECASE)
+
+
+def _unsupported_dtype(value: str, *, declarative: bool) -> InvalidValue:
+    if _INTEGER_DTYPE_RE.match(value):
+        if declarative:
+            return InvalidValue(
+                f"integer dtype {value!r}: declarative arguments are made in floating-point dtypes only "
+                f"({_DTYPE_LIST})",
+                "make integer arguments (indices, masks, lengths) in an inputs factory "
+                "(`inputs: file.py:make_inputs`); kgate passes integer tensors through unchanged")
+        return InvalidValue(
+            f"integer dtype {value!r} cannot be swept: `dtypes` are the floating-point precisions a kernel is "
+            f"judged in ({_DTYPE_LIST})",
+            "kgate casts the floating-point inputs to each one and scales the oracle bound by its eps; integer "
+            "tensors (indices, masks) come from an inputs factory and pass through unchanged, and integer "
+            "outputs are compared exactly")
+    options = list(DTYPES) + list(DTYPE_ALIASES)
+    return InvalidValue(f"unsupported dtype {value!r}: kgate judges {_DTYPE_LIST}",
+                        _suggest(value, options) or "aliases: " + ", ".join(DTYPE_ALIASES))
+
+
+def _dtype(value: Any, *, declarative: bool = False) -> Any:
     if isinstance(value, str):
         value = DTYPE_ALIASES.get(value.lower(), value)
+        if value not in DTYPES:
+            raise _unsupported_dtype(value, declarative=declarative)
     return value
+
+
+def _argument_dtype(value: Any) -> Any:
+    return _dtype(value, declarative=True)
 
 
 def parse_memory(value: Any) -> int:
@@ -69,11 +110,14 @@ def parse_memory(value: Any) -> int:
 
 def _device(value: Any) -> Any:
     if isinstance(value, str) and not _DEVICE_RE.match(value):
-        raise ValueError(f"device {value!r} is not one of auto, cpu, cuda, cuda:N")
+        hint = ("a GPU is 'cuda' (or 'cuda:N')" if "gpu" in value.lower()
+                else _suggest(value, ["auto", "cpu", "cuda"]) or "auto: cuda when there is a GPU, else cpu")
+        raise InvalidValue(f"device {value!r} is not one of auto, cpu, cuda, cuda:N", hint)
     return value
 
 
 DType = Annotated[Literal["float16", "bfloat16", "float32", "float64"], BeforeValidator(_dtype)]
+ArgumentDType = Annotated[Literal["float16", "bfloat16", "float32", "float64"], BeforeValidator(_argument_dtype)]
 Device = Annotated[str, BeforeValidator(_device)]
 Memory = Annotated[int, BeforeValidator(parse_memory)]
 Verdict = Literal["pass", "fail", "error", "skip"]
@@ -106,7 +150,7 @@ class ArgSpec(_Strict):
     """A declarative input: one positional argument made by torch.testing.make_tensor."""
 
     shape: list[int] | None = Field(None, description="shape; omitted = the shape being swept")
-    dtype: DType | None = Field(None, description="dtype; omitted = the dtype being swept")
+    dtype: ArgumentDType | None = Field(None, description="dtype; omitted = the dtype being swept")
     low: float | None = None
     high: float | None = None
     value: float | int | bool | None = Field(None, description="a Python scalar argument instead of a tensor")
@@ -202,7 +246,9 @@ class Manifest(_Strict):
 def _check_ref_syntax(value: str) -> str:
     target, sep, attr = value.rpartition(":")
     if not sep or not target or not attr or not attr.replace(".", "_").isidentifier():
-        raise ValueError(f"{value!r} is not 'path/to/file.py:attr' or 'package.module:attr'")
+        hint = (f"add ':' and the name of the function or nn.Module instance, e.g. '{value}:my_kernel'"
+                if not sep else "after the ':' comes a Python name (dotted names allowed)")
+        raise InvalidValue(f"{value!r} is not 'path/to/file.py:attr' or 'package.module:attr'", hint)
     return value
 
 
@@ -267,9 +313,29 @@ class ResolvedKernel:
         chosen = all_names if spec.include is None else [g for g in all_names if g in spec.include]
         return [g for g in chosen if g not in spec.exclude]
 
+    def import_path(self, role: str) -> list[str]:
+        """The sys.path the worker imports the module of `role` (kernel, reference or inputs) with: its
+        start-up path, plus what kgate.loading has added by then (the manifest's folder, and the folders of
+        the file references loaded before it: the worker loads the reference, the inputs, then the kernel)."""
+        path = list(worker_sys_path(self.manifest.base))
+
+        def add(folder: str) -> None:
+            if folder not in path:
+                path.insert(0, folder)
+
+        for name, ref in (("reference", self.reference), ("inputs", self.inputs), ("kernel", self.kernel)):
+            if not isinstance(ref, Ref):
+                continue
+            add(str(self.manifest.base))
+            if name == role:
+                break
+            if ref.path is not None:
+                add(str(ref.path.parent))
+        return path
+
     def source_location(self) -> tuple[str | None, int | None]:
         """Where the kernel is defined (file, line), for annotations; found without importing it."""
-        path = self.kernel.path or _module_file(self.kernel.module or "", [self.manifest.base])
+        path = self.kernel.path or _find_module(self.kernel.module or "", self.import_path("kernel"))
         if path is None or not path.exists():
             return None, None
         return str(path), _definition_line(path, self.kernel.attr)
@@ -391,36 +457,111 @@ def _suggest(word: str, options: list[str]) -> str | None:
     return f"did you mean {close[0]!r}?" if close else None
 
 
-def _clean_loc(loc: tuple, marks: dict) -> tuple:
-    """pydantic inserts union member names ('list[str]', 'GateSelection') into locations: drop them."""
-    out: tuple = ()
-    for part in loc:
-        candidate = out + (part,)
-        if candidate in marks or isinstance(part, int):
-            out = candidate
-        elif isinstance(part, str) and (part.startswith(("list[", "dict[", "literal[")) or part[:1].isupper()
-                                        or part in ("str", "int", "float", "bool", "function-before",
-                                                    "function-after")):
-            continue
+@dataclass
+class _Located:
+    """One pydantic error, its location split into the keys of the YAML and the union members pydantic
+    names in between (`list[str]`, `GateSelection`, `KernelEntry`): `members` holds (keys so far, member)."""
+
+    error: dict[str, Any]
+    keys: tuple
+    members: tuple[tuple[tuple, str], ...]
+
+    def member_at(self, keys: tuple) -> str | None:
+        return next((member for where, member in self.members if where == keys), None)
+
+
+def _locate(error: dict[str, Any], data: Any) -> _Located:
+    keys: tuple = ()
+    members: list[tuple[tuple, str]] = []
+    node = data
+    loc = tuple(error["loc"])
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif error["type"] == "missing" and i == len(loc) - 1:
+            node = None  # the key that is missing
         else:
-            out = candidate
-    return out
+            members.append((keys, str(part)))
+            continue
+        keys += (part,)
+    return _Located(error, keys, tuple(members))
 
 
-def _pydantic_problems(exc: ValidationError, file: str, marks: dict) -> list[Problem]:
+def _one_member_per_union(errors: list[_Located]) -> list[_Located]:
+    """pydantic reports a value no member of a union accepts once per member. Keep the errors of the
+    member the value was meant for, the one that got past the value's kind (into a mapping's keys, a
+    list's items); where none did, keep one error that names what the place accepts."""
+    places = sorted({where for e in errors for where, _ in e.members}, key=len)  # outer unions first
+    for where in places:
+        at = [e for e in errors if e.member_at(where) is not None]
+        members = list(dict.fromkeys(e.member_at(where) for e in at))
+        if len(members) < 2:
+            continue  # a discriminated union names only the member it chose
+        deeper = {e.member_at(where) for e in at if len(e.keys) > len(where)}
+        if deeper:
+            errors = [e for e in errors if e not in at or e.member_at(where) in deeper]
+            continue
+        given = at[0].error.get("input")
+        merged = _Located({"type": "union", "loc": where, "input": given, "members": members}, where, ())
+        errors = [merged if e is at[0] else e for e in errors if e is at[0] or e not in at]
+    return errors
+
+
+def _member_text(member: str) -> str:
+    """What a union member accepts, in the manifest's words."""
+    if member.startswith("literal["):
+        return member[len("literal["):-1].replace(",", " or")
+    if member.startswith(("list[", "tuple[", "set[")):
+        return "a list"
+    if member.startswith("dict["):
+        return "a mapping"
+    models = {m.__name__: m for m in _Strict.__subclasses__()}
+    if member in models:
+        return "a mapping with keys " + ", ".join(models[member].model_fields)
+    return {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false"}.get(member, member)
+
+
+def _union_problem(error: dict[str, Any]) -> tuple[str, str | None]:
+    options = [_member_text(m) for m in error["members"]]
+    expected = options[0] if len(options) == 1 else ", ".join(options[:-1]) + " or " + options[-1]
+    given = error.get("input")
+    got = {dict: "a mapping", list: "a list"}.get(type(given), repr(given))
+    hint = None
+    if isinstance(given, str):
+        literals = [v for m in error["members"] if m.startswith("literal[") for v in re.findall(r"'([^']+)'", m)]
+        hint = _suggest(given, literals)
+        if hint is None and any(m.startswith("list[") for m in error["members"]):
+            hint = f"for a single item, write a list: [{given}]"
+    return f"expected {expected} (got {got})", hint
+
+
+def _owner(item: _Located) -> type[BaseModel] | None:
+    """The model whose keys an unknown or missing key at `item` belongs to."""
+    models = {m.__name__: m for m in _Strict.__subclasses__()}
+    member = item.member_at(item.keys[:-1])
+    return models[member] if member in models else _model_for(item.keys[:-1])
+
+
+def _pydantic_problems(exc: ValidationError, file: str, marks: dict, data: Any) -> list[Problem]:
+    errors = _one_member_per_union([_locate(err, data) for err in exc.errors(include_url=False)])
     problems: list[Problem] = []
-    seen: set[tuple] = set()
-    errors = exc.errors(include_url=False)
-    # A union reports one error per member; keep the most specific per location.
-    for err in errors:
-        loc = _clean_loc(tuple(err["loc"]), marks)
+    for item in errors:
+        err, loc = item.error, item.keys
         kind = err["type"]
-        mark = _nearest_mark(marks, loc)
-        line, col = (mark if mark else (None, None))
+        line, col = _nearest_mark(marks, loc) or (None, None)
         key = _dotted(loc) or None
         hint = None
-        if kind == "extra_forbidden":
-            owner = KernelBenchEntry if "KernelBenchEntry" in err["loc"] else _model_for(loc[:-1])
+        given = err.get("input")
+        if kind == "union":
+            message, hint = _union_problem(err)
+            owner = _owner(item)
+            if hint is None and owner is not None and loc and loc[-1] in owner.model_fields:
+                desc = owner.model_fields[loc[-1]].description
+                hint = f"{loc[-1]}: {desc}" if desc else None
+        elif kind == "extra_forbidden":
+            owner = _owner(item)
             word = str(loc[-1])
             message = f"unknown key {word!r}"
             if owner is not None:
@@ -428,25 +569,31 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict) -> list[Pro
                     "valid keys here: " + ", ".join(owner.model_fields))
         elif kind == "missing":
             message = f"missing required key {str(loc[-1])!r}"
-            owner = KernelBenchEntry if "KernelBenchEntry" in err["loc"] else _model_for(loc[:-1])
+            owner = _owner(item)
             if owner is not None and loc and loc[-1] in owner.model_fields:
                 desc = owner.model_fields[loc[-1]].description
                 hint = f"{loc[-1]}: {desc}" if desc else None
+        elif kind == "value_error" and isinstance((err.get("ctx") or {}).get("error"), ValueError):
+            cause = err["ctx"]["error"]  # a validator of this module: its own words, not "Value error, ..."
+            message, hint = str(cause), getattr(cause, "hint", None)
+        elif kind == "model_type":
+            message = f"expected {_member_text((err.get('ctx') or {}).get('class_name', 'dict['))} (got {given!r})"
+        elif kind == "too_short":
+            ctx = err.get("ctx") or {}
+            message = f"needs at least {ctx.get('min_length')} item(s), has {ctx.get('actual_length')}"
         else:
             message = err["msg"]
-            given = err.get("input")
+            if kind == "list_type" and isinstance(given, str):
+                hint = f"for a single item, write a list: [{given}]"
             if kind.startswith("literal_error") and isinstance(given, str):
-                expected = (err.get("ctx") or {}).get("expected", "")
-                options = re.findall(r"'([^']+)'", expected)
+                options = re.findall(r"'([^']+)'", (err.get("ctx") or {}).get("expected", ""))
                 hint = _suggest(given, options)
             if given is not None and not isinstance(given, (dict, list)):
                 message += f" (got {given!r})"
-        ident = (loc, kind)
-        if ident in seen or any(p.key == key and p.line == line for p in problems):
+        if any((p.key, p.line, p.message) == (key, line, message) for p in problems):
             continue
-        seen.add(ident)
         problems.append(Problem(file, line, col, key, message, hint))
-    return problems
+    return sorted(problems, key=lambda p: (p.line or 0, p.column or 0))
 
 
 def load(path: str | Path | None = None, *, check_files: bool = True) -> LoadedManifest:
@@ -478,7 +625,7 @@ def load(path: str | Path | None = None, *, check_files: bool = True) -> LoadedM
     try:
         model = Manifest.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(_pydantic_problems(exc, file, marks)) from None
+        raise ManifestError(_pydantic_problems(exc, file, marks, data)) from None
     loaded = LoadedManifest(path.resolve(), model, marks)
     loaded.path = path
     problems = _semantic_problems(loaded, file, check_files)
@@ -531,7 +678,7 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
             refs.append(("inputs", kernel.inputs))
         for key, ref in refs:
             line, col = at(("kernels", i, key))
-            problem = _check_ref(ref)
+            problem = _check_ref(ref, key, kernel)
             if problem:
                 message, hint = problem
                 problems.append(Problem(file, line, col, f"kernels[{i}].{key}", message, hint))
@@ -553,9 +700,31 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
 # Checking references without importing them (imports run untrusted code: that happens in workers).
 
 
-def _module_file(module: str, extra_paths: list[Path]) -> Path | None:
+def worker_sys_path(base: Path) -> tuple[str, ...]:
+    """The sys.path a worker starts with: kgate.runner's start in the manifest's folder, in this
+    environment (PYTHONPATH included), where the folder kgate was started from is not on the path."""
+    settings = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("PYTHON")))
+    return _started_sys_path(str(base), settings)
+
+
+@functools.lru_cache(maxsize=16)
+def _started_sys_path(base: str, settings: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    from kgate.runner import kgate_command  # the very command the workers start with
+
+    try:  # `python -m site` prints sys.path, one repr a line
+        done = subprocess.run(kgate_command("site"), cwd=base, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        lines = done.stdout.splitlines()
+        start = lines.index("sys.path = [") + 1
+        return tuple(ast.literal_eval(line.strip().rstrip(",")) for line in lines[start:lines.index("]", start)])
+    except (OSError, subprocess.SubprocessError, ValueError, SyntaxError):
+        return tuple(p for p in sys.path[1:] if p)  # this process's, less the entry its own start put first
+
+
+def _find_module(module: str, search: list[str]) -> Path | None:
+    """The file of `module` as an import with sys.path = `search` would find it (None: not found, or not a
+    file), without running any of its code."""
     parts = module.split(".")
-    search = [str(p) for p in extra_paths] + [p for p in sys.path if p]
     spec = None
     for i, part in enumerate(parts):
         spec = importlib.machinery.PathFinder.find_spec(part, search)
@@ -566,6 +735,17 @@ def _module_file(module: str, extra_paths: list[Path]) -> Path | None:
     if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
         return None
     return Path(spec.origin)
+
+
+def _module_file(module: str, extra_paths: list[Path]) -> Path | None:
+    """`module`'s file on `extra_paths` and this process's sys.path."""
+    return _find_module(module, [str(p) for p in extra_paths] + [p for p in sys.path if p])
+
+
+def _found_on(module: str, search: list[str]) -> str | None:
+    """The entry of `search` that `module`'s top-level package is found in."""
+    top = module.split(".")[0]
+    return next((p for p in search if importlib.machinery.PathFinder.find_spec(top, [p]) is not None), None)
 
 
 def _definition_line(path: Path, attr: str) -> int | None:
@@ -613,17 +793,32 @@ def _defined_names(tree: ast.Module) -> tuple[set[str], bool]:
     return names, dynamic
 
 
-def _check_ref(ref: Ref) -> tuple[str, str | None] | None:
+def _module_not_found(ref: Ref, kernel: ResolvedKernel) -> tuple[str, str]:
+    module = ref.module or ""
+    base = kernel.manifest.base
+    here = _found_on(module, [p for p in sys.path if p] + [os.getcwd()])
+    if here is None:
+        return (f"module {module!r} not found on the worker's Python path",
+                "the worker imports from the manifest's folder, the folders of file references, PYTHONPATH "
+                "and the installed packages: install the package, or name a file: 'path/to/file.py:attr'")
+    return (f"module {module!r} not found on the worker's Python path: it imports only from {here}",
+            f"{here} is on the path of this process (the folder it was started from, say), not on the worker's, "
+            f"which starts in the manifest's folder {base}: install the package (pip install -e), add {here} to "
+            "PYTHONPATH, or move the package beside the manifest")
+
+
+def _check_ref(ref: Ref, role: str, kernel: ResolvedKernel) -> tuple[str, str | None] | None:
     if ref.is_file:
         assert ref.path is not None
         if not ref.path.exists():
             return (f"file not found: {ref.path}", "paths are relative to the manifest's folder")
         path = ref.path
     else:
-        found = _module_file(ref.module or "", [])
+        if (ref.module or "").split(".")[0] in sys.builtin_module_names:
+            return None
+        found = _find_module(ref.module or "", kernel.import_path(role))
         if found is None:
-            return (f"module {ref.module!r} not found on the Python path",
-                    "install the package, or name a file: 'path/to/file.py:attr'")
+            return _module_not_found(ref, kernel)
         path = found
     if path.suffix != ".py":
         return None  # compiled module: its attributes are checked when the worker imports it
@@ -635,8 +830,57 @@ def _check_ref(ref: Ref) -> tuple[str, str | None] | None:
         return (f"cannot read {path}: {exc}", None)
     names, dynamic = _defined_names(tree)
     head = ref.attr.split(".")[0]
+    if role in ("kernel", "reference") and ref.attr in _module_classes(tree):
+        return _module_class_problem(ref, role, tree)
     if head in names or dynamic:
         return None
     public = sorted(n for n in names if not n.startswith("_"))
     hint = _suggest(head, public) or (f"{path.name} defines: {', '.join(public[:12])}" if public else None)
     return (f"attribute {head!r} not found in {path}", hint)
+
+
+def _module_classes(tree: ast.Module) -> set[str]:
+    """The top-level classes of a file that derive from torch.nn.Module (a torch.nn layer, or another
+    such class of the file), as far as its imports show."""
+    origin: dict[str, str] = {}  # local name -> what it was imported as
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                top = alias.name.split(".")[0]
+                origin[alias.asname or top] = alias.name if alias.asname else top
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                origin[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    found: set[str] = set()
+
+    def is_module(base: ast.expr) -> bool:
+        head, _, rest = ast.unparse(base).partition(".")
+        name = ".".join(filter(None, [origin.get(head, head), rest]))
+        last = name.rsplit(".", 1)[-1]
+        return name in found or (name.startswith("torch.nn.") and last[:1].isupper()
+                                 and not last.endswith(("Parameter", "Buffer")))
+
+    grew = True
+    while grew:
+        grew = False
+        for name, node in classes.items():
+            if name not in found and any(is_module(b) for b in node.bases) and not any(
+                    isinstance(n, ast.FunctionDef) and n.name == "__new__" for n in node.body):
+                found.add(name)
+                grew = True
+    return found
+
+
+def _module_class_problem(ref: Ref, role: str, tree: ast.Module) -> tuple[str, str]:
+    target = ref.text.rpartition(":")[0]
+    instances = [t.id for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                 and ast.unparse(node.value.func) == ref.attr for t in node.targets if isinstance(t, ast.Name)]
+    if instances:
+        hint = f"name the instance the file makes: '{target}:{instances[0]}'"
+    else:
+        instance = re.sub(r"(?<!^)(?=[A-Z])", "_", ref.attr).lower()
+        instance = instance if instance != ref.attr else f"{instance}_instance"
+        hint = f"make one in the file, e.g. `{instance} = {ref.attr}(...)`, and name it: '{target}:{instance}'"
+    return (f"{ref.attr!r} is an nn.Module class, but the {role} must be an instance (or a function): kgate "
+            f"calls the {role} with the inputs, and calling the class would only construct a module", hint)

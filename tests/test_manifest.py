@@ -175,3 +175,118 @@ def test_committed_schema_file_is_current():
 
     committed = json.loads((ROOT / "kgate.schema.json").read_text())
     assert committed == json.loads(json.dumps(json_schema())), "run `kgate schema -o kgate.schema.json`"
+
+
+def test_integer_dtypes_say_which_dtypes_and_why(write_manifest):
+    found = problems(write_manifest(GOOD + "    dtypes: [float32, int32]\n", {"k.py": KERNEL_PY}))
+    (p,) = found
+    assert (p.line, p.key) == (7, "kernels[0].dtypes[1]")
+    assert "integer dtype 'int32'" in p.message and "float16, bfloat16, float32, float64" in p.message
+    assert "inputs factory" in p.hint and "eps" in p.hint
+    text = GOOD.replace("    inputs: k.py:make_inputs\n", "    inputs: [{shape: [4], dtype: int64}]\n")
+    (p,) = problems(write_manifest(text, {"k.py": KERNEL_PY}))
+    assert p.key == "kernels[0].inputs[0].dtype" and "integer dtype 'int64'" in p.message
+    assert "inputs factory" in p.hint
+
+
+@pytest.mark.parametrize("entry, key, message, hint", [
+    ("    gates: 5\n", "kernels[0].gates", "expected 'all', a list or a mapping with keys include, exclude (got 5)",
+     None),
+    ("    gates: al\n", "kernels[0].gates", "expected 'all', a list or a mapping", "did you mean 'all'?"),
+    ("    inputs: 5\n", "kernels[0].inputs", "expected a string or a list (got 5)", "inputs: factory 'file.py:"),
+    ("    gates: {include: oracle}\n", "kernels[0].gates.include", "Input should be a valid list (got 'oracle')",
+     "for a single item, write a list: [oracle]"),
+    ("    gates: {includ: [oracle]}\n", "kernels[0].gates.includ", "unknown key 'includ'", "did you mean 'include'?"),
+    ("    device: gpu\n", "kernels[0].device", "device 'gpu' is not one of auto, cpu, cuda, cuda:N", "'cuda'"),
+    ("    seeds: []\n", "kernels[0].seeds", "needs at least 1 item(s), has 0", None),
+    ("    tolerance: 5\n", "kernels[0].tolerance", "expected a mapping with keys factor, ulps, atol (got 5)", None),
+])
+def test_one_clean_message_per_problem(write_manifest, entry, key, message, hint):
+    """A union (gates: 'all' | list | mapping) used to give one message per member, and validators' messages
+    came with pydantic's 'Value error, ' in front."""
+    text = GOOD.replace("    inputs: k.py:make_inputs\n", "") + entry
+    (p,) = problems(write_manifest(text, {"k.py": KERNEL_PY}))
+    assert (p.line, p.key) == (6, key) and p.message.startswith(message), p.format()
+    assert hint is None or hint in (p.hint or ""), p.format()
+
+
+def test_bad_reference_syntax_and_declarative_inputs_give_one_message_each(write_manifest, tmp_path, capsys):
+    text = GOOD.replace("kernel: k.py:kern", "kernel: k.py").replace(
+        "    inputs: k.py:make_inputs\n", "    inputs: [{shape: [4], dtype: float61}]\n")
+    path = write_manifest(text, {"k.py": KERNEL_PY})
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count(": error [") == 2, err
+    assert "Value error" not in err and "valid string" not in err
+    assert "kgate.yaml:4:5: error [kernels[0].kernel]: 'k.py' is not 'path/to/file.py:attr'" in err
+    assert "hint: add ':' and the name of the function or nn.Module instance, e.g. 'k.py:my_kernel'" in err
+    assert "kgate.yaml:6:27: error [kernels[0].inputs[0].dtype]: unsupported dtype 'float61'" in err
+
+
+def _package(folder, name: str) -> None:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "__init__.py").write_text("")
+    (folder / name / "ops.py").write_text("def kern(x):\n    return x + x\n")
+
+
+def test_module_reference_resolved_as_the_worker_will(write_manifest, tmp_path, monkeypatch):
+    """The worker starts in the manifest's folder, without the caller's folder on sys.path (kgate.runner
+    kgate_command): a package that imports only from there validated, then failed in every gate."""
+    caller = tmp_path / "caller"
+    _package(caller, "pkg_caller_only")
+    path = write_manifest(GOOD.replace("k.py:kern", "pkg_caller_only.ops:kern"), {"m/k.py": KERNEL_PY},
+                          name="m/kgate.yaml")
+    monkeypatch.chdir(caller)
+    monkeypatch.syspath_prepend(str(caller))  # as `python -m kgate` run from there has it
+    (p,) = problems(path)
+    assert (p.line, p.key) == (4, "kernels[0].kernel")
+    assert "module 'pkg_caller_only.ops' not found on the worker's Python path" in p.message
+    assert str(caller) in p.message and "PYTHONPATH" in p.hint and str(path.parent) in p.hint
+    monkeypatch.setenv("PYTHONPATH", str(caller))  # the workers inherit it
+    assert load(path).kernels[0].kernel.module == "pkg_caller_only.ops"
+
+
+def test_module_reference_beside_the_manifest_validates_and_runs(write_manifest, tmp_path, monkeypatch):
+    path = write_manifest(GOOD.replace("k.py:kern", "pkg_beside.ops:kern"), {"m/k.py": KERNEL_PY},
+                          name="m/kgate.yaml")
+    _package(path.parent, "pkg_beside")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    kernel = load(path).kernels[0]
+    assert kernel.source_location() == (str(path.parent / "pkg_beside" / "ops.py"), 1)
+    assert main(["run", str(path), "--gate", "contract", "--device", "cpu", "-q", "--out", str(tmp_path / "o")]) == 0
+
+
+MODULES_PY = """
+import torch
+from torch import nn
+
+def make_inputs(seed, shape=None):
+    return (torch.randn(shape or (4, 4)),)
+
+class Doubler(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+class Base(nn.Module):
+    pass
+
+class Tripler(Base):
+    def forward(self, x):
+        return x * 3
+
+doubler = Doubler()
+"""
+
+
+def test_module_class_where_an_instance_is_expected(write_manifest):
+    text = GOOD.replace("kernel: k.py:kern", "kernel: k.py:Tripler").replace("reference: k.py:ref",
+                                                                             "reference: k.py:Doubler")
+    kernel, reference = problems(write_manifest(text, {"k.py": MODULES_PY}))
+    assert (kernel.line, kernel.key) == (4, "kernels[0].kernel")
+    assert "'Tripler' is an nn.Module class, but the kernel must be an instance" in kernel.message
+    assert "`tripler = Tripler(...)`" in kernel.hint and "'k.py:tripler'" in kernel.hint
+    assert (reference.line, reference.key) == (5, "kernels[0].reference")
+    assert reference.hint == "name the instance the file makes: 'k.py:doubler'"
+    load(write_manifest(text.replace("k.py:Tripler", "k.py:doubler").replace("k.py:Doubler", "k.py:doubler"),
+                        {"k.py": MODULES_PY}))

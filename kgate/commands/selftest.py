@@ -1,6 +1,7 @@
 """`kgate selftest`: run the catalogue of positive controls and check every verdict.
 
-The catalogue (`gates/kgate.yaml` in the source tree) lists, for every gate, kernels that violate it
+The catalogue (`gates/kgate.yaml` in the source tree, `kgate/catalogue/` in an installed kgate: the
+wheel carries it there) lists, for every gate, kernels that violate it
 and kernels that are correct, each with `expect: {gate: verdict}`. A control is as expected when every
 gate it lists got exactly that verdict and every other gate that ran passed or skipped. Controls with
 `device: cuda` are skipped (and not counted) when the run is on the CPU. Exit 0 only when every control
@@ -28,13 +29,24 @@ from kgate.report import KernelResult, Report, environment, now
 from kgate.runner import Events, Runner, RunOptions, resolve_device
 from kgate.selection import matcher
 
-DEFAULT_CATALOGUE = Path(kgate.__file__).resolve().parent.parent / "gates" / "kgate.yaml"
+
+def default_catalogue() -> Path:
+    """The catalogue this kgate comes with: kgate/catalogue/ of an installed kgate (the wheel maps gates/
+    there, see pyproject.toml), else gates/ of the source tree kgate runs from (a checkout, an editable
+    install)."""
+    package = Path(kgate.__file__).resolve().parent
+    installed = package / "catalogue" / "kgate.yaml"
+    return installed if installed.is_file() else package.parent / "gates" / "kgate.yaml"
+
+
+DEFAULT_CATALOGUE = default_catalogue()
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "selftest", help="run the catalogue of positive controls and check each gets its expected verdicts",
-        description="Run every control kernel of the catalogue (default: gates/kgate.yaml of this source tree) "
+        description="Run every control kernel of the catalogue (default: the one this kgate comes with, "
+        "gates/kgate.yaml of the source tree or kgate/catalogue/ of an installed kgate) "
         "through the real runner and compare its verdicts with its `expect:` entry: listed gates must get "
         "exactly the listed verdict, every other gate that runs must pass or skip. Controls marked "
         "`device: cuda` are skipped on the CPU. Prints a table, then `selftest: N/M controls as expected`. "
@@ -96,8 +108,10 @@ def main(args: argparse.Namespace) -> int:
     console = make_console()
     path = Path(args.catalogue) if args.catalogue else DEFAULT_CATALOGUE
     if not path.exists():
-        raise UsageError(f"catalogue not found: {path} (it ships with the kgate source tree, gates/kgate.yaml; "
-                         "pass --catalogue PATH)")
+        raise UsageError(f"catalogue not found: {path}" if args.catalogue else
+                         f"catalogue not found: this kgate ({Path(kgate.__file__).parent}) has neither "
+                         "catalogue/kgate.yaml (an installed kgate) nor ../gates/kgate.yaml (a source tree); "
+                         "reinstall kgate, or pass --catalogue PATH")
     if args.jobs < 1:
         raise UsageError("--jobs must be at least 1")
     if args.device not in ("auto", "cpu") and not args.device.startswith("cuda"):
