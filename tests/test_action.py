@@ -149,20 +149,47 @@ def test_action_read_only_token_degrades_to_summary_and_annotations(workspace, t
     assert not marker.exists(), "the pull request's kgate/ package ran"
 
 
-@pytest.mark.slow
-def test_action_changed_only_gates_the_kernels_a_pull_request_touched(workspace, tmp_path):
-    base = subprocess.run(["git", "rev-parse", "HEAD"], cwd=workspace, capture_output=True, text=True).stdout.strip()
-    bad = workspace / "kernels" / "bad.py"
+def _pull_request(upstream: Path) -> tuple[str, str]:
+    """A pull request that touches bad.py (two kernels), opened on `upstream`'s main, which then moved on:
+    good.py (the reference and inputs of all three kernels) changed there after the fork. Returns
+    (base, head) as the pull_request event gives them: base is main's tip, not the merge base."""
+    _git(upstream, "checkout", "-qb", "pr")
+    bad = upstream / "kernels" / "bad.py"
     bad.write_text(bad.read_text() + "\n# touched\n")
-    _git(workspace, "commit", "-qam", "touch bad.py")
-    head = _git(workspace, "rev-parse", "HEAD")
+    _git(upstream, "commit", "-qam", "touch bad.py")
+    head = _git(upstream, "rev-parse", "HEAD")
+    _git(upstream, "checkout", "-q", "main")
+    good = upstream / "kernels" / "good.py"
+    good.write_text(good.read_text() + "\n# moved on after the fork\n")
+    _git(upstream, "commit", "-qam", "main moves on")
+    _git(upstream, "config", "uploadpack.allowAnySHA1InWant", "true")  # as GitHub serves any commit by id
+    return _git(upstream, "rev-parse", "HEAD"), head
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkout", ["full", "shallow", "shallow-offline"])
+def test_action_changed_only_gates_what_the_pull_request_changed_since_its_merge_base(workspace, tmp_path,
+                                                                                      checkout):
+    base, head = _pull_request(workspace)
+    clone = tmp_path / "checkout"
+    depth = ["--depth=1"] if checkout.startswith("shallow") else []
+    _git(tmp_path, "clone", "-q", *depth, "--no-tags", "-b", "pr", workspace.as_uri(), str(clone))
+    if checkout == "shallow-offline":  # the merge base cannot be fetched
+        _git(clone, "remote", "set-url", "origin", (tmp_path / "gone").as_uri())
     with FakeGitHub(token=TOKEN) as fake:
-        # bad.py holds two kernels; good.py (the reference and inputs of all three) is untouched.
-        run, summary = _run(fake, workspace, tmp_path, "changed", event=_event(tmp_path, base, head),
+        run, summary = _run(fake, clone, tmp_path, checkout, event=_event(tmp_path, base, head),
                             **{"changed-only": "true", "kernels": "naive or good"})
     assert run.returncode == 1, run.log
-    assert "1 file(s) changed in this pull request" in run.log
+    if checkout == "shallow-offline":
+        # Unknown changes gate every selected kernel, saying why; none would pass the pull request unjudged.
+        assert "::warning title=kgate::changed-only: no merge base" in run.log
+        assert "1 of 2 kernel(s) violate gates" in summary and "| softmax-good | pass |" in summary
+        return
+    # bad.py only: good.py changed on main, not in the pull request (a two-dot diff would count it)
+    assert "1 file(s) changed in this pull request" in run.log, run.log
     assert "1 of 1 kernel(s) violate gates" in summary and "softmax-good" not in summary
+    assert ("fetching the history" in run.log) == (checkout == "shallow")
+    assert "::warning" not in run.log
 
 
 @pytest.mark.slow

@@ -1202,3 +1202,26 @@ def test_a_problem_that_raises_in_the_standard_test_is_named_and_not_judged(tmp_
                        "--gate", "contract", "--out", str(out), "-q"]) == 2
     (record,) = _records(out).values()
     assert record["problem_error"] == f"the problem's {part} raised in the standard test: ValueError: boom"
+
+
+def test_a_candidate_that_pairs_with_no_problem_fails_the_audit_as_the_junit_file_says(tmp_path, capsys):
+    problems, candidates = tmp_path / "p", tmp_path / "c"
+    problems.mkdir()
+    candidates.mkdir()
+    problem = CORPUS / "problems" / "level1" / "19_ReLU.py"
+    (problems / "19_ReLU.py").write_text(problem.read_text())
+    (candidates / "19_ReLU.py").write_text((CORPUS / "candidates" / "level1" / "19_ReLU.py").read_text())
+    (candidates / "99_Missing.py").write_text("raise SystemExit('never imported')\n")
+    base = ["audit", "--problems", str(problems), "--candidates", str(candidates), "--device", "cpu",
+            "--gate", "contract"]
+    junit = tmp_path / "junit.xml"
+    assert kgate_main([*base, "--out", str(tmp_path / "o"), "--junit", str(junit), "-q"]) == 1
+    said = capsys.readouterr().out
+    assert "99_Missing: no problem 99_Missing.py" in said  # up front
+    assert "1 candidate(s) pair with no problem" in said  # and again, with the exit code
+    records = _records(tmp_path / "o")
+    assert records["19_ReLU"]["gates"][0]["verdict"] == "pass"  # the paired one is still judged, and passes
+    assert 'errors="1"' in junit.read_text() and 'failures="0"' in junit.read_text()
+    # with nothing paired, nothing is judged: exit 2
+    (candidates / "19_ReLU.py").unlink()
+    assert kgate_main([*base, "--out", str(tmp_path / "o2"), "-q"]) == 2

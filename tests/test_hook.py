@@ -103,6 +103,51 @@ def test_changed_files_map_to_the_entries_that_use_them(tmp_path):
     assert _names(manifest, ["softmax.py"], tmp_path / "kernels") == ["softmax"]
 
 
+def test_files_globs_are_relative_to_the_manifests_folder_inside_and_outside_it(tmp_path):
+    # The manifest in a subfolder of the repository; its `files:` reach the sources beside it with `..`.
+    repo = tmp_path / "repo"
+    ci = repo / "ci"
+    for rel, text in {"ci/kernels/scale.py": SCALE, "ci/kernels/local.cuh": "", "src/kernels/scale.cu": "",
+                      "src/kernels/deep/tile.cuh": "", "src/other/scale.cu": "", "include/common.h": "",
+                      "ci/src/kernels/decoy.cu": ""}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    (ci / "kgate.yaml").write_text(textwrap.dedent("""\
+        version: 1
+        kernels:
+          - name: scale
+            kernel: kernels/scale.py:scale
+            reference: kernels/scale.py:scale_ref
+            inputs: [{shape: [3]}]
+            files: [../src/kernels/*.cu, ../src/kernels/**/*.cuh, ../include/common.h, kernels/*.cuh]
+          - name: other
+            kernel: kernels/scale.py:scale_ref
+            reference: kernels/scale.py:scale_ref
+            inputs: [{shape: [3]}]
+            files: [./../src/other/*.cu]
+        """))
+    manifest = load(ci / "kgate.yaml")
+    # from the repository's root, as pre-commit and the Action run it
+    assert _names(manifest, ["src/kernels/scale.cu"], repo) == ["scale"]
+    assert _names(manifest, ["src/kernels/deep/tile.cuh"], repo) == ["scale"]
+    assert _names(manifest, ["include/common.h"], repo) == ["scale"]
+    assert _names(manifest, ["src/other/scale.cu"], repo) == ["other"]
+    assert _names(manifest, ["ci/kernels/local.cuh"], repo) == ["scale"]  # inside the manifest's folder
+    assert _names(manifest, ["ci/src/kernels/decoy.cu", "include/other.h", "src/kernels/scale.h"], repo) == []
+    # from elsewhere, with `..` and absolute paths in the list
+    assert _names(manifest, ["../src/kernels/scale.cu"], ci) == ["scale"]
+    assert _names(manifest, ["../../../repo/src/other/scale.cu"], ci / "kernels") == ["other"]
+    assert _names(manifest, [str(repo / "include" / "common.h")], tmp_path) == ["scale"]
+    # the kernel's own source module and the manifest still select what they did
+    assert _names(manifest, ["ci/kernels/scale.py"], repo) == ["scale", "other"]
+    assert _names(manifest, ["ci/kgate.yaml"], repo) == ["scale", "other"]
+    # the manifest reached through a symlinked folder: the globs resolve as the changed files do
+    (tmp_path / "link").symlink_to(repo)
+    linked = load(tmp_path / "link" / "ci" / "kgate.yaml")
+    assert _names(linked, ["src/kernels/scale.cu"], repo) == ["scale"]
+    assert _names(linked, ["link/src/other/scale.cu"], tmp_path) == ["other"]
+
+
 def test_quick_profile_is_one_small_case_of_the_cheap_gates(tmp_path):
     _kernel_repo(tmp_path)
     softmax = load(tmp_path / "kgate.yaml").by_name("softmax")

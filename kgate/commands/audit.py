@@ -54,9 +54,10 @@ runs out of it is judged again alone, with the whole GPU, once no shared work is
 appetite never becomes a verdict). Each finished candidate is appended to OUT/results.jsonl; --resume
 skips those already there."""
 
-EPILOG = """exit codes: 0 every judged candidate passed every gate, 1 some violation, 2 usage or infrastructure
-error (or no candidate could be judged at all, e.g. CUDA candidates on a machine without CUDA), 3 stopped
-by --max-time before every candidate was judged (run again with --resume).
+EPILOG = """exit codes: 0 every judged candidate passed every gate, 1 some violation, or some candidate that pairs
+with no problem, 2 usage or infrastructure error (or no candidate could be judged at all, e.g. CUDA candidates
+on a machine without CUDA, or none pairs with a problem), 3 stopped by --max-time before every candidate was
+judged (run again with --resume).
 
 examples:
   kgate audit --format kernelbench --problems KernelBench --candidates runs/ --report audit-report
@@ -321,6 +322,11 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         console.print("[bold red]kgate audit: no candidate could be judged[/] (see the reasons above and the "
                       f"logs in {out / 'logs'})")
         return 2
+    if unpaired:  # an input error the JUnit file counts as one: not a pass, whatever the others did
+        console.print(f"[bold red]kgate audit: {len(unpaired)} candidate(s) pair with no problem[/] (none of that "
+                      "name, or several; listed at the start and in results.jsonl): name each after its problem "
+                      "(X.py or X__anything.py for problem X.py), or pair them with --index", highlight=False)
+        return 1
     return 1 if summary["violation"] else 0
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import glob
+import posixpath
 import shutil
 import tempfile
 import time
@@ -30,6 +32,7 @@ from kgate.runner import Runner, RunOptions
 # Cheap gates that catch most broken kernels; the slow ones (long sweeps, sanitizers) stay for CI.
 QUICK_GATES = ("contract", "oracle", "special_values", "input_integrity", "determinism")
 DEFAULT_BUDGET_S = 120.0
+_WILDCARDS = frozenset("*?[")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -71,18 +74,30 @@ def watched_files(kernel: ResolvedKernel) -> set[Path]:
     return {p for p in (_ref_file(r, base) for r in refs) if p is not None}
 
 
+def glob_pattern(pattern: str, base: Path) -> str:
+    """A `files:` glob as an absolute pattern: relative to the manifest's folder `base` (`..` and paths
+    outside that folder allowed; an absolute glob stays as it is), its leading folders without wildcards
+    resolved the way the changed files are (`..`, symlinks), the rest kept for `fnmatch`."""
+    parts = Path(pattern).parts
+    literal = next((i for i, part in enumerate(parts) if _WILDCARDS & set(part)), len(parts))
+    head = glob.escape((base / Path(*parts[:literal])).resolve().as_posix())
+    return posixpath.join(head, posixpath.normpath("/".join(parts[literal:]))) if literal < len(parts) else head
+
+
 def kernels_for_files(manifest: LoadedManifest, files: list[str], cwd: Path | None = None) -> list[ResolvedKernel]:
-    """The kernels that use one of `files` (paths relative to `cwd`); all of them if the manifest changed."""
+    """The kernels that use one of `files` (paths relative to `cwd`); all of them if the manifest changed.
+    A kernel uses its kernel's, reference's and inputs' files and whatever its `files:` globs match,
+    relative to the manifest's folder."""
     cwd = cwd or Path.cwd()
     changed = {(cwd / f).resolve() for f in files}
     if manifest.path.resolve() in changed or (cwd / manifest.path).resolve() in changed:
         return list(manifest.kernels)
     base = manifest.base.resolve()
-    relative = [c.relative_to(base).as_posix() for c in changed if c.is_relative_to(base)]
+    changed_posix = [c.as_posix() for c in changed]
     selected = []
     for kernel in manifest.kernels:
-        globs = kernel.entry.files
-        if watched_files(kernel) & changed or any(fnmatch.fnmatch(r, g) for r in relative for g in globs):
+        patterns = [glob_pattern(g, base) for g in kernel.entry.files]
+        if watched_files(kernel) & changed or any(fnmatch.fnmatch(c, p) for c in changed_posix for p in patterns):
             selected.append(kernel)
     return selected
 
