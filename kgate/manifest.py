@@ -197,7 +197,9 @@ class KernelEntry(_Strict):
     tolerance: Tolerance | None = None
     device: Device | None = None
     limits: Limits | None = None
-    files: list[str] = Field(default_factory=list, description="globs the pre-commit hook watches")
+    files: list[str] = Field(default_factory=list, description=(
+        "globs of more files whose change gates this kernel (the pre-commit hook, kgate run --changed, the "
+        "Action's changed-only), relative to the manifest's folder; ../ reaches outside it"))
     expect: dict[str, Verdict] | None = Field(
         None, description="expected verdict per gate (used by `kgate selftest` for the controls)")
     description: str | None = None

@@ -24,3 +24,16 @@ def cumsum_tiled_masks_nonfinite(x):
 
     blocks, tri = scan_blocks(x)
     return scan_finish(torch.nan_to_num(blocks, nan=0.0, posinf=0.0, neginf=0.0) @ tri, x.shape[-1])
+
+
+def relu_fmax(x):
+    """ReLU as `fmaxf(x, 0.0f)`, the most common special-value fault of the H200 audit's CUDA kernels
+    (docs/audit/README.md): fmax returns the other operand when one is NaN, so a NaN becomes 0."""
+    return torch.fmax(x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def row_sum_tail_nansum(x):
+    """A split row sum whose second half is 'cleaned' with nansum: NaN in a row's first half reaches the
+    output, NaN in its tail silently vanishes. Only a probe that puts a NaN in the tail catches it."""
+    half = x.shape[-1] // 2
+    return x[..., :half].sum(dim=-1) + torch.nansum(x[..., half:], dim=-1)
