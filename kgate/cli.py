@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kgate import __version__
-from kgate.errors import KgateError
+from kgate.errors import KgateError, ManifestError
 
 # Each module defines add_parser(subparsers) and main(args) -> exit code.
 COMMANDS = ("run", "gates", "schema", "github", "comment", "hook", "audit", "selftest", "calibrate", "repro")
@@ -43,8 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KgateError as exc:
-        Console(stderr=True, highlight=False).print(f"[bold red]kgate:[/] {escape(str(exc))}", markup=True,
-                                                    soft_wrap=True)
+        console = Console(stderr=True, highlight=False)
+        if isinstance(exc, ManifestError):
+            # each problem on lines of its own that start with file:line:col, as editors' and CI's problem
+            # matchers read them
+            console.print(f"[bold red]kgate:[/] {len(exc.problems)} problem(s) in the manifest", soft_wrap=True)
+            console.print(escape(str(exc)), markup=True, soft_wrap=True)
+        else:
+            console.print(f"[bold red]kgate:[/] {escape(str(exc))}", markup=True, soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kgate: interrupted; results so far are in the output folder's results.jsonl", file=sys.stderr)

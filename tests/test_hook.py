@@ -300,3 +300,23 @@ def test_the_plain_git_hook_fails_a_commit_that_deletes_a_kernels_file(tmp_path)
                           timeout=300, env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
     assert proc.returncode == 2, proc.stdout + proc.stderr  # the manifest names a file that is gone
     assert "scale.py" in proc.stdout + proc.stderr
+
+
+def test_run_changed_takes_paths_as_git_diff_prints_them_from_a_subfolder(tmp_path):
+    """`git diff --name-only` prints paths from the work tree's top folder; `kgate run --changed` run in
+    the manifest's subfolder read them from there and matched nothing."""
+    from kgate.commands.hook import changed_kernels
+
+    repo = tmp_path / "repo"
+    _kernel_repo(repo / "ci")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    manifest = load(repo / "ci" / "kgate.yaml")
+    names = [k.name for k in changed_kernels(manifest, ["ci/kernels/scale.py"], repo / "ci")]
+    assert names == ["scale"]
+    # relative to the current folder still works, and both readings only add
+    assert [k.name for k in changed_kernels(manifest, ["kernels/softmax.py"], repo / "ci")] == ["softmax"]
+    assert [k.name for k in changed_kernels(manifest, ["ci/README.md"], repo / "ci")] == []
+    # outside a git work tree: relative to the current folder only
+    plain = tmp_path / "plain"
+    _kernel_repo(plain)
+    assert [k.name for k in changed_kernels(load(plain / "kgate.yaml"), ["plain/kernels/scale.py"], plain)] == []

@@ -290,3 +290,16 @@ def test_module_class_where_an_instance_is_expected(write_manifest):
     assert reference.hint == "name the instance the file makes: 'k.py:doubler'"
     load(write_manifest(text.replace("k.py:Tripler", "k.py:doubler").replace("k.py:Doubler", "k.py:doubler"),
                         {"k.py": MODULES_PY}))
+
+
+def test_each_manifest_problem_is_a_line_of_its_own_starting_with_file_line_col(write_manifest, tmp_path, capsys):
+    """Editors and CI problem matchers read `file:line:col: error ...` at the start of a line: a prefix
+    before the first problem (`kgate: /path/kgate.yaml:5:5: ...`) hid it from them."""
+    text = GOOD.replace("    reference: k.py:ref", "    refrence: k.py:ref") + "    dtypes: [float61]\n"
+    path = write_manifest(text, {"k.py": KERNEL_PY})
+    assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    problems = [line for line in lines if ": error [" in line]
+    assert len(problems) >= 2, lines  # the misspelt key, the dtype (and the reference now missing)
+    assert lines[0] == f"kgate: {len(problems)} problem(s) in the manifest", lines
+    assert all(line.startswith(f"{path}:") for line in problems), problems

@@ -14,6 +14,7 @@ import fnmatch
 import glob
 import posixpath
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import replace
@@ -181,6 +182,28 @@ def main(args: argparse.Namespace) -> int:
     console.print(f"kgate hook: {len(results) - len(bad)} passed, {len(bad)} with violations "
                   f"in {time.monotonic() - started:.1f}s")
     return 1 if bad else 0
+
+
+def git_toplevel(cwd: Path) -> Path | None:
+    """The top folder of the git work tree `cwd` is in (None: not in one, or no git)."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(done.stdout.strip()).resolve() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def changed_kernels(manifest: LoadedManifest, files: list[str], cwd: Path | None = None) -> list[ResolvedKernel]:
+    """`kgate run --changed`: the kernels that use one of `files`, each path taken relative to `cwd` and,
+    inside a git work tree, also relative to its top folder, as `git diff --name-only` prints them (run
+    from a subfolder, those would otherwise match nothing). A path read both ways can only select more."""
+    cwd = (cwd or Path.cwd()).resolve()
+    kernels = kernels_for_files(manifest, files, cwd)
+    top = git_toplevel(cwd)
+    if top is not None and top != cwd:
+        kernels += [k for k in kernels_for_files(manifest, files, top) if k not in kernels]
+    return [k for k in manifest.kernels if k in kernels]
 
 
 def read_list(path: str) -> list[str]:

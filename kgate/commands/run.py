@@ -65,8 +65,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --container: memory limit of the container (default: 80%% of the host's memory)")
     p.add_argument("--changed", metavar="LIST",
                    help="only kernels that use a file listed in LIST (one path a line, relative to the current "
-                   "folder; '-' reads stdin): kernel, reference, inputs and `files:` globs; a listed manifest "
-                   "selects all")
+                   "folder or, in a git work tree, to its top folder as `git diff --name-only` prints them; '-' "
+                   "reads stdin): kernel, reference, inputs and `files:` globs; a listed manifest selects all")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the table and findings")
     p.set_defaults(func=main)
 
@@ -121,9 +121,9 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"-k {args.select!r} selects no kernel of {args.manifest}; "
                              f"names: {', '.join(k.name for k in manifest.kernels)}")
     if args.changed:
-        from kgate.commands.hook import kernels_for_files, read_list
+        from kgate.commands.hook import changed_kernels, read_list
 
-        touched = kernels_for_files(manifest, read_list(args.changed))
+        touched = changed_kernels(manifest, read_list(args.changed))
         kernels = [k for k in kernels if k in touched]
         if not kernels:
             console.print(f"kgate: no selected kernel of {args.manifest} uses a changed file; nothing to gate")
