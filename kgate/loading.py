@@ -63,4 +63,14 @@ def resolve(ref: Ref, role: str, base: Path) -> Any:
                             f"has no attribute {part!r}") from None
     if not callable(obj):
         raise LoadError(f"{ref.text} is a {type(obj).__name__}, not a callable")
+    if role in ("kernel", "reference") and isinstance(obj, type) and _is_module_class(obj):
+        # calling the class would construct a module, whose output then fails every gate for a reason
+        # that names nothing; the manifest's check sees the classes its file defines, not imported ones
+        raise LoadError(f"{ref.text} is the nn.Module class {obj.__name__!r}; the {role} must be an instance "
+                        f"(make one in the file, `{obj.__name__.lower()} = {obj.__name__}(...)`, and name it)")
     return obj
+
+
+def _is_module_class(cls: type) -> bool:
+    torch = sys.modules.get("torch")  # a module class needs torch imported already: never import it here
+    return torch is not None and issubclass(cls, torch.nn.Module)

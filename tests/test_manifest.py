@@ -303,3 +303,19 @@ def test_each_manifest_problem_is_a_line_of_its_own_starting_with_file_line_col(
     assert len(problems) >= 2, lines  # the misspelt key, the dtype (and the reference now missing)
     assert lines[0] == f"kgate: {len(problems)} problem(s) in the manifest", lines
     assert all(line.startswith(f"{path}:") for line in problems), problems
+
+
+def test_an_imported_module_class_named_as_the_kernel_is_a_load_error_that_says_so(write_manifest, tmp_path,
+                                                                                  capsys):
+    """The manifest's check reads the classes a file defines; one imported from another file reaches the
+    worker, where calling it built a module and every gate failed on a 'Tripler' output."""
+    text = GOOD.replace("kernel: k.py:kern", "kernel: k.py:Tripler")
+    files = {"k.py": KERNEL_PY + "\nfrom mods import Tripler\n", "mods.py": MODULES_PY}
+    path = write_manifest(text, files)
+    load(path)  # not visible without importing
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--gate", "contract", "--device", "cpu", "-q"]) == 1
+    report = json.loads((out / "report.json").read_text())
+    (result,) = report["kernels"][0]["gates"]
+    assert result["verdict"] == "error"
+    assert "is the nn.Module class 'Tripler'; the kernel must be an instance" in result["message"], result["message"]
