@@ -1225,3 +1225,29 @@ def test_a_candidate_that_pairs_with_no_problem_fails_the_audit_as_the_junit_fil
     # with nothing paired, nothing is judged: exit 2
     (candidates / "19_ReLU.py").unlink()
     assert kgate_main([*base, "--out", str(tmp_path / "o2"), "-q"]) == 2
+
+
+def test_a_candidate_that_is_not_judged_keeps_the_audit_from_passing(tmp_path, capsys):
+    """Unverified is not a pass: with one candidate judged and passing and one not judged (its problem's
+    get_inputs() raises), the audit exited 0."""
+    problems, candidates = tmp_path / "p", tmp_path / "c"
+    problems.mkdir()
+    candidates.mkdir()
+    source = (CORPUS / "problems" / "level1" / "19_ReLU.py").read_text()
+    candidate = (CORPUS / "candidates" / "level1" / "19_ReLU.py").read_text()
+    (problems / "19_ReLU.py").write_text(source)
+    (problems / "20_Raiser.py").write_text(source.replace("def get_inputs():",
+                                                          "def get_inputs():\n    raise ValueError('boom')"))
+    (candidates / "19_ReLU.py").write_text(candidate)
+    (candidates / "20_Raiser.py").write_text(candidate)
+    out = tmp_path / "o"
+    args = ["audit", "--problems", str(problems), "--candidates", str(candidates), "--device", "cpu",
+            "--gate", "contract", "--out", str(out), "-q"]
+    assert kgate_main(args) == 1
+    said = capsys.readouterr().out.replace("\n", " ")
+    assert "1 candidate(s) not judged" in said and "passes only when every candidate is judged" in said
+    records = _records(out)
+    assert len(records) == 2 and sum(bool(r["problem_error"]) for r in records.values()) == 1
+    # the judged one alone passes
+    (candidates / "20_Raiser.py").unlink()
+    assert kgate_main([*args[:-3], "--out", str(tmp_path / "o2"), "-q"]) == 0

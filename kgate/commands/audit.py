@@ -54,8 +54,9 @@ runs out of it is judged again alone, with the whole GPU, once no shared work is
 appetite never becomes a verdict). Each finished candidate is appended to OUT/results.jsonl; --resume
 skips those already there."""
 
-EPILOG = """exit codes: 0 every judged candidate passed every gate, 1 some violation, or some candidate that pairs
-with no problem, 2 usage or infrastructure error (or no candidate could be judged at all, e.g. CUDA candidates
+EPILOG = """exit codes: 0 every candidate judged and passed every gate, 1 some violation, or some candidate that
+pairs with no problem or could not be judged (no CUDA here, kgate's memory limits, the problem's own code
+raised), 2 usage or infrastructure error (or no candidate could be judged at all, e.g. CUDA candidates
 on a machine without CUDA, or none pairs with a problem), 3 stopped by --max-time before every candidate was
 judged (run again with --resume).
 
@@ -326,6 +327,11 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         console.print(f"[bold red]kgate audit: {len(unpaired)} candidate(s) pair with no problem[/] (none of that "
                       "name, or several; listed at the start and in results.jsonl): name each after its problem "
                       "(X.py or X__anything.py for problem X.py), or pair them with --index", highlight=False)
+        return 1
+    if summary["not_judged"]:  # unverified is not a pass: the reasons are listed above, each with what to do
+        console.print(f"[bold red]kgate audit: {summary['not_judged']} candidate(s) not judged[/] (the reasons are "
+                      "listed above): the audit passes only when every candidate is judged and passes",
+                      highlight=False)
         return 1
     return 1 if summary["violation"] else 0
 
