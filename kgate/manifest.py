@@ -12,6 +12,7 @@ import ast
 import difflib
 import functools
 import importlib.machinery
+import json
 import os
 import re
 import subprocess
@@ -399,6 +400,10 @@ def _compose(text: str, file: str) -> tuple[Any, dict[tuple, tuple[int, int]], l
             out: dict[Any, Any] = {}
             for key_node, value_node in n.value:
                 key = constructor.construct_object(key_node, deep=True)
+                if not isinstance(key, (str, int, float, bool)) and key is not None:
+                    raise ManifestError([Problem(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
+                                                 _dotted(path) or None, f"a key must be a name, not {key!r}",
+                                                 "write `name: value`; `? [..]` keys are not part of a manifest")])
                 if key in out:
                     problems.append(Problem(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
                                             _dotted(path + (key,)), f"duplicate key {key!r}",
@@ -511,6 +516,12 @@ def _one_member_per_union(errors: list[_Located]) -> list[_Located]:
     return errors
 
 
+def _yaml_item(text: str) -> str:
+    """`text` as an item of a YAML flow list: bare where YAML reads it back as the same string, quoted
+    otherwise (`*.py` bare would be an alias)."""
+    return text if re.fullmatch(r"[A-Za-z_][\w.\-/]*", text) else json.dumps(text)
+
+
 def _member_text(member: str) -> str:
     """What a union member accepts, in the manifest's words."""
     if member.startswith("literal["):
@@ -535,7 +546,7 @@ def _union_problem(error: dict[str, Any]) -> tuple[str, str | None]:
         literals = [v for m in error["members"] if m.startswith("literal[") for v in re.findall(r"'([^']+)'", m)]
         hint = _suggest(given, literals)
         if hint is None and any(m.startswith("list[") for m in error["members"]):
-            hint = f"for a single item, write a list: [{given}]"
+            hint = f"for a single item, write a list: [{_yaml_item(given)}]"
     return f"expected {expected} (got {got})", hint
 
 
@@ -586,7 +597,7 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict, data: Any) 
         else:
             message = err["msg"]
             if kind == "list_type" and isinstance(given, str):
-                hint = f"for a single item, write a list: [{given}]"
+                hint = f"for a single item, write a list: [{_yaml_item(given)}]"
             if kind.startswith("literal_error") and isinstance(given, str):
                 options = re.findall(r"'([^']+)'", (err.get("ctx") or {}).get("expected", ""))
                 hint = _suggest(given, options)
@@ -711,11 +722,11 @@ def worker_sys_path(base: Path) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _started_sys_path(base: str, settings: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
-    from kgate.runner import kgate_command  # the very command the workers start with
+    from kgate.runner import kgate_command, untrusted_env  # the very command the workers start with
 
-    try:  # `python -m site` prints sys.path, one repr a line
+    try:  # `python -m site` prints sys.path, one repr a line; nothing of the folder is imported to do it
         done = subprocess.run(kgate_command("site"), cwd=base, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, env=untrusted_env())
         lines = done.stdout.splitlines()
         start = lines.index("sys.path = [") + 1
         return tuple(ast.literal_eval(line.strip().rstrip(",")) for line in lines[start:lines.index("]", start)])
@@ -832,7 +843,7 @@ def _check_ref(ref: Ref, role: str, kernel: ResolvedKernel) -> tuple[str, str | 
         return (f"cannot read {path}: {exc}", None)
     names, dynamic = _defined_names(tree)
     head = ref.attr.split(".")[0]
-    if role in ("kernel", "reference") and ref.attr in _module_classes(tree):
+    if role in ("kernel", "reference") and ref.attr in _module_classes(tree) and _last_binding(tree, ref.attr) == "class":
         return _module_class_problem(ref, role, tree)
     if head in names or dynamic:
         return None
@@ -872,6 +883,23 @@ def _module_classes(tree: ast.Module) -> set[str]:
                 found.add(name)
                 grew = True
     return found
+
+
+def _last_binding(tree: ast.Module, name: str) -> str | None:
+    """What binds `name` last at the top level of a file: "class", "other" (an assignment, a def, an import:
+    `Softmax = Softmax()` makes the name an instance) or None."""
+    kind = None
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            kind = "class" if isinstance(node, ast.ClassDef) else "other"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == name for target in targets for n in ast.walk(target)):
+                kind = "other"
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any((alias.asname or alias.name.split(".")[0]) == name for alias in node.names):
+                kind = "other"
+    return kind
 
 
 def _module_class_problem(ref: Ref, role: str, tree: ast.Module) -> tuple[str, str]:

@@ -408,15 +408,34 @@ def seed_private_folders(devices: list[str]) -> str | None:
 
 # `python -m M` puts the working folder first on sys.path, and workers run in the kernels' folder: a
 # `kgate/` package there (a pull request can add one) would stand in for kgate and report what it likes.
-# This starts M with that entry removed (as -P does on Python 3.11+); the kernels' folders are added
-# later, by kgate.loading, once kgate itself is imported.
-_SAFE_START = ("import runpy, sys\nif sys.path[:1] == ['']:\n    del sys.path[0]\n"
-               "runpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)")
+# This starts M with that entry removed (-P on Python 3.11+; on 3.10 the first statement removes it);
+# the kernels' folders are added later, by kgate.loading, once kgate itself is imported. Nothing may be
+# imported before the entry is gone: `sys` is built in, but `import runpy` first would load runpy.py,
+# warnings.py, types.py ... from the working folder on Python 3.10 and 3.12 (where they are not frozen).
+_DROP_PATH0 = "import sys\nif sys.path[:1] == ['']:\n    del sys.path[0]\n"
+_NO_PATH0 = ["-P"] if sys.version_info >= (3, 11) else []
 
 
-def kgate_command(module: str, *args: str) -> list[str]:
+def python_command(code: str, *args: str, python: str | None = None) -> list[str]:
+    """`python -c code args` with the working folder never on sys.path (`python`: another interpreter than
+    this one, for tests)."""
+    flags = _NO_PATH0 if python is None else []
+    return [python or sys.executable, *flags, "-c", _DROP_PATH0 + code, *args]
+
+
+def kgate_command(module: str, *args: str, python: str | None = None) -> list[str]:
     """The command that runs kgate's `module` as `python -m module args`, but never from the working folder."""
-    return [sys.executable, "-c", _SAFE_START, module, *args]
+    return python_command("import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)",
+                          module, *args, python=python)
+
+
+def untrusted_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's environment) without the secrets: for every process that may run
+    or be steered by the code under test (workers, and anything started in the kernels' folder)."""
+    child = dict(os.environ if env is None else env)
+    child.pop("GITHUB_TOKEN", None)
+    child.pop("INPUT_GITHUB-TOKEN", None)
+    return child
 
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
@@ -434,9 +453,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
         json.dump({**job, "event_fd": write_fd}, jf)
         job_path = jf.name
-    child_env = dict(os.environ if env is None else env)
-    child_env.pop("GITHUB_TOKEN", None)  # untrusted code never sees the token
-    child_env.pop("INPUT_GITHUB-TOKEN", None)
+    child_env = untrusted_env(env)  # untrusted code never sees the token
     child_env["PYTHONUNBUFFERED"] = "1"
     # The worker's own folder, removed after it: where kgate's code in the worker keeps what another
     # worker must not be able to change (kgate.gates.lp_triton's compiled kernels)

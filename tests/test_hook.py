@@ -320,3 +320,29 @@ def test_run_changed_takes_paths_as_git_diff_prints_them_from_a_subfolder(tmp_pa
     plain = tmp_path / "plain"
     _kernel_repo(plain)
     assert [k.name for k in changed_kernels(load(plain / "kgate.yaml"), ["plain/kernels/scale.py"], plain)] == []
+
+
+def test_double_star_matches_no_folder_too_and_a_folder_takes_its_files(tmp_path):
+    """`src/**/*.cu` left a change to src/a.cu ungated; `files: [src/sub]` matched no file inside it."""
+    for rel in ("kernels/scale.py", "src/a.cu", "src/sub/b.cu", "src/sub/deep/c.cuh", "other/d.cu"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(SCALE if rel.endswith(".py") else "")
+    (tmp_path / "kgate.yaml").write_text(textwrap.dedent("""\
+        version: 1
+        kernels:
+          - name: deep
+            kernel: kernels/scale.py:scale
+            reference: kernels/scale.py:scale_ref
+            inputs: [{shape: [3]}]
+            files: [src/**/*.cu]
+          - name: folder
+            kernel: kernels/scale.py:scale_ref
+            reference: kernels/scale.py:scale_ref
+            inputs: [{shape: [3]}]
+            files: [src/sub]
+        """))
+    manifest = load(tmp_path / "kgate.yaml")
+    assert _names(manifest, ["src/a.cu"], tmp_path) == ["deep"]
+    assert _names(manifest, ["src/sub/b.cu"], tmp_path) == ["deep", "folder"]
+    assert _names(manifest, ["src/sub/deep/c.cuh"], tmp_path) == ["folder"]
+    assert _names(manifest, ["other/d.cu", "src/a.cuh"], tmp_path) == []

@@ -196,6 +196,8 @@ def test_integer_dtypes_say_which_dtypes_and_why(write_manifest):
     ("    inputs: 5\n", "kernels[0].inputs", "expected a string or a list (got 5)", "inputs: factory 'file.py:"),
     ("    gates: {include: oracle}\n", "kernels[0].gates.include", "Input should be a valid list (got 'oracle')",
      "for a single item, write a list: [oracle]"),
+    ("    files: '*.py'\n", "kernels[0].files", "Input should be a valid list (got '*.py')",
+     'for a single item, write a list: ["*.py"]'),  # bare, *.py would be a YAML alias
     ("    gates: {includ: [oracle]}\n", "kernels[0].gates.includ", "unknown key 'includ'", "did you mean 'include'?"),
     ("    device: gpu\n", "kernels[0].device", "device 'gpu' is not one of auto, cpu, cuda, cuda:N", "'cuda'"),
     ("    seeds: []\n", "kernels[0].seeds", "needs at least 1 item(s), has 0", None),
@@ -319,3 +321,16 @@ def test_an_imported_module_class_named_as_the_kernel_is_a_load_error_that_says_
     (result,) = report["kernels"][0]["gates"]
     assert result["verdict"] == "error"
     assert "is the nn.Module class 'Tripler'; the kernel must be an instance" in result["message"], result["message"]
+
+
+def test_a_class_name_rebound_to_its_instance_is_an_instance(write_manifest):
+    """`class Tripler(nn.Module)` then `Tripler = Tripler()`: the name is the instance, a valid kernel."""
+    text = GOOD.replace("kernel: k.py:kern", "kernel: k.py:Tripler")
+    load(write_manifest(text, {"k.py": KERNEL_PY + MODULES_PY + "\nTripler = Tripler()\n"}))
+    with pytest.raises(ManifestError):  # the class itself still is not
+        load(write_manifest(text, {"k.py": KERNEL_PY + MODULES_PY}))
+
+
+def test_a_complex_yaml_key_is_a_problem_not_a_crash(write_manifest):
+    (p,) = problems(write_manifest("version: 1\n? [1, 2]\n: x\nkernels: []\n"))
+    assert p.line == 2 and "a key must be a name" in p.message, p.format()

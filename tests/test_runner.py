@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kgate.manifest import load
-from kgate.runner import Runner, RunOptions
+from kgate.runner import Runner, RunOptions, kgate_command
 from tests.conftest import DATA, ROOT
 from tests.process_support import worker_pids
 
@@ -508,3 +508,57 @@ def test_a_kgate_package_beside_the_kernels_does_not_stand_in_for_kgate(write_ma
     assert code == 1
     [kernel] = Report.read(tmp_path / "r.json").kernels
     assert [g.verdict for g in kernel.gates] == ["fail"]
+
+
+_PLANTED = ("runpy", "warnings", "types", "functools", "contextlib", "collections", "operator", "keyword",
+            "reprlib", "importlib", "site", "platform", "re", "enum")
+
+
+def _interpreters() -> list[str | None]:
+    """This interpreter (None) and the other CPython versions kgate supports that this machine has:
+    which modules an interpreter freezes differs between versions (runpy is frozen on 3.11 only)."""
+    import shutil
+
+    pythons: list[str | None] = [None]
+    for minor in (10, 12, 13):
+        pyenv = sorted(Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+        for candidate in [shutil.which(f"python3.{minor}"), *map(str, pyenv)]:
+            if candidate and subprocess.run([candidate, "-c", "pass"], capture_output=True).returncode == 0:
+                pythons.append(candidate)
+                break
+    return pythons
+
+
+@pytest.mark.parametrize("python", _interpreters())
+def test_nothing_in_the_working_folder_runs_before_kgate_is_started(tmp_path, python):
+    """Workers and the manifest's path probe start in the kernels' folder. `import runpy, sys` before
+    dropping the folder from sys.path ran a pull request's warnings.py (3.12) or runpy.py (3.10) there,
+    with the environment's token, ahead of kgate itself."""
+    marker = tmp_path / "ran"
+    for name in _PLANTED:
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    done = subprocess.run(kgate_command("platform", python=python), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
+    assert not marker.exists(), f"{python or sys.executable} ran {marker.read_text().split()} from the folder"
+    assert done.returncode == 0, done.stderr  # platform's own main ran: from the standard library
+
+
+def test_the_manifests_path_probe_gets_no_token(tmp_path, monkeypatch):
+    """Validating a manifest with a module reference starts the workers' command in the manifest's folder
+    to learn their sys.path: that process gets no token either."""
+    import kgate.manifest as manifest
+
+    seen = []
+    real = subprocess.run
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("env"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setenv("GITHUB_TOKEN", "secret")
+    monkeypatch.setenv("INPUT_GITHUB-TOKEN", "secret")
+    monkeypatch.setattr(manifest.subprocess, "run", spy)
+    manifest._started_sys_path.cache_clear()
+    path = manifest.worker_sys_path(tmp_path)
+    assert path and seen, "the probe did not run"
+    assert all(env is not None and "GITHUB_TOKEN" not in env and "INPUT_GITHUB-TOKEN" not in env for env in seen)

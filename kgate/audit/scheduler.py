@@ -22,7 +22,6 @@ import math
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from kgate.audit.evaluate import (
 )
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
-from kgate.runner import seed_private_folders, threads_per_worker
+from kgate.runner import python_command, seed_private_folders, threads_per_worker
 
 
 @dataclass
@@ -77,7 +76,7 @@ def arch_list(devices: list[str]) -> str | None:
     code = ("import torch,sys; print(';'.join(sorted({'%d.%d' % torch.cuda.get_device_capability(i) "
             f"for i in {indices}}})))")
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+        out = subprocess.run(python_command(code), capture_output=True, text=True, timeout=120, check=True)
     except (subprocess.SubprocessError, OSError):
         return None
     return out.stdout.strip() or None

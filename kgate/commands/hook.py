@@ -75,14 +75,24 @@ def watched_files(kernel: ResolvedKernel) -> set[Path]:
     return {p for p in (_ref_file(r, base) for r in refs) if p is not None}
 
 
-def glob_pattern(pattern: str, base: Path) -> str:
-    """A `files:` glob as an absolute pattern: relative to the manifest's folder `base` (`..` and paths
-    outside that folder allowed; an absolute glob stays as it is), its leading folders without wildcards
-    resolved the way the changed files are (`..`, symlinks), the rest kept for `fnmatch`."""
+def glob_patterns(pattern: str, base: Path) -> list[str]:
+    """A `files:` glob as absolute `fnmatch` patterns: relative to the manifest's folder `base` (`..` and
+    paths outside that folder allowed; an absolute glob stays as it is), its leading folders without
+    wildcards resolved the way the changed files are (`..`, symlinks). `**/` also matches no folder at all
+    (`src/**/*.cu` takes `src/a.cu`), and a folder named without wildcards takes every file under it."""
     parts = Path(pattern).parts
     literal = next((i for i, part in enumerate(parts) if _WILDCARDS & set(part)), len(parts))
-    head = glob.escape((base / Path(*parts[:literal])).resolve().as_posix())
-    return posixpath.join(head, posixpath.normpath("/".join(parts[literal:]))) if literal < len(parts) else head
+    folder = (base / Path(*parts[:literal])).resolve()
+    head = glob.escape(folder.as_posix())
+    if literal == len(parts):
+        return [head, posixpath.join(head, "*")] if folder.is_dir() else [head]
+    rest = posixpath.normpath("/".join(parts[literal:])).split("/")
+    stars = [i for i, part in enumerate(rest) if part == "**"]
+    variants = []
+    for mask in range(2 ** len(stars)):  # each `**` either present or dropped
+        dropped = {stars[j] for j in range(len(stars)) if mask >> j & 1}
+        variants.append(posixpath.join(head, *[part for i, part in enumerate(rest) if i not in dropped]))
+    return list(dict.fromkeys(variants))
 
 
 def kernels_for_files(manifest: LoadedManifest, files: list[str], cwd: Path | None = None) -> list[ResolvedKernel]:
@@ -97,7 +107,7 @@ def kernels_for_files(manifest: LoadedManifest, files: list[str], cwd: Path | No
     changed_posix = [c.as_posix() for c in changed]
     selected = []
     for kernel in manifest.kernels:
-        patterns = [glob_pattern(g, base) for g in kernel.entry.files]
+        patterns = [p for g in kernel.entry.files for p in glob_patterns(g, base)]
         if watched_files(kernel) & changed or any(fnmatch.fnmatch(c, p) for c in changed_posix for p in patterns):
             selected.append(kernel)
     return selected

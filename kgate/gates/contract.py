@@ -26,6 +26,21 @@ def aliased_inputs(out: Any, args: tuple, skip: set[int]) -> dict[str, set[int]]
     return found
 
 
+def named_fields(obj: Any, path: str = "out") -> dict[str, tuple[str, ...] | None]:
+    """Per tuple in an output tree (by the path `flatten` gives it), its field names if it is a named tuple
+    (`torch.return_types.max`, a `collections.namedtuple`: `__match_args__`), else None."""
+    found: dict[str, tuple[str, ...] | None] = {}
+    if isinstance(obj, tuple):
+        found[path] = getattr(type(obj), "__match_args__", None) or None
+    if isinstance(obj, (tuple, list)):
+        for i, item in enumerate(obj):
+            found.update(named_fields(item, f"{path}[{i}]"))
+    elif isinstance(obj, dict):
+        for key in sorted(obj, key=str):
+            found.update(named_fields(obj[key], f"{path}[{key!r}]"))
+    return found
+
+
 class Contract(Gate):
     name = "contract"
     summary = ("output matches the reference's structure, shape, dtype, device; plain torch.Tensor; "
@@ -42,6 +57,15 @@ class Contract(Gate):
             if structure(out) != structure(ref):
                 return self.failed(subject, "output structure differs from the reference's", case=case,
                                    expected=structure(ref), got=structure(out), where="out")
+            # a named tuple is a tuple (structure() reads it by position), but where the reference returns one,
+            # callers read its fields (`out.values`): the kernel's must have the same names
+            kernel_fields = named_fields(out)
+            for path, fields in named_fields(ref).items():
+                if fields and kernel_fields.get(path) != fields:
+                    got = f"named tuple ({', '.join(kernel_fields[path])})" if kernel_fields.get(path) else "a plain tuple"
+                    return self.failed(subject, f"{path} is {got}; the reference's is a named tuple with fields "
+                                       f"{', '.join(fields)} (callers that read {path}.{fields[0]} break)",
+                                       case=case, expected=f"named tuple ({', '.join(fields)})", got=got, where=path)
             for (path, got), (_, want) in zip(flatten(out), flatten(ref)):
                 if not isinstance(want, torch.Tensor):
                     continue
