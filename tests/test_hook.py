@@ -103,29 +103,32 @@ def test_changed_files_map_to_the_entries_that_use_them(tmp_path):
     assert _names(manifest, ["softmax.py"], tmp_path / "kernels") == ["softmax"]
 
 
+def _globs_repo(root: Path, files: list[str], manifest_folder: str, globs: dict[str, str]) -> Path:
+    """Empty `files` (the kernel module kernels/scale.py holds SCALE) and a manifest in `manifest_folder`
+    with one kernel per entry of `globs` (name -> its `files:` list, as YAML); returns the manifest's path."""
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(SCALE if rel.endswith("scale.py") else "")
+    entries = "".join(f"""\
+  - name: {name}
+    kernel: kernels/scale.py:{'scale' if i == 0 else 'scale_ref'}
+    reference: kernels/scale.py:scale_ref
+    inputs: [{{shape: [3]}}]
+    files: {globs_text}
+""" for i, (name, globs_text) in enumerate(globs.items()))
+    path = root / manifest_folder / "kgate.yaml"
+    path.write_text("version: 1\nkernels:\n" + entries)
+    return path
+
+
 def test_files_globs_are_relative_to_the_manifests_folder_inside_and_outside_it(tmp_path):
     # The manifest in a subfolder of the repository; its `files:` reach the sources beside it with `..`.
     repo = tmp_path / "repo"
     ci = repo / "ci"
-    for rel, text in {"ci/kernels/scale.py": SCALE, "ci/kernels/local.cuh": "", "src/kernels/scale.cu": "",
-                      "src/kernels/deep/tile.cuh": "", "src/other/scale.cu": "", "include/common.h": "",
-                      "ci/src/kernels/decoy.cu": ""}.items():
-        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-        (repo / rel).write_text(text)
-    (ci / "kgate.yaml").write_text(textwrap.dedent("""\
-        version: 1
-        kernels:
-          - name: scale
-            kernel: kernels/scale.py:scale
-            reference: kernels/scale.py:scale_ref
-            inputs: [{shape: [3]}]
-            files: [../src/kernels/*.cu, ../src/kernels/**/*.cuh, ../include/common.h, kernels/*.cuh]
-          - name: other
-            kernel: kernels/scale.py:scale_ref
-            reference: kernels/scale.py:scale_ref
-            inputs: [{shape: [3]}]
-            files: [./../src/other/*.cu]
-        """))
+    _globs_repo(repo, ["ci/kernels/scale.py", "ci/kernels/local.cuh", "src/kernels/scale.cu",
+                       "src/kernels/deep/tile.cuh", "src/other/scale.cu", "include/common.h", "ci/src/kernels/decoy.cu"],
+                "ci", {"scale": "[../src/kernels/*.cu, ../src/kernels/**/*.cuh, ../include/common.h, kernels/*.cuh]",
+                       "other": "[./../src/other/*.cu]"})
     manifest = load(ci / "kgate.yaml")
     # from the repository's root, as pre-commit and the Action run it
     assert _names(manifest, ["src/kernels/scale.cu"], repo) == ["scale"]
@@ -324,23 +327,8 @@ def test_run_changed_takes_paths_as_git_diff_prints_them_from_a_subfolder(tmp_pa
 
 def test_double_star_matches_no_folder_too_and_a_folder_takes_its_files(tmp_path):
     """`src/**/*.cu` left a change to src/a.cu ungated; `files: [src/sub]` matched no file inside it."""
-    for rel in ("kernels/scale.py", "src/a.cu", "src/sub/b.cu", "src/sub/deep/c.cuh", "other/d.cu"):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(SCALE if rel.endswith(".py") else "")
-    (tmp_path / "kgate.yaml").write_text(textwrap.dedent("""\
-        version: 1
-        kernels:
-          - name: deep
-            kernel: kernels/scale.py:scale
-            reference: kernels/scale.py:scale_ref
-            inputs: [{shape: [3]}]
-            files: [src/**/*.cu]
-          - name: folder
-            kernel: kernels/scale.py:scale_ref
-            reference: kernels/scale.py:scale_ref
-            inputs: [{shape: [3]}]
-            files: [src/sub]
-        """))
+    _globs_repo(tmp_path, ["kernels/scale.py", "src/a.cu", "src/sub/b.cu", "src/sub/deep/c.cuh", "other/d.cu"], ".",
+                {"deep": "[src/**/*.cu]", "folder": "[src/sub]"})
     manifest = load(tmp_path / "kgate.yaml")
     assert _names(manifest, ["src/a.cu"], tmp_path) == ["deep"]
     assert _names(manifest, ["src/sub/b.cu"], tmp_path) == ["deep", "folder"]
