@@ -264,3 +264,26 @@ def test_workflows_pass_actionlint(tmp_path):
                    "      - run: echo ${{ github.nope }}\n")
     proc = _actionlint(bad)
     assert proc.returncode == 1 and "nope" in proc.stdout
+
+
+def test_the_actions_diff_lists_non_ascii_paths_as_they_are(tmp_path):
+    """git quotes non-ASCII paths by default ("kernels/b\\303\\244d.py"), and such a line matches no
+    kernel's file: the changed-only diff of action.yml, run on a repository with one, lists it as is."""
+    import re
+
+    command = re.search(r'(git (?:-c \S+ )?diff --name-only) "\$base\.\.\.\$head"', (ROOT / "action.yml").read_text())
+    assert command, "action.yml's changed-only diff not found"
+    repo = tmp_path / "repo"
+    _git(tmp_path, "init", "-q", "-b", "main", str(repo))
+    (repo / "a.txt").write_text("a\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "base")
+    base = _git(repo, "rev-parse", "HEAD")
+    (repo / "kernels").mkdir()
+    (repo / "kernels" / "bäd.py").write_text("x = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "head")
+    head = _git(repo, "rev-parse", "HEAD")
+    out = subprocess.run([*command.group(1).split(), f"{base}...{head}"], cwd=repo, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.splitlines() == ["kernels/bäd.py"], out
