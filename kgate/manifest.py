@@ -336,9 +336,17 @@ class ResolvedKernel:
                 add(str(ref.path.parent))
         return path
 
+    def ref_file(self, role: str) -> Path | None:
+        """The file of `role`'s reference (kernel, reference or inputs): its path, or its module's file as the
+        worker will import it; found without importing anything (None: no reference, not found, compiled)."""
+        ref = getattr(self, role)
+        if not isinstance(ref, Ref):
+            return None
+        return ref.path if ref.path is not None else _find_module(ref.module or "", self.import_path(role))
+
     def source_location(self) -> tuple[str | None, int | None]:
         """Where the kernel is defined (file, line), for annotations; found without importing it."""
-        path = self.kernel.path or _find_module(self.kernel.module or "", self.import_path("kernel"))
+        path = self.ref_file("kernel")
         if path is None or not path.exists():
             return None, None
         return str(path), _definition_line(path, self.kernel.attr)
@@ -750,11 +758,6 @@ def _find_module(module: str, search: list[str]) -> Path | None:
     return Path(spec.origin)
 
 
-def _module_file(module: str, extra_paths: list[Path]) -> Path | None:
-    """`module`'s file on `extra_paths` and this process's sys.path."""
-    return _find_module(module, [str(p) for p in extra_paths] + [p for p in sys.path if p])
-
-
 def _found_on(module: str, search: list[str]) -> str | None:
     """The entry of `search` that `module`'s top-level package is found in."""
     top = module.split(".")[0]
@@ -829,7 +832,7 @@ def _check_ref(ref: Ref, role: str, kernel: ResolvedKernel) -> tuple[str, str | 
     else:
         if (ref.module or "").split(".")[0] in sys.builtin_module_names:
             return None
-        found = _find_module(ref.module or "", kernel.import_path(role))
+        found = kernel.ref_file(role)
         if found is None:
             return _module_not_found(ref, kernel)
         path = found

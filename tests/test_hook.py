@@ -334,3 +334,20 @@ def test_double_star_matches_no_folder_too_and_a_folder_takes_its_files(tmp_path
     assert _names(manifest, ["src/sub/b.cu"], tmp_path) == ["deep", "folder"]
     assert _names(manifest, ["src/sub/deep/c.cuh"], tmp_path) == ["folder"]
     assert _names(manifest, ["other/d.cu", "src/a.cuh"], tmp_path) == []
+
+
+def test_a_module_reference_watches_the_file_the_worker_imports(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "ops.py").write_text(SCALE)
+    (tmp_path / "kgate.yaml").write_text(textwrap.dedent("""\
+        version: 1
+        kernels:
+          - name: scale
+            kernel: pkg.ops:scale
+            reference: pkg.ops:scale_ref
+            inputs: [{shape: [3]}]
+        """))
+    manifest = load(tmp_path / "kgate.yaml")
+    assert _names(manifest, ["pkg/ops.py"], tmp_path) == ["scale"]
+    assert _names(manifest, ["pkg/__init__.py"], tmp_path) == []

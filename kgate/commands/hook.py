@@ -26,7 +26,7 @@ from rich.console import Console
 from kgate import gates as registry
 from kgate.errors import UsageError
 from kgate.gates.base import ERROR, FAIL
-from kgate.manifest import LoadedManifest, Ref, ResolvedKernel, _module_file, load
+from kgate.manifest import LoadedManifest, ResolvedKernel, load
 from kgate.report import KernelResult
 from kgate.runner import Runner, RunOptions
 
@@ -62,17 +62,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 # Which kernels a change touches.
 
 
-def _ref_file(ref: Ref, base: Path) -> Path | None:
-    if ref.path is not None:
-        return ref.path.resolve()
-    found = _module_file(ref.module or "", [base])
-    return found.resolve() if found else None
-
-
 def watched_files(kernel: ResolvedKernel) -> set[Path]:
-    base = kernel.manifest.base
-    refs = [kernel.kernel, kernel.reference] + ([kernel.inputs] if isinstance(kernel.inputs, Ref) else [])
-    return {p for p in (_ref_file(r, base) for r in refs) if p is not None}
+    """The files of the kernel's, reference's and inputs' references, as the worker will import them."""
+    files = (kernel.ref_file(role) for role in ("kernel", "reference", "inputs"))
+    return {f.resolve() for f in files if f is not None}
 
 
 def glob_patterns(pattern: str, base: Path) -> list[str]:
