@@ -14,7 +14,7 @@ from typing import Any
 
 from kgate.audit.evaluate import AuditOptions, compile_pair, needs_compile
 from kgate.audit.report import timeline_median
-from kgate.audit.scheduler import Plan, run_local
+from kgate.audit.scheduler import Plan, longest_first, run_local
 from kgate.kernelbench import Pair, discover
 from kgate.selection import matcher
 
@@ -36,6 +36,9 @@ def add_corpus_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--pch", action="store_true", help="as kgate audit --pch (its build is timed with the compile "
                         "stage)")
+    parser.add_argument("--order", choices=["longest", "given"], default="longest",
+                        help="as kgate audit --order: longest (default) judges the problems estimated to take longest "
+                             "first, given in id order")
 
 
 def select(args: argparse.Namespace) -> list[Pair]:
@@ -51,6 +54,11 @@ def select(args: argparse.Namespace) -> list[Pair]:
     if not args.keep_cache:
         shutil.rmtree(args.out / "torch_extensions", ignore_errors=True)
     return pairs
+
+
+def ordered(pairs: list[Pair], order: str, options: AuditOptions) -> list[Pair]:
+    """The pairs in the order `kgate audit --order ORDER` judges them (longest: kgate.audit.scheduler.longest_first)."""
+    return longest_first(pairs, options) if order == "longest" else sorted(pairs, key=lambda p: p.id)
 
 
 def spread(items: list[Any], n: int) -> list[Any]:

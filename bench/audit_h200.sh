@@ -11,7 +11,10 @@
 # $OUT/throughput.json and $OUT/throughput.records.jsonl, rewritten after each pass
 # (MORE_JOBS=8: the full gates once more with 8 judges on the GPU; PRESTART=1: then each judge count again
 # with `kgate audit --prestart`; TRITON=1: then the full gates again with the accumulation gate's Triton
-# emulation, KGATE_TRITON_EMULATION=1, and any verdict that changed).
+# emulation, KGATE_TRITON_EMULATION=1, and any verdict that changed; OTHER_ORDER=1: then the full gates in id
+# order, --order given, against the default longest-first; ORDER=given: id order first; GATES_ONLY=1: no
+# standard-test pass; KEEP_CACHE=1: the builds an earlier call left in /tmp/kgate-bench, so that a later call
+# on the same warm machine spends its 10 minutes judging).
 # PCH= (empty) builds without the shared precompiled torch/extension.h (kgate audit --pch, on by default here).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -32,11 +35,14 @@ if [ "$BUDGET" = "throughput" ]; then  # bash bench/audit_h200.sh throughput: th
   KEEP=()
   if [ -n "${REUSE_BUILDS:-}" ] && [ -d "$WORK/torch_extensions" ]; then  # the audit's builds: compile time not measured here
     mkdir -p /tmp/kgate-bench && ln -sfn "$WORK/torch_extensions" /tmp/kgate-bench/torch_extensions && KEEP=(--keep-cache)
+  elif [ -n "${KEEP_CACHE:-}" ]; then  # an earlier call's builds on this (warm) machine: its compile pass finds them
+    KEEP=(--keep-cache)
   fi
   python3 bench/audit_throughput.py "${KEEP[@]}" --problems "$CORPUS/problems" --candidates "$CORPUS/candidates" \
     --index "$CORPUS/index.csv" --device "${DEVICE:-cuda}" --jobs "${JOBS:-4}" --compile-jobs "${COMPILE_JOBS:-12}" \
     --timeout "${GATE_TIMEOUT:-120}" --limit "${LIMIT:-24}" ${SPREAD---spread} --out /tmp/kgate-bench --json "$RESULTS_OUT/throughput.json" \
-    ${PCH---pch} ${MORE_JOBS:+--more-jobs "$MORE_JOBS"} ${PRESTART:+--prestart} ${TRITON:+--triton-emulation}
+    ${PCH---pch} ${MORE_JOBS:+--more-jobs "$MORE_JOBS"} ${PRESTART:+--prestart} ${TRITON:+--triton-emulation} ${OTHER_ORDER:+--other-order} \
+    ${GATES_ONLY:+--gates-only} ${ORDER:+--order "$ORDER"}
   exit $?
 fi
 # The carried results are the truth unless this (warm) machine already holds more.

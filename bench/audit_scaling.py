@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_common import add_corpus_args, compile_stage, differences, select, timed_pass  # noqa: E402
+from audit_common import add_corpus_args, compile_stage, differences, ordered, select, timed_pass  # noqa: E402
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         from kgate.manifest import parse_memory
 
         base["memory"] = parse_memory(args.memory)
-    print(f"{len(pairs)} candidate(s); device counts {counts}; {args.jobs_per_device} worker(s) per device", flush=True)
+    pairs = ordered(pairs, args.order, AuditOptions(gates=[], **base))  # the same order for every device count
+    print(f"{len(pairs)} candidate(s), order {args.order}; device counts {counts}; {args.jobs_per_device} worker(s) "
+          "per device", flush=True)
     compile_row, _ = compile_stage(pairs, base, compile_jobs, args.pch)
 
     options = AuditOptions(gates=list(registry.GATE_NAMES), **base)

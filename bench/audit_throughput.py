@@ -10,7 +10,8 @@ Reported per mode: wall seconds, seconds per kernel (wall / kernels: what the po
 worker seconds per kernel (mean time one candidate holds a worker), kernels per hour, and the same
 with the compile stage's wall time added. The goal in issue 7: gates <= 5x the standard test per
 kernel, >= 3,000 kernels/hour on one H200. Then, each when asked, in this order: `--triton-emulation`
-(the full gates with the accumulation gate's Triton emulation, and any verdict that changed),
+(the full gates with the accumulation gate's Triton emulation, and any verdict that changed), `--other-order`
+(the full gates in the other `--order`: id order after the default, the longest problems first),
 `--prestart` (the full gates with `--jobs` and `kgate audit --prestart`), `--more-jobs N` (the full gates
 with N judges per device), and with both, each N prestarted. The ratio stays between the first two
 modes, which share `--jobs`.
@@ -34,20 +35,23 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_common import add_corpus_args, compile_stage, differences, select, timed_pass  # noqa: E402
+from audit_common import add_corpus_args, compile_stage, differences, ordered, select, timed_pass  # noqa: E402
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
 from kgate.audit.scheduler import arch_list, make_plan  # noqa: E402
 from kgate.runner import seed_private_folders  # noqa: E402
 
+STANDARD = "standard test alone"
+FULL = "standard test + "  # and the gates' count: the first such pass is the one the ratio takes
+
 
 def summary(plan: Any, pairs: list[Any], compile_row: dict[str, Any], rows: list[dict[str, Any]], *,
-            complete: bool) -> dict[str, Any]:
+            complete: bool, order: str) -> dict[str, Any]:
     """The benchmark's JSON: the figures of every pass done (`complete` once all asked for are)."""
-    standard = rows[0]["s_per_kernel"] if rows else None
-    full = rows[1]["s_per_kernel"] if len(rows) > 1 else None
-    return {"device": plan.describe(), "candidates": len(pairs), "ids": [p.id for p in pairs],
+    standard = next((r["s_per_kernel"] for r in rows if r["mode"] == STANDARD), None)
+    full = next((r["s_per_kernel"] for r in rows if r["mode"].startswith(FULL)), None)
+    return {"device": plan.describe(), "candidates": len(pairs), "order": order, "ids": [p.id for p in pairs],
             "compile": compile_row, "modes": rows, "complete": complete,
             "gates_over_standard": round(full / standard, 2) if standard and full else None,
             "goal": {"gates_over_standard_max": 5, "kernels_per_hour_min": 3000}}
@@ -64,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prestart", action="store_true",
                         help="then the full gates again with each judge count (--jobs and every --more-jobs) and "
                              "`kgate audit --prestart` (each next worker started while the others judge)")
+    parser.add_argument("--gates-only", action="store_true",
+                        help="no standard-test pass (no ratio): the full gates and the passes asked for after them, "
+                             "e.g. with --keep-cache on a machine that ran the first two passes, where one call of a "
+                             "lent GPU cannot hold every pass")
+    parser.add_argument("--other-order", action="store_true",
+                        help="then the full gates again with --jobs in the other --order (given after longest, longest "
+                             "after given): what judging the longest problems first changes")
     parser.add_argument("--triton-emulation", action="store_true",
                         help="then the full gates again with --jobs and KGATE_TRITON_EMULATION=1 (the accumulation "
                              "gate's emulated products in Triton on a GPU), and whether any verdict changed")
@@ -73,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(args.device, args.jobs, args.compile_jobs)
     base = dict(out_dir=args.out, timeout=args.timeout, arch_list=arch_list(plan.devices),
                 pch=args.pch)  # torch threads: run_local shares the cores among each pass's judges
-    print(f"{len(pairs)} candidate(s); {plan.describe()}", flush=True)
+    pairs = ordered(pairs, args.order, AuditOptions(gates=[], **base))
+    print(f"{len(pairs)} candidate(s), order {args.order}; {plan.describe()}", flush=True)
     compile_row, compile_wall = compile_stage(pairs, base, plan.compile_jobs, args.pch)
 
     plan.compile_stage = False  # built above: the modes below time evaluation only
@@ -92,15 +104,15 @@ def main(argv: list[str] | None = None) -> int:
                                                 if row["with_compile_wall_s"] else None)
         rows.append(row)
         if args.json:
-            args.json.write_text(json.dumps(summary(plan, pairs, compile_row, rows, complete=False), indent=1) + "\n")
+            args.json.write_text(json.dumps(summary(plan, pairs, compile_row, rows, complete=False, order=args.order), indent=1) + "\n")
             with records_file.open("a") as out:  # each candidate's record, named by its pass
                 for record in records:
                     out.write(json.dumps({"pass": row["mode"], **record}) + "\n")
 
     gates = list(registry.GATE_NAMES)
-    keep(*timed_pass(pairs, AuditOptions(gates=[], **base), plan, "standard test alone"))
-    full_row, full_records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan,
-                                        f"standard test + {len(gates)} gates")
+    if not args.gates_only:
+        keep(*timed_pass(pairs, AuditOptions(gates=[], **base), plan, STANDARD))
+    full_row, full_records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan, f"{FULL}{len(gates)} gates")
     keep(full_row, full_records)
     if args.triton_emulation:  # the workers inherit this process's environment (kgate.audit.evaluate.worker_env)
         os.environ["KGATE_TRITON_EMULATION"] = "1"
@@ -115,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         row["differences"] = differences(full_records, records)  # none expected: the same trees
         row["warm_s"], row["warm"] = warm_s, warm_line
         keep(row, records)
+    if args.other_order:
+        other = "given" if args.order == "longest" else "longest"
+        keep(*timed_pass(ordered(pairs, other, AuditOptions(gates=[], **base)), AuditOptions(gates=gates, **base),
+                         plan, f"standard test + {len(gates)} gates, order {other}"))
     # then the judge counts: each asked count, and with --prestart every count (--jobs first) again prestarted
     variants = [(plan.slots * len(plan.devices), True)] if args.prestart else []
     variants += [(jobs, False) for jobs in args.more_jobs]
@@ -124,8 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         wider.compile_stage, wider.prestart = False, prestart
         keep(*timed_pass(pairs, AuditOptions(gates=gates, **base), wider,
                          f"standard test + {len(gates)} gates, {wider.describe()}"))
-    standard, full = rows[0], rows[1]
-    result = summary(plan, pairs, compile_row, rows, complete=True)
+    result = summary(plan, pairs, compile_row, rows, complete=True, order=args.order)
     ratio = result["gates_over_standard"]
     print("\n| mode | kernels | wall s | s/kernel | worker s/kernel | kernels/h | with compile: s/kernel | "
           "kernels/h |\n|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -135,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['with_compile_kernels_per_hour']} |")
     print(f"\ncompile stage: {compile_row['kernels']} built in {compile_row['wall_s']} s wall; "
           f"gates / standard per kernel: {ratio}x")
-    for row in (standard, full):
+    for row in rows[: 1 if args.gates_only else 2]:
         print(f"{row['mode']}: median seconds from a candidate's start to: "
               + ", ".join(f"{k} {v}" for k, v in row["timeline_median"].items()))
     print("gate seconds, summed over the candidates: "
-          + ", ".join(f"{k} {v}" for k, v in full["gate_seconds"].items()))
+          + ", ".join(f"{k} {v}" for k, v in full_row["gate_seconds"].items()))
     print("within the accumulation gate: "
-          + ", ".join(f"{k} {v}" for k, v in full["accumulation_phases"].items()))
+          + ", ".join(f"{k} {v}" for k, v in full_row["accumulation_phases"].items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -48,9 +48,20 @@ def _gate(record, name):
 
 
 def test_every_candidate_gets_a_record_and_the_run_exits_1(audited):
-    code, _, records = audited
+    code, out, records = audited
     assert code == 1
     assert set(records) == {p.id for p in discover(CORPUS / "problems", CORPUS / "candidates")}
+    assert (out / "run" / "logs" / "problem-sizes.log").is_file()  # two judges: the longest problems first
+
+
+def test_order_given_counts_nothing_and_keeps_the_id_order(tmp_path, capsys):
+    out = tmp_path / "run"
+    four = "not (hang or exit or segfault or crash or patches or tamper or syntax or nan)"  # more than 2 judges take
+    assert kgate_main([*BASE[:-2], "--gate", "contract", "-k", four, "--jobs", "2", "--timeout", "30",
+                       "--order", "given", "--out", str(out)]) in (0, 1)
+    assert len(_records(out)) == 4
+    assert not (out / "logs" / "problem-sizes.log").exists()
+    assert "longest problems first" not in capsys.readouterr().out
 
 
 def test_correct_candidates_pass_both(audited):
@@ -1251,3 +1262,97 @@ def test_a_candidate_that_is_not_judged_keeps_the_audit_from_passing(tmp_path, c
     # the judged one alone passes
     (candidates / "20_Raiser.py").unlink()
     assert kgate_main([*args[:-3], "--out", str(tmp_path / "o2"), "-q"]) == 0
+
+
+def _sized_problem(folder: Path, name: str, body: str, layers: int = 0) -> Path:
+    path = folder / f"{name}.py"
+    path.write_text("import torch\nimport torch.nn as nn\n" + body + f"""
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range({layers})])
+        self.scale = nn.Parameter(torch.ones(8))  # one dimension: not a layer's weight
+
+    def forward(self, x):
+        return self.body(x)
+
+def get_init_inputs():
+    return []
+""")
+    return path
+
+
+def test_problem_sizes_are_counted_in_a_worker_that_survives_hostile_problems(monkeypatch, tmp_path):
+    """The elements each problem's get_inputs() makes and the weighted layers of its Model, counted on the
+    meta device in kgate's own worker: a problem that raises, hangs or ends its process at import costs only
+    its own count."""
+    from kgate.audit import evaluate
+
+    monkeypatch.setattr(evaluate, "SIZE_TIMEOUT_S", 3.0)
+    marker = tmp_path / "ran-in"
+    folder = tmp_path / "problems"
+    folder.mkdir()
+    paths = {
+        "small": _sized_problem(folder, "small", "def get_inputs():\n    return [torch.rand(4, 4)]\n", layers=3),
+        "big": _sized_problem(folder, "big", f"import os\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+                                             "def get_inputs():\n    return [torch.rand(1000, 1000), torch.rand(10)]\n"),
+        "raises": _sized_problem(folder, "raises", "raise RuntimeError('broken problem')\n"),
+        "hangs": _sized_problem(folder, "hangs", "import time\ntime.sleep(600)\n"),
+        "exits": _sized_problem(folder, "exits", "import os\nos._exit(3)\n"),
+        "after": _sized_problem(folder, "after", "def get_inputs():\n    return [torch.rand(7, 3)]\n", layers=40),
+    }
+    order = ["small", "raises", "hangs", "big", "exits", "after"]
+    started = time.monotonic()
+    sizes = evaluate.problem_sizes([paths[n] for n in order],
+                                   evaluate.AuditOptions(gates=[], out_dir=tmp_path / "out"))
+    got = {n: (s.elements, s.layers) if (s := sizes.get(paths[n])) else None for n in order}
+    assert got == {"small": (16, 3), "raises": (None, None), "hangs": None, "big": (1_000_010, 0), "exits": None,
+                   "after": (21, 40)}
+    assert int(marker.read_text()) != os.getpid()  # the problems' code ran in the worker, not here
+    assert time.monotonic() - started < 60  # the hang cost its own limit, not the audit's
+
+
+def test_longest_first_orders_by_the_estimated_cost_and_puts_the_uncounted_last(monkeypatch, tmp_path):
+    """Input elements weigh for the standard test; weighted layers too once gates run (the accumulation
+    gate emulates every layer's products)."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions, ProblemSize
+
+    wide, deep, small, odd = (tmp_path / f"{n}.py" for n in ("wide", "deep", "small", "odd"))
+    sizes = {wide: ProblemSize(2 * 10**9, 0), deep: ProblemSize(10**6, 400), small: ProblemSize(10, 1),
+             odd: ProblemSize(None, None)}
+    monkeypatch.setattr(scheduler, "problem_sizes", lambda problems, options: sizes)
+    pairs = [Pair("a", CORPUS / "a.py", small), Pair("b", CORPUS / "b.py", odd), Pair("c", CORPUS / "c.py", deep),
+             Pair("d", CORPUS / "d.py", None, problem_error="no problem"), Pair("e", CORPUS / "e.py", wide),
+             Pair("f", CORPUS / "f.py", small)]
+    gates = scheduler.longest_first(pairs, AuditOptions(gates=["accumulation"], out_dir=tmp_path))
+    assert [p.id for p in gates] == ["c", "e", "a", "f", "b", "d"]  # 320 s of layers against 61 s of inputs
+    standard = scheduler.longest_first(pairs, AuditOptions(gates=[], out_dir=tmp_path))
+    assert [p.id for p in standard] == ["e", "c", "a", "f", "b", "d"]
+
+
+def test_judges_take_the_earliest_candidate_in_the_given_order_whatever_order_the_builds_end_in(monkeypatch, tmp_path):
+    """longest_first's order must hold through the compile stage: builds that end in another order (the
+    longest problem's candidate built last) do not decide who is judged next."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    build_s = {"a": 0.0, "b": 0.3, "c": 0.2, "d": 0.1}  # b, c and d end in reverse order while a is judged
+    started = []
+
+    def fake_compile(pair, options, *, cancel=None):
+        time.sleep(build_s[pair.id])
+        return {"ok": True, "seconds": build_s[pair.id], "build_failed": False, "message": ""}
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+        started.append(pair.id)
+        time.sleep(0.8 if pair.id == "a" else 0.0)
+        return {"id": pair.id, "oom": False, "gates": [], "device": device}
+
+    monkeypatch.setattr(scheduler, "compile_pair", fake_compile)
+    monkeypatch.setattr(scheduler, "needs_compile", lambda pair: True)
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair(i, CORPUS / f"{i}.py", CORPUS / "x.py") for i in "abcd"]
+    plan = scheduler.Plan(devices=["cpu"], slots=1, compile_jobs=4)
+    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, lambda record: None) == 4
+    assert started == ["a", "b", "c", "d"]

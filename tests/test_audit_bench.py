@@ -69,11 +69,12 @@ def test_throughput_times_both_modes(tmp_path):
     throughput = _load("audit_throughput")
     out = tmp_path / "t.json"
     assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--more-jobs", "1", "--prestart",
-                            "--triton-emulation", "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
+                            "--triton-emulation", "--other-order", "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["complete"] and len(result["ids"]) == 5
-    # in order: the two modes, Triton, --jobs prestarted, --more-jobs, --more-jobs prestarted
-    standard, full, triton, prestarted_jobs, narrower, prestarted_more = result["modes"]
+    assert result["complete"] and len(result["ids"]) == 5 and result["order"] == "longest"
+    # in order: the two modes, Triton, the other order, --jobs prestarted, --more-jobs, --more-jobs prestarted
+    standard, full, triton, given, prestarted_jobs, narrower, prestarted_more = result["modes"]
+    assert given["mode"].endswith("gates, order given") and given["kernels"] == 5
     prestarted = [prestarted_jobs, prestarted_more]
     # every candidate's record of every pass, beside the figures, named by its pass
     records = [json.loads(line) for line in out.with_suffix(".records.jsonl").read_text().splitlines()]
@@ -120,6 +121,17 @@ def test_a_throughput_run_cut_short_keeps_the_passes_it_finished(tmp_path, monke
     assert len(out.with_suffix(".records.jsonl").read_text().splitlines()) == 5
     # --spread: a set that spans the list, not its head
     assert common.spread(list(range(10)), 3) == [0, 3, 6] and common.spread([1, 2], 5) == [1, 2]
+
+
+def test_gates_only_times_the_full_gates_without_the_standard_pass_and_claims_no_ratio(tmp_path):
+    throughput = _load("audit_throughput")
+    out = tmp_path / "t.json"
+    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--limit", "2", "--gates-only",
+                            "--order", "given", "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["complete"] and result["order"] == "given" and result["ids"] == sorted(result["ids"])
+    assert [r["mode"] for r in result["modes"]] == [f"standard test + {len(registry.GATE_NAMES)} gates"]
+    assert result["gates_over_standard"] is None
 
 
 def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_current_code(monkeypatch, capsys):

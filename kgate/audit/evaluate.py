@@ -132,6 +132,70 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
     return outcome
 
 
+# Seconds to import one problem and count its inputs and layers on the meta device (the worker's `sizes`)
+SIZE_TIMEOUT_S = 30.0
+# What a problem's size costs, for the judging order only (kgate.audit.scheduler.longest_first), measured on
+# the H200: the standard test 30.7 s per G input elements (KernelBench draws its inputs on the CPU; fit over
+# 309 audit records, bench/standard_test_cost.py); the gates about 0.8 s per weighted layer (the
+# accumulation gate emulates each layer's products: 82 s for the 103 of level 3 problem 16, a DenseNet, in
+# docs/audit/throughput-session15.json)
+STANDARD_S_PER_ELEMENT = 30.7e-9
+GATES_S_PER_LAYER = 0.8
+
+
+@dataclass(frozen=True)
+class ProblemSize:
+    elements: int | None  # in get_inputs() at the problem's own shape
+    layers: int | None  # leaf modules of Model holding a weight (a parameter of >= 2 dimensions)
+
+    def seconds(self, gates: bool) -> float | None:
+        """A rough cost to order the judging by (None: nothing was counted)."""
+        if self.elements is None and self.layers is None:
+            return None
+        return STANDARD_S_PER_ELEMENT * (self.elements or 0) + (GATES_S_PER_LAYER * (self.layers or 0) if gates else 0)
+
+
+def problem_sizes(problems: list[Path], options: AuditOptions) -> dict[Path, ProblemSize]:
+    """Each problem's size, counted in a worker of kgate's own with no GPU visible (the problems' code runs
+    there, under a time and memory limit, not in this process). A problem that cannot be counted (it
+    raised, hung, or took its worker down: the next worker goes on with the problems after it) is left out."""
+    sizes: dict[Path, ProblemSize] = {}
+    left = [str(p.resolve()) for p in dict.fromkeys(problems)]
+    back = {str(p.resolve()): p for p in problems}
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    counted = 0
+    while left:
+        current: list[str | None] = [None]
+
+        def on_event(event: dict[str, Any], current: list[str | None] = current) -> str | None:
+            problem = event.get("problem")
+            if problem not in back:
+                return None
+            if event.get("event") == "sizing":
+                current[0] = problem
+                return f"counting the inputs of {problem}"
+            if event.get("event") == "size":
+                numbers = [event.get(k) if isinstance(event.get(k), int) and event[k] >= 0 else None
+                           for k in ("elements", "layers")]
+                sizes[back[problem]] = ProblemSize(*numbers)
+                current[0] = None
+                return ""
+            return None
+
+        supervise("kgate.audit.worker", {"stage": "sizes", "problems": left, "device": "cpu",
+                                         "memory": options.memory},
+                  log_path=options.out_dir / "logs" / "problem-sizes.log", cwd=Path(left[0]).parent,
+                  timeout=SIZE_TIMEOUT_S, memory=options.memory, on_event=on_event, env=env,
+                  append_log=counted > 0)
+        counted += 1
+        stuck = current[0]
+        done = {p for p in left if back[p] in sizes} | ({stuck} if stuck else set())
+        if not done:  # the worker did not start: no order to be had
+            break
+        left = [p for p in left if p not in done]
+    return sizes
+
+
 def needs_whole_gpu(record: dict[str, Any]) -> bool:
     """Whether a candidate judged while sharing a GPU must be judged again with the whole GPU: it ran out
     of GPU memory, or past its host memory limit (a float64 oracle too large for its share of the GPU

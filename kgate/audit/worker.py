@@ -1,7 +1,7 @@
 """The audit's worker process: one KernelBench pair, one stage, events as JSON lines.
 
 Started by `kgate.audit.evaluate` as `python -m kgate.audit.worker JOB.json` under the runner's
-time and memory limits (`kgate.runner.supervise`). Two stages:
+time and memory limits (`kgate.runner.supervise`). Three stages:
 
 - `compile`: import the candidate with no GPU visible, so `load_inline` builds its extension on the
   CPU into the candidate's own TORCH_EXTENSIONS_DIR (the evaluation then finds it built). Events:
@@ -10,6 +10,10 @@ time and memory limits (`kgate.runner.supervise`). Two stages:
   run the standard test, then the gates. Events: `loaded` {seconds, free_dims, notes}, `standard`
   {result}, `gate_start`/`result` (as kgate.worker), `tamper` {message}, `poisoned` {message} (a
   sticky CUDA error: this process can run nothing more), `done`.
+- `sizes`: for each of the job's problems, the elements its `get_inputs()` makes and the layers with a
+  weight (leaf modules holding a parameter of two or more dimensions) its `Model` has, both on the meta
+  device (nothing allocated, no GPU visible), so that the scheduler can judge the longest first.
+  Events: `sizing` {problem} before each, `size` {problem, elements, layers} (None: not countable).
 """
 
 from __future__ import annotations
@@ -39,6 +43,26 @@ def _compile(channel: Channel, job: dict[str, Any]) -> None:
         build_failed = "Error building extension" in text or "CalledProcessError" in text
         channel.send("compiled", ok=False, seconds=round(time.perf_counter() - start, 3), build_failed=build_failed,
                      message=text[-4000:])
+
+
+def _sizes(channel: Channel, job: dict[str, Any]) -> None:
+    import torch
+
+    from kgate import kernelbench as kb
+
+    for problem in job["problems"]:
+        channel.send("sizing", problem=problem)
+        elements = layers = None
+        try:
+            module = kb.exec_problem(Path(problem), "inputs")
+            elements = kb.input_elements(module, kb.free_dims(module), None)
+            with torch.device("meta"):
+                model = module.Model(*module.get_init_inputs())
+            layers = sum(1 for m in model.modules() if not any(True for _ in m.children())
+                         and any(p.dim() >= 2 for p in m.parameters(recurse=False)))
+        except Exception:  # noqa: BLE001 - the problem's own fault: its candidates' records will say so
+            pass
+        channel.send("size", problem=problem, elements=elements, layers=layers)
 
 
 def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
@@ -224,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             pch.keep_shared()
     if job["stage"] == "compile":
         _compile(channel, job)
+    elif job["stage"] == "sizes":
+        _sizes(channel, job)
     else:
         _evaluate(channel, job)
     channel.send("done")

@@ -26,7 +26,7 @@ from kgate import gates as registry
 from kgate.audit import report as audit_report
 from kgate.audit.evaluate import AuditOptions, compile_pair, kgate_stamp, needs_compile
 from kgate.audit.results import ResultsFile, parse_shard, shard
-from kgate.audit.scheduler import Plan, arch_list, make_plan, run_local
+from kgate.audit.scheduler import Plan, arch_list, longest_first, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
 from kgate.commands import COUNT, SECONDS, number, writable
 from kgate.errors import UsageError
@@ -90,6 +90,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "context take seconds per candidate, the GPU idle meanwhile): twice the worker "
                         "processes, --jobs of them judging at once, each waiting for its turn untimed. "
                         "Local backend only")
+    p.add_argument("--order", choices=["longest", "given"], default="longest",
+                   help="which candidates are judged first when several judge at once: longest (default) the ones "
+                        "whose problem is estimated to take longest (its get_inputs() elements and its Model's "
+                        "weighted layers, counted first on the meta device in a worker of kgate's own), so that "
+                        "they do not start last while the other judges idle; given: in id order. With one judge "
+                        "at a time the order changes nothing and nothing is counted")
     p.add_argument("--compile-jobs", type=COUNT, metavar="N", help="extension builds at once (default half the cores)")
     p.add_argument("--no-compile-stage", action="store_true",
                    help="build extensions inside the evaluation instead of in a separate CPU stage")
@@ -283,6 +289,13 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
             console.print(line, highlight=False)
     if args.compile_only:
         return _compile_only(console, todo, options, plan, stop_at)
+    judges = len(plan.devices) * plan.slots if args.backend == "local" else 2  # Ray: the cluster's, unknown here
+    if args.order == "longest" and len(todo) > judges > 1:
+        started = time.monotonic()
+        todo = longest_first(todo, options)
+        if not args.quiet:
+            console.print(f"kgate audit: the longest problems first (sizes counted in "
+                          f"{time.monotonic() - started:.1f} s; --order given: in id order)", highlight=False)
     if args.backend == "local" and todo:  # before any worker (the compile stage's run candidates' code too)
         from kgate.runner import seed_private_folders
 
