@@ -32,7 +32,8 @@ from audit_common import add_corpus_args, compile_stage, differences, ordered, s
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
-from kgate.audit.scheduler import Plan, arch_list, cuda_devices  # noqa: E402
+from kgate.audit.scheduler import Plan, arch_list  # noqa: E402
+from kgate.runner import cuda_devices  # noqa: E402
 
 
 def device_counts(spec: str, available: int) -> list[int]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from kgate import gates as registry
 from kgate import procmem
-from kgate.errors import InfrastructureError
+from kgate.errors import InfrastructureError, UsageError
 from kgate.gates.base import GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
 from kgate.report import KernelResult
@@ -69,20 +69,34 @@ class Events:
     def kernel_finished(self, result: KernelResult) -> None: ...
 
 
-def resolve_device(requested: str) -> str:
-    """The device to judge on: `auto` is a GPU when one is visible; a CUDA device that is not visible is
-    an infrastructure error (exit 2, nothing judged), not a verdict on every kernel."""
+def cuda_devices() -> list[int]:
+    """Visible CUDA devices, counted without creating a CUDA context in this process."""
     import torch
 
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def visible_cuda(requested: str) -> list[int]:
+    """The visible CUDA devices that `requested` names (`cuda`: every one; `cuda:N`: that one). None there is
+    an infrastructure error (exit 2, nothing judged), not a verdict on every kernel."""
+    prefix, colon, number = requested.partition(":")
+    if prefix != "cuda" or (colon and not number.isdigit()):
+        raise UsageError(f"device {requested}: use cuda or cuda:N (N a visible device's number)")
+    found = cuda_devices()
+    wanted = [int(number)] if number.isdigit() else found
+    if not wanted or any(i not in found for i in wanted):
+        raise InfrastructureError(f"device {requested}: no such CUDA device here ({len(found)} visible: check the "
+                                  "driver and CUDA_VISIBLE_DEVICES), or use --device cpu")
+    return wanted
+
+
+def resolve_device(requested: str) -> str:
+    """The device to judge on: `auto` is a GPU when one is visible; a CUDA device must be visible
+    (visible_cuda)."""
     if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if cuda_devices() else "cpu"
     if requested.startswith("cuda"):
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        _, _, number = requested.partition(":")
-        index = int(number) if number.isdigit() else 0
-        if index >= count:
-            raise InfrastructureError(f"device {requested}: no such CUDA device here ({count} visible: check the "
-                                      "driver and CUDA_VISIBLE_DEVICES), or use --device cpu")
+        visible_cuda(requested)
     return requested
 
 

@@ -562,3 +562,31 @@ def test_the_manifests_path_probe_gets_no_token(tmp_path, monkeypatch):
     path = manifest.worker_sys_path(tmp_path)
     assert path and seen, "the probe did not run"
     assert all(env is not None and "GITHUB_TOKEN" not in env and "INPUT_GITHUB-TOKEN" not in env for env in seen)
+
+
+def test_kgate_run_and_kgate_audit_check_the_cuda_device_in_one_place(monkeypatch):
+    """`kgate run` (resolve_device) and `kgate audit` (make_plan) accept the same CUDA devices and refuse the
+    others with the same infrastructure error (exit 2: nothing judged), from runner.visible_cuda."""
+    from kgate import runner
+    from kgate.audit.scheduler import make_plan
+    from kgate.errors import InfrastructureError, UsageError
+
+    for visible in ([], [0, 1]):
+        monkeypatch.setattr(runner, "cuda_devices", lambda visible=visible: visible)
+        assert runner.resolve_device("auto") == ("cuda" if visible else "cpu")
+        assert make_plan("auto", None, 1).devices == ([f"cuda:{i}" for i in visible] or ["cpu"])
+        for wanted in ("cuda", "cuda:1", "cuda:2"):
+            if wanted == "cuda:2" or not visible:
+                with pytest.raises(InfrastructureError, match="no such CUDA device here"):
+                    runner.resolve_device(wanted)
+                with pytest.raises(InfrastructureError, match="no such CUDA device here"):
+                    make_plan(wanted, None, 1)
+            else:
+                assert runner.resolve_device(wanted) == wanted
+                assert make_plan(wanted, None, 1).devices == (["cuda:1"] if wanted == "cuda:1" else ["cuda:0", "cuda:1"])
+    with pytest.raises(UsageError, match="use cuda or cuda:N"):
+        make_plan("cuda:x", None, 1)
+    with pytest.raises(UsageError, match="use cuda or cuda:N"):
+        runner.resolve_device("cudax")
+    with pytest.raises(UsageError, match="use auto, cpu, cuda or cuda:N"):
+        make_plan("gpu", None, 1)

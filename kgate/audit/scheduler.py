@@ -38,9 +38,15 @@ from kgate.audit.evaluate import (
     problem_sizes,
     turn_folder,
 )
-from kgate.errors import InfrastructureError, UsageError
+from kgate.errors import UsageError
 from kgate.kernelbench import Pair
-from kgate.runner import python_command, seed_private_folders, threads_per_worker
+from kgate.runner import (
+    python_command,
+    resolve_device,
+    seed_private_folders,
+    threads_per_worker,
+    visible_cuda,
+)
 
 
 @dataclass
@@ -62,13 +68,6 @@ class Plan:
                                                          if self.prestart else ""))
 
 
-def cuda_devices() -> list[int]:
-    """Visible CUDA devices, counted without creating a CUDA context in this process."""
-    import torch
-
-    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-
-
 def arch_list(devices: list[str]) -> str | None:
     """TORCH_CUDA_ARCH_LIST for these devices (asked of a short-lived process: it creates a context)."""
     indices = sorted({int(d.split(":")[1]) for d in devices if d.startswith("cuda:")})
@@ -86,24 +85,13 @@ def arch_list(devices: list[str]) -> str | None:
 def make_plan(device: str, jobs: int | None, compile_jobs: int | None) -> Plan:
     cpus = os.cpu_count() or 1
     if device == "auto":
-        device = "cuda" if cuda_devices() else "cpu"
+        device = resolve_device(device)
     if device == "cpu":
         devices = ["cpu"]
         default_jobs = max(1, min(4, cpus // 2))
-    elif device == "cuda":
-        found = cuda_devices()
-        if not found:
-            raise InfrastructureError("--device cuda: no CUDA device is visible (check CUDA_VISIBLE_DEVICES and the "
-                                      "driver), or use --device cpu")
-        devices = [f"cuda:{i}" for i in found]
+    elif device.startswith("cuda"):
+        devices = [f"cuda:{i}" for i in visible_cuda(device)]
         default_jobs = len(devices)
-    elif device.startswith("cuda:"):
-        found = cuda_devices()
-        index = int(device.split(":")[1])
-        if index not in found:
-            raise InfrastructureError(f"--device {device}: not visible (visible: {found or 'none'})")
-        devices = [device]
-        default_jobs = 1
     else:
         raise UsageError(f"--device {device}: use auto, cpu, cuda or cuda:N")
     jobs = jobs or default_jobs
