@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 import threading
@@ -292,7 +293,10 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     judges = len(plan.devices) * plan.slots if args.backend == "local" else 2  # Ray: the cluster's, unknown here
     if args.order == "longest" and len(todo) > judges > 1:
         started = time.monotonic()
-        todo = longest_first(todo, options)
+        counting = len({p.problem for p in todo if p.problem is not None})
+        with console.status(f"counting the sizes of {counting} problem(s) to judge the longest first",
+                            spinner="dots") if not args.quiet else contextlib.nullcontext():
+            todo = longest_first(todo, options)
         if not args.quiet:
             console.print(f"kgate audit: the longest problems first (sizes counted in "
                           f"{time.monotonic() - started:.1f} s; --order given: in id order)", highlight=False)
