@@ -87,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     pairs = ordered(pairs, args.order, AuditOptions(gates=[], **base))
     print(f"{len(pairs)} candidate(s), order {args.order}; {plan.describe()}", flush=True)
     compile_row, compile_wall = compile_stage(pairs, base, plan.compile_jobs, args.pch)
+    if args.keep_cache:  # builds an earlier run left: this compile pass timed a cache, not a build
+        compile_row["cache_kept"] = True
 
     plan.compile_stage = False  # built above: the modes below time evaluation only
     rows: list[dict[str, Any]] = []
@@ -98,10 +100,13 @@ def main(argv: list[str] | None = None) -> int:
     def keep(row: dict[str, Any], records: list[dict[str, Any]]) -> None:
         """One pass done: its row, and (with --json) the figures so far and its records, written at once, so
         that a benchmark cut short (a device lease ending) still leaves every pass it finished."""
-        row["with_compile_wall_s"] = round(row["wall_s"] + compile_wall, 2)
-        row["with_compile_s_per_kernel"] = round(row["with_compile_wall_s"] / max(1, row["kernels"]), 3)
-        row["with_compile_kernels_per_hour"] = (round(3600 * row["kernels"] / row["with_compile_wall_s"], 1)
-                                                if row["with_compile_wall_s"] else None)
+        if args.keep_cache:  # no compile time was measured: nothing to add
+            row.update(with_compile_wall_s=None, with_compile_s_per_kernel=None, with_compile_kernels_per_hour=None)
+        else:
+            row["with_compile_wall_s"] = round(row["wall_s"] + compile_wall, 2)
+            row["with_compile_s_per_kernel"] = round(row["with_compile_wall_s"] / max(1, row["kernels"]), 3)
+            row["with_compile_kernels_per_hour"] = (round(3600 * row["kernels"] / row["with_compile_wall_s"], 1)
+                                                    if row["with_compile_wall_s"] else None)
         rows.append(row)
         if args.json:
             args.json.write_text(json.dumps(summary(plan, pairs, compile_row, rows, complete=False, order=args.order), indent=1) + "\n")

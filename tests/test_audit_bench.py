@@ -132,6 +132,12 @@ def test_gates_only_times_the_full_gates_without_the_standard_pass_and_claims_no
     assert result["complete"] and result["order"] == "given" and result["ids"] == sorted(result["ids"])
     assert [r["mode"] for r in result["modes"]] == [f"standard test + {len(registry.GATE_NAMES)} gates"]
     assert result["gates_over_standard"] is None
+    assert result["modes"][0]["with_compile_kernels_per_hour"] > 0 and "cache_kept" not in result["compile"]
+    # again on the builds it left: its compile pass timed a cache, so no figure "with compile" is claimed
+    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--limit", "2", "--gates-only",
+                            "--keep-cache", "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["compile"]["cache_kept"] and result["modes"][0]["with_compile_kernels_per_hour"] is None
 
 
 def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_current_code(monkeypatch, capsys):
