@@ -1346,7 +1346,7 @@ def test_judges_take_the_earliest_candidate_in_the_given_order_whatever_order_th
 
     def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
         started.append(pair.id)
-        time.sleep(0.8 if pair.id == "a" else 0.0)
+        time.sleep(2.0 if pair.id == "a" else 0.0)  # the builds of b, c, d end long before
         return {"id": pair.id, "oom": False, "gates": [], "device": device}
 
     monkeypatch.setattr(scheduler, "compile_pair", fake_compile)
