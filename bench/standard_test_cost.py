@@ -28,8 +28,7 @@ def problem_elements(path: Path) -> int | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            module = kb.exec_problem(path, "inputs")
-            return kb.input_elements(module, kb.free_dims(module), None)
+            return kb.problem_size(path)[0]
     except Exception:  # noqa: BLE001 - a problem that cannot be sized is left out, and counted
         return None
 

@@ -431,6 +431,23 @@ def input_elements(module: types.ModuleType, dims: FreeDims, shape: tuple[int, .
         return None
 
 
+def problem_size(path: Path) -> tuple[int | None, int | None]:
+    """(elements its get_inputs() makes at the problem's own shape, weighted layers of its Model: leaf modules
+    holding a parameter of >= 2 dimensions), both on the meta device, nothing allocated; None for what cannot
+    be counted. Executes the problem's code: call it in a worker (kgate.audit.worker's `sizes`)."""
+    import torch
+
+    module = exec_problem(path, "inputs")
+    elements = input_elements(module, free_dims(module), None)
+    try:
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+    except Exception:  # noqa: BLE001 - a Model that cannot be built on the meta device: no layer count
+        return elements, None
+    return elements, sum(1 for m in model.modules() if not any(True for _ in m.children())
+                         and any(p.dim() >= 2 for p in m.parameters(recurse=False)))
+
+
 def working_shape(module: types.ModuleType, dims: FreeDims, budget: int = WORK_ELEMENTS) -> tuple[int, ...] | None:
     """Free sizes at which the inputs hold at most `budget` elements (largest size halved first), or None
     when the problem's own inputs already do, it has no free size, or no smaller legal shape exists."""

@@ -46,22 +46,14 @@ def _compile(channel: Channel, job: dict[str, Any]) -> None:
 
 
 def _sizes(channel: Channel, job: dict[str, Any]) -> None:
-    import torch
-
     from kgate import kernelbench as kb
 
     for problem in job["problems"]:
         channel.send("sizing", problem=problem)
-        elements = layers = None
         try:
-            module = kb.exec_problem(Path(problem), "inputs")
-            elements = kb.input_elements(module, kb.free_dims(module), None)
-            with torch.device("meta"):
-                model = module.Model(*module.get_init_inputs())
-            layers = sum(1 for m in model.modules() if not any(True for _ in m.children())
-                         and any(p.dim() >= 2 for p in m.parameters(recurse=False)))
+            elements, layers = kb.problem_size(Path(problem))
         except Exception:  # noqa: BLE001 - the problem's own fault: its candidates' records will say so
-            pass
+            elements = layers = None
         channel.send("size", problem=problem, elements=elements, layers=layers)
 
 
