@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kgate.audit.evaluate import AuditOptions, compile_pair, needs_compile
+from kgate.audit.evaluate import AuditOptions, ProblemSize, compile_pair, needs_compile
 from kgate.audit.report import timeline_median
 from kgate.audit.scheduler import Plan, longest_first, run_local
 from kgate.kernelbench import Pair, discover
@@ -56,9 +56,11 @@ def select(args: argparse.Namespace) -> list[Pair]:
     return pairs
 
 
-def ordered(pairs: list[Pair], order: str, options: AuditOptions) -> list[Pair]:
-    """The pairs in the order `kgate audit --order ORDER` judges them (longest: kgate.audit.scheduler.longest_first)."""
-    return longest_first(pairs, options) if order == "longest" else sorted(pairs, key=lambda p: p.id)
+def ordered(pairs: list[Pair], order: str, options: AuditOptions, sizes: dict[Path, ProblemSize] | None = None
+            ) -> list[Pair]:
+    """The pairs in the order `kgate audit --order ORDER` judges them with `options.gates` (longest:
+    kgate.audit.scheduler.longest_first; `sizes` from count_sizes, counted once for every pass)."""
+    return longest_first(pairs, options, sizes) if order == "longest" else sorted(pairs, key=lambda p: p.id)
 
 
 def spread(items: list[Any], n: int) -> list[Any]:

@@ -102,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         from kgate.manifest import parse_memory
 
         base["memory"] = parse_memory(args.memory)
-    pairs = ordered(pairs, args.order, AuditOptions(gates=[], **base))  # the same order for every device count
+    options = AuditOptions(gates=list(registry.GATE_NAMES), **base)
+    pairs = ordered(pairs, args.order, options)  # the full gates' order, the same for every device count
     print(f"{len(pairs)} candidate(s), order {args.order}; device counts {counts}; {args.jobs_per_device} worker(s) "
           "per device", flush=True)
     compile_row, _ = compile_stage(pairs, base, compile_jobs, args.pch)
 
-    options = AuditOptions(gates=list(registry.GATE_NAMES), **base)
     runs: list[dict[str, Any]] = []
     first_records: list[dict[str, Any]] = []
     for n in counts:

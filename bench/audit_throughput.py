@@ -39,7 +39,7 @@ from audit_common import add_corpus_args, compile_stage, differences, ordered, s
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
-from kgate.audit.scheduler import arch_list, make_plan  # noqa: E402
+from kgate.audit.scheduler import arch_list, count_sizes, make_plan  # noqa: E402
 from kgate.runner import seed_private_folders  # noqa: E402
 
 STANDARD = "standard test alone"
@@ -47,11 +47,13 @@ FULL = "standard test + "  # and the gates' count: the first such pass is the on
 
 
 def summary(plan: Any, pairs: list[Any], compile_row: dict[str, Any], rows: list[dict[str, Any]], *,
-            complete: bool, order: str) -> dict[str, Any]:
-    """The benchmark's JSON: the figures of every pass done (`complete` once all asked for are)."""
+            complete: bool, order: str, standard_pairs: list[Any]) -> dict[str, Any]:
+    """The benchmark's JSON: the figures of every pass done (`complete` once all asked for are); `ids`: the
+    order of the passes with gates, `standard_ids`: the standard-test pass's."""
     standard = next((r["s_per_kernel"] for r in rows if r["mode"] == STANDARD), None)
     full = next((r["s_per_kernel"] for r in rows if r["mode"].startswith(FULL)), None)
     return {"device": plan.describe(), "candidates": len(pairs), "order": order, "ids": [p.id for p in pairs],
+            "standard_ids": [p.id for p in standard_pairs],
             "compile": compile_row, "modes": rows, "complete": complete,
             "gates_over_standard": round(full / standard, 2) if standard and full else None,
             "goal": {"gates_over_standard_max": 5, "kernels_per_hour_min": 3000}}
@@ -84,7 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     plan = make_plan(args.device, args.jobs, args.compile_jobs)
     base = dict(out_dir=args.out, timeout=args.timeout, arch_list=arch_list(plan.devices),
                 pch=args.pch)  # torch threads: run_local shares the cores among each pass's judges
-    pairs = ordered(pairs, args.order, AuditOptions(gates=[], **base))
+    gates = list(registry.GATE_NAMES)
+    # each pass in the order kgate audit would judge it: the standard test's by input elements, the gates'
+    # with the weighted layers too (sizes counted once, outside every timed pass)
+    sizes = count_sizes(pairs, AuditOptions(gates=[], **base)) if args.order == "longest" or args.other_order else {}
+    standard_pairs = ordered(pairs, args.order, AuditOptions(gates=[], **base), sizes)
+    pairs = ordered(pairs, args.order, AuditOptions(gates=gates, **base), sizes)
     print(f"{len(pairs)} candidate(s), order {args.order}; {plan.describe()}", flush=True)
     compile_row, compile_wall = compile_stage(pairs, base, plan.compile_jobs, args.pch)
     if args.keep_cache:  # builds an earlier run left: this compile pass timed a cache, not a build
@@ -109,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
                                                     if row["with_compile_wall_s"] else None)
         rows.append(row)
         if args.json:
-            args.json.write_text(json.dumps(summary(plan, pairs, compile_row, rows, complete=False, order=args.order), indent=1) + "\n")
+            args.json.write_text(json.dumps(summary(plan, pairs, compile_row, rows, complete=False, order=args.order,
+                                                    standard_pairs=standard_pairs), indent=1) + "\n")
             with records_file.open("a") as out:  # each candidate's record, named by its pass
                 for record in records:
                     out.write(json.dumps({"pass": row["mode"], **record}) + "\n")
 
-    gates = list(registry.GATE_NAMES)
     if not args.gates_only:
-        keep(*timed_pass(pairs, AuditOptions(gates=[], **base), plan, STANDARD))
+        keep(*timed_pass(standard_pairs, AuditOptions(gates=[], **base), plan, STANDARD))
     full_row, full_records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan, f"{FULL}{len(gates)} gates")
     keep(full_row, full_records)
     if args.triton_emulation:  # the workers inherit this process's environment (kgate.audit.evaluate.worker_env)
@@ -134,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         keep(row, records)
     if args.other_order:
         other = "given" if args.order == "longest" else "longest"
-        keep(*timed_pass(ordered(pairs, other, AuditOptions(gates=[], **base)), AuditOptions(gates=gates, **base),
-                         plan, f"standard test + {len(gates)} gates, order {other}"))
+        keep(*timed_pass(ordered(pairs, other, AuditOptions(gates=gates, **base), sizes),
+                         AuditOptions(gates=gates, **base), plan, f"standard test + {len(gates)} gates, order {other}"))
     # then the judge counts: each asked count, and with --prestart every count (--jobs first) again prestarted
     variants = [(plan.slots * len(plan.devices), True)] if args.prestart else []
     variants += [(jobs, False) for jobs in args.more_jobs]
@@ -145,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         wider.compile_stage, wider.prestart = False, prestart
         keep(*timed_pass(pairs, AuditOptions(gates=gates, **base), wider,
                          f"standard test + {len(gates)} gates, {wider.describe()}"))
-    result = summary(plan, pairs, compile_row, rows, complete=True, order=args.order)
+    result = summary(plan, pairs, compile_row, rows, complete=True, order=args.order, standard_pairs=standard_pairs)
     ratio = result["gates_over_standard"]
     print("\n| mode | kernels | wall s | s/kernel | worker s/kernel | kernels/h | with compile: s/kernel | "
           "kernels/h |\n|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -281,3 +281,40 @@ def test_the_standard_test_cost_is_fitted_against_the_problems_input_size(tmp_pa
     out = capsys.readouterr().out
     assert "2 record(s) of 3" in out
     assert "standard test s = 1.00 + 500000000.0 x (G input elements)" in out  # 0.5 s per element
+
+
+def test_each_pass_is_ordered_by_what_it_runs_and_the_sizes_are_counted_once(monkeypatch, tmp_path):
+    """Session 16's H200 run ordered the full gates as the standard test alone (input elements only): the
+    DenseNet of level 3 problem 16, small inputs and 103 weighted layers (82 s of the accumulation gate),
+    went last, and its 129 s held the wall. Every pass with gates must weigh the layers; the standard test
+    must not."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import ProblemSize
+
+    throughput = _load("audit_throughput")
+    counted, passes = [], []
+
+    def sizes(problems, options):
+        counted.append(len(problems))  # wide: most input elements; deep: most weighted layers
+        return {p: ProblemSize(10**9, 0) if "ReLU" in p.name else ProblemSize(10, 500) for p in problems}
+
+    def timed_pass(pairs, options, plan, label):
+        passes.append((label, bool(options.gates), [p.problem.name for p in pairs]))
+        row = dict(mode=label, kernels=len(pairs), wall_s=1.0, s_per_kernel=1.0, worker_s_per_kernel=1.0,
+                   kernels_per_hour=3600.0, timeline_median={}, gate_seconds={}, accumulation_phases={})
+        return row, []
+
+    monkeypatch.setattr(scheduler, "problem_sizes", sizes)
+    monkeypatch.setattr(throughput, "timed_pass", timed_pass)
+    monkeypatch.setattr(throughput, "compile_stage",
+                        lambda pairs, base, jobs, pch: ({"mode": "compile", "kernels": 0, "wall_s": 0.0}, 0.0))
+    assert throughput.main(["--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
+                            "-k", "ReLU__wrong or Linear", "--device", "cpu", "--jobs", "2", "--other-order",
+                            "--out", str(tmp_path / "o"), "--json", str(tmp_path / "t.json")]) == 0
+    assert len(counted) == 1  # once, for every pass
+    (standard, _, first), (full, gates, by_cost), (other, _, by_id) = passes
+    assert standard == "standard test alone" and other.endswith("order given") and gates
+    assert "ReLU" in first[0] and "ReLU" not in by_cost[0], passes  # inputs first alone; layers first with gates
+    assert len(set(first)) == len(set(by_cost)) == 2
+    result = json.loads((tmp_path / "t.json").read_text())
+    assert [i for i in result["ids"]] != [i for i in result["standard_ids"]]

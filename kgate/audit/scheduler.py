@@ -27,10 +27,12 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from kgate.audit.evaluate import (
     AuditOptions,
+    ProblemSize,
     compile_pair,
     evaluate_pair,
     needs_compile,
@@ -187,14 +189,21 @@ def _await_cancelled(finished: list[threading.Event], compile_pool: ThreadPoolEx
         t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def longest_first(pairs: list[Pair], options: AuditOptions) -> list[Pair]:
-    """`pairs` with the problems estimated to take longest first (kgate.audit.evaluate.ProblemSize: input
-    elements for the standard test, weighted layers for the gates), so that with several judges the longest
-    candidates do not start last while the others idle: on the H200 the corpus's largest problems took
-    70-110 s against a median of 8-13 s. Problems that cannot be counted, and unpaired candidates, keep
-    their order after the rest."""
+def count_sizes(pairs: list[Pair], options: AuditOptions) -> dict[Path, ProblemSize]:
+    """The sizes of the problems of `pairs` (kgate.audit.evaluate.problem_sizes; nothing to count, and no
+    worker started, when they share one problem)."""
     problems = [p.problem for p in pairs if p.problem is not None]
-    sizes = problem_sizes(problems, options) if len(set(problems)) > 1 else {}
+    return problem_sizes(problems, options) if len(set(problems)) > 1 else {}
+
+
+def longest_first(pairs: list[Pair], options: AuditOptions,
+                  sizes: dict[Path, ProblemSize] | None = None) -> list[Pair]:
+    """`pairs` with the problems estimated to take longest first (kgate.audit.evaluate.ProblemSize: input
+    elements for the standard test, weighted layers too when `options.gates` is not empty), so that with
+    several judges the longest candidates do not start last while the others idle: on the H200 the corpus's
+    largest problems took 70-130 s against a median of 8-13 s. Problems that cannot be counted, and unpaired
+    candidates, keep their order after the rest. `sizes`: counted already (count_sizes), else counted here."""
+    sizes = count_sizes(pairs, options) if sizes is None else sizes
     gates = bool(options.gates)
 
     def key(item: tuple[int, Pair]) -> tuple[int, float, int]:
