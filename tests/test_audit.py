@@ -355,9 +355,9 @@ def test_device_lease_gives_one_candidate_the_whole_device():
     got = threading.Event()
 
     def alone():
-        lease.acquire(exclusive=True)
+        lease.acquire(2)
         got.set()
-        lease.release(exclusive=True)
+        lease.release(2)
 
     t = threading.Thread(target=alone)
     t.start()
@@ -366,6 +366,34 @@ def test_device_lease_gives_one_candidate_the_whole_device():
     lease.release()
     t.join(timeout=5)
     assert got.is_set()
+
+
+def test_a_wider_request_waits_first_and_the_slots_go_to_it_as_they_free_up():
+    """No single candidate starts while a wider one waits (else the stream of single ones would starve it),
+    and it starts once enough slots are free, with the others still in flight."""
+    lease = DeviceLease(4)
+    for _ in range(3):
+        lease.acquire()
+    order = []
+
+    def take(name, width):
+        lease.acquire(width)
+        order.append(name)
+
+    wide = threading.Thread(target=take, args=("wide", 2))
+    wide.start()
+    time.sleep(0.1)
+    single = threading.Thread(target=take, args=("single", 1))
+    single.start()
+    time.sleep(0.1)
+    assert order == [], "one slot is free, but the wider request waits for two and goes first"
+    lease.release()  # two free: the wider one, not the single one that came later
+    wide.join(timeout=5)
+    time.sleep(0.1)
+    assert order == ["wide"] and lease.used == 4
+    lease.release(2)
+    single.join(timeout=5)
+    assert order == ["wide", "single"] and lease.used == 3
 
 
 def test_manifest_entry_drives_the_audit(tmp_path, write_manifest):
@@ -684,6 +712,64 @@ def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_p
     for n in alone_starts:  # alone means alone: nothing else runs until it ends
         assert events[n + 1][:2] == ("end", events[n][1]), events
     assert {r["id"] for r in records if r.get("retried_alone")} == {"big1", "big2"}
+
+
+def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_half_the_memory_at_once(
+        monkeypatch, tmp_path):
+    """Session 16 on the H200: a 2 G-element reduction outgrew a quarter of the memory, was judged alone at
+    the end and held the GPU for 100 s with three judges idle; it fits in half. The second try takes half the
+    slots as soon as they free up while the others go on; the problem's other candidates go straight there;
+    what outgrows half too is judged alone at the end."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    lock = threading.Lock()
+    calls, running, peak_beside = [], {}, {}
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+        with lock:
+            calls.append((pair.id, gpu_memory_fraction))
+            running[pair.id] = gpu_memory_fraction
+            for wide in [i for i, f in running.items() if f == 0.475]:  # what runs beside a wider try
+                peak_beside[wide] = max(peak_beside.get(wide, 0), len(running) - 1)
+        time.sleep(0.15 if pair.id.startswith("s") else 0.3)
+        with lock:
+            del running[pair.id]
+        need = {"big.py": 0.4, "huge.py": 0.9}.get(pair.problem.name, 0.1)
+        return {"id": pair.id, "oom": gpu_memory_fraction is not None and gpu_memory_fraction < need, "gates": [],
+                "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    big, huge, small = CORPUS / "big.py", CORPUS / "huge.py", CORPUS / "small.py"
+    pairs = [Pair("big__a", CORPUS / "a.py", big), Pair("huge__a", CORPUS / "h.py", huge)]
+    pairs += [Pair(f"s{i}", CORPUS / f"s{i}.py", small) for i in range(10)]
+    pairs += [Pair("big__b", CORPUS / "b.py", big), Pair("huge__b", CORPUS / "i.py", huge)]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=4, compile_jobs=1, compile_stage=False)
+    records = []
+    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 14
+    by_id = {r["id"]: r for r in records}
+    tried = {i: [f for j, f in calls if j == i] for i in by_id}
+    assert tried["big__a"] == [0.2375, 0.475] and tried["big__b"] == [0.475]  # no quarter for the second
+    assert by_id["big__a"]["retried_wider"] and by_id["big__a"]["share"] == 0.475 and "alone" not in by_id["big__a"]
+    assert by_id["big__b"]["wider"] == scheduler.WIDER_PROBLEM and "retried_wider" not in by_id["big__b"]
+    assert tried["huge__a"] == [0.2375, 0.475, None] and by_id["huge__a"]["retried_alone"]
+    assert tried["huge__b"] == [None] and by_id["huge__b"]["alone"] == scheduler.HELD_PROBLEM
+    assert all(tried[f"s{i}"] == [0.2375] and "wider" not in by_id[f"s{i}"] for i in range(10))
+    # beside the wider tries the other judges went on, in the other half of the slots (no more)
+    assert peak_beside and max(peak_beside.values()) <= 2 and peak_beside.get("big__a", 0) >= 1, peak_beside
+    # the whole device still only at the end, nothing beside it
+    alone_at = calls.index(("huge__a", None))
+    assert all(f is None for _, f in calls[alone_at:])
+    assert scheduler.wider_width(4, False) == 2 and scheduler.wider_width(8, False) == 4
+    assert scheduler.wider_width(2, False) is None and scheduler.wider_width(4, True) is None
+    from kgate.audit.report import summarize  # and the report counts each way
+
+    for r in records:
+        r.update(standard={"verdict": "pass"}, labels={}, level=1, problem_error=None, error=None)
+    s = summarize(records, [])
+    assert (s["retried_wider_after_oom"], s["wider_for_problem"]) == (1, 1)  # big__a, big__b (huge__a: alone)
+    assert (s["retried_alone_after_oom"], s["alone_for_problem"]) == (1, 1)
+    assert scheduler.wider_width(2, False) is None and scheduler.wider_width(4, True) is None
 
 
 def _two_device_run(monkeypatch, tmp_path, *, prestart, seconds):

@@ -212,6 +212,9 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str], selected: in
         "retried_alone_after_oom": sum(bool(r.get("retried_alone")) for r, _ in judged),
         # judged alone at once: another candidate of the problem had outgrown its share (kgate.audit.scheduler)
         "alone_for_problem": sum(bool(r.get("alone")) and not r.get("retried_alone") for r, _ in judged),
+        # judged in a wider share of the GPU's memory than the others (half: kgate.audit.scheduler.wider_width)
+        "retried_wider_after_oom": sum(bool(r.get("retried_wider")) for r, _ in judged),
+        "wider_for_problem": sum(bool(r.get("wider")) and not r.get("retried_wider") for r, _ in judged),
         "confusion": confusion, "per_gate": per_gate, "per_level": {k: dict(v) for k, v in sorted(per_level.items())},
         "not_applied": {k: v for k, v in sorted(not_applied.items()) if v},
         "working_shape": dict(sorted(working.items())),

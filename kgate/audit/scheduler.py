@@ -5,15 +5,20 @@ visible, `compile_jobs` at a time; a candidate is handed to the evaluation pool 
 is done (candidates that build nothing go at once). The evaluation pool has `slots` workers per
 device; with more than one slot on a GPU each worker may use only its share of the GPU's memory
 (`torch.cuda.set_per_process_memory_fraction`). A candidate that runs out of GPU memory while it
-shared the device is judged again alone, with the whole device, so a neighbour's appetite never
-becomes its verdict; so is one killed at its host memory limit while sharing (a float64 oracle too
-large for the worker's share of the GPU moves to the CPU, where it can outgrow the limit). Those
-second tries wait until no shared work is left: taking the whole device in mid-run would leave every
-other slot idle while the longest candidate in flight finishes (on the H200 audit, 7 such drains
-mid-run idled most of the 6 slots). Once one candidate of a problem needed the whole device, the
-problem's other candidates go straight to the second tries, without a shared attempt: what outgrows a
-share is nearly always the problem's own size (the reference, its float64 oracle, the inputs), the same
-for every candidate of it (on the H200 audit, every candidate of the 128 x 4096 x 4095 reductions).
+shared the device is judged again with more, so a neighbour's appetite never becomes its verdict; so
+is one killed at its host memory limit while sharing (a float64 oracle too large for the worker's
+share of the GPU moves to the CPU, where it can outgrow the limit). With 4 or more slots a device
+(and no --prestart) the second try takes half the slots at once (half the memory), as soon as they
+free up, while the other slots go on judging: on the H200 with 4 judges the corpus's 2 G-element
+reductions outgrew a quarter of the memory and fit in half, and judged alone at the end, one of them
+held the device for 100 s with three slots idle (session 16's benchmark). What outgrows that too, or
+any share with fewer slots, is judged alone, with the whole device, once no shared work is left:
+taking the whole device in mid-run would leave every other slot idle while the longest candidate in
+flight finishes (on the H200 audit, 7 such drains mid-run idled most of the 6 slots). Once one
+candidate of a problem needed more, the problem's other candidates go straight to it, without the
+smaller attempt: what outgrows a share is nearly always the problem's own size (the reference, its
+float64 oracle, the inputs), the same for every candidate of it (on the H200 audit, every candidate
+of the 128 x 4096 x 4095 reductions).
 """
 
 from __future__ import annotations
@@ -102,32 +107,33 @@ def make_plan(device: str, jobs: int | None, compile_jobs: int | None) -> Plan:
 
 
 class DeviceLease:
-    """Shared slots on one device, or the whole device for one candidate (waiters for it go first)."""
+    """The judging slots of one device. A candidate takes one (its share of the device's memory), or
+    `width` of them (a wider share, for one that outgrew a single one), or all of them (the whole device).
+    While a wider request waits, no narrower one starts: the slots free up for it as the candidates in
+    flight end, instead of each going to the next single candidate."""
 
     def __init__(self, slots: int):
         self.slots = slots
-        self.active = 0
-        self.exclusive = False
-        self.waiting_exclusive = 0
+        self.used = 0
+        self.waiting = 0  # wider requests waiting
         self._cond = threading.Condition()
 
-    def acquire(self, exclusive: bool = False) -> None:
+    def acquire(self, width: int = 1) -> None:
+        width = min(max(1, width), self.slots)
         with self._cond:
-            if exclusive:
-                self.waiting_exclusive += 1
-                self._cond.wait_for(lambda: self.active == 0 and not self.exclusive)
-                self.waiting_exclusive -= 1
-                self.exclusive = True
+            if width > 1:
+                self.waiting += 1
+                try:
+                    self._cond.wait_for(lambda: self.used + width <= self.slots)
+                finally:
+                    self.waiting -= 1
             else:
-                self._cond.wait_for(lambda: not self.exclusive and not self.waiting_exclusive
-                                    and self.active < self.slots)
-            self.active += 1
+                self._cond.wait_for(lambda: not self.waiting and self.used < self.slots)
+            self.used += width
 
-    def release(self, exclusive: bool = False) -> None:
+    def release(self, width: int = 1) -> None:
         with self._cond:
-            self.active -= 1
-            if exclusive:
-                self.exclusive = False
+            self.used -= min(max(1, width), self.slots)
             self._cond.notify_all()
 
 
@@ -143,6 +149,8 @@ class Progress:
 
 HELD_OOM = "ran out of memory while sharing the device"
 HELD_PROBLEM = "another candidate of its problem ran out of memory while sharing the device"
+WIDER_OOM = "ran out of memory in its share of the device"
+WIDER_PROBLEM = "another candidate of its problem ran out of memory in a share of the device"
 
 
 def mark_alone(record: dict[str, Any], why: str) -> None:
@@ -152,24 +160,49 @@ def mark_alone(record: dict[str, Any], why: str) -> None:
         record["retried_alone"] = True
 
 
+def mark_wider(record: dict[str, Any], why: str, fraction: float | None) -> None:
+    """Say in `record` why it was judged with a wider share of the device's memory, and which
+    (`retried_wider`: a second try)."""
+    record["wider"] = why
+    record["share"] = fraction
+    if why == WIDER_OOM:
+        record["retried_wider"] = True
+
+
+def wider_width(slots: int, prestart: bool) -> int | None:
+    """The slots a candidate that outgrew one share takes for its second try while the others go on: half
+    the device's, when that is at least two (with 4 judges on the H200, 0.475 of its memory, where every
+    problem of the KernelBench audit fit); None: straight to the whole device at the end. Not with
+    --prestart, whose turns count single judges."""
+    return slots // 2 if slots >= 4 and not prestart else None
+
+
 class WholeDevice:
-    """The problems one of whose candidates needed a whole device: their other candidates skip sharing."""
+    """What the problems' candidates outgrew: a single share (their other candidates go straight to the
+    wider one) or the wider share too (straight to a whole device)."""
 
     def __init__(self) -> None:
-        self._problems: set[Any] = set()
+        self._problems: dict[Any, bool] = {}  # problem -> True: a whole device; False: the wider share
         self._lock = threading.Lock()
 
-    def needs(self, record: dict[str, Any], pair: Pair) -> bool:
-        """Whether `record` (judged while sharing) means `pair` must be judged again alone; remembers its problem."""
+    def needs(self, record: dict[str, Any], pair: Pair, *, whole: bool = True) -> bool:
+        """Whether `record` (judged in a share) means `pair` must be judged again with more memory (a whole
+        device, or with whole=False a wider share); remembers that its problem needs it."""
         if not needs_whole_gpu(record):
             return False
         with self._lock:
-            self._problems.add(pair.problem)
+            self._problems[pair.problem] = self._problems.get(pair.problem, False) or whole
         return True
 
     def known(self, pair: Pair) -> bool:
+        """A candidate of the problem needed a whole device."""
         with self._lock:
-            return pair.problem is not None and pair.problem in self._problems
+            return pair.problem is not None and self._problems.get(pair.problem) is True
+
+    def wider(self, pair: Pair) -> bool:
+        """A candidate of the problem outgrew a single share, and not (yet) the wider one."""
+        with self._lock:
+            return pair.problem is not None and self._problems.get(pair.problem) is False
 
 
 CANCEL_WAIT_S = 30.0
@@ -266,7 +299,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     def shared(device: str) -> None:
         lease = leases[device]
         sharing_gpu = device.startswith("cuda") and plan.slots > 1
-        fraction = round(0.95 / plan.slots, 4) if sharing_gpu else None
+        wide = wider_width(plan.slots, plan.prestart)
         turns = {"path": str(turn_folder(options.out_dir, device)), "count": plan.slots} if plan.prestart else None
         while not cancel.is_set():
             with lock:
@@ -283,19 +316,28 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
             if sharing_gpu and whole.known(pair):
                 hold(pair, outcome, HELD_PROBLEM)
                 continue
-            lease.acquire()
-            try:
-                progress.started(pair, device)
-                record = evaluate_pair(pair, options, device, gpu_memory_fraction=fraction, compiled=outcome,
-                                       cancel=cancel, turns=turns)
-            finally:
-                lease.release()
-            if cancel.is_set():
-                return  # an interrupted candidate is not recorded: --resume judges it again
-            if sharing_gpu and whole.needs(record, pair):
+            width, why = (wide, WIDER_PROBLEM) if sharing_gpu and wide and whole.wider(pair) else (1, None)
+            while True:  # one share, then (wide) a wider one; past that, a whole device at the end
+                share = round(0.95 * width / plan.slots, 4) if sharing_gpu else None
+                lease.acquire(width)
+                try:
+                    progress.started(pair, device)
+                    record = evaluate_pair(pair, options, device, gpu_memory_fraction=share, compiled=outcome,
+                                           cancel=cancel, turns=turns)
+                finally:
+                    lease.release(width)
+                if cancel.is_set():
+                    return  # an interrupted candidate is not recorded: --resume judges it again
+                if why:
+                    mark_wider(record, why, share)
+                outgrew = sharing_gpu and whole.needs(record, pair, whole=not wide or width > 1)
+                if not (outgrew and wide and width == 1):
+                    break
+                width, why = wide, WIDER_OOM
+            if outgrew:
                 hold(pair, outcome, HELD_OOM)
-                continue
-            record_it(record)
+            else:
+                record_it(record)
 
     def hold(pair: Pair, outcome: dict[str, Any] | None, why: str) -> None:
         with lock:
@@ -314,13 +356,13 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 if not alone_later:
                     continue
                 pair, outcome, why = alone_later.pop(0)
-            lease.acquire(exclusive=True)
+            lease.acquire(lease.slots)
             try:
                 progress.started(pair, device)
                 record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel)
                 mark_alone(record, why)
             finally:
-                lease.release(exclusive=True)
+                lease.release(lease.slots)
             if cancel.is_set():
                 return
             record_it(record)

@@ -51,8 +51,9 @@ Every candidate runs in its own worker process with time and memory limits: a co
 segfault, hang, out-of-memory or os._exit is that candidate's `error` and the audit goes on. Candidates that
 build extensions (load_inline) are compiled first on the CPU cores, in parallel, into a cache under --out.
 With several workers on one GPU (--jobs), each may use only its share of the GPU's memory; a candidate that
-runs out of it is judged again alone, with the whole GPU, once no shared work is left (a neighbour's
-appetite never becomes a verdict). Each finished candidate is appended to OUT/results.jsonl; --resume
+runs out of it is judged again with more (a neighbour's appetite never becomes a verdict): with 4 or more
+workers a GPU, at once in half its memory while the others go on; past that, alone, with the whole GPU,
+once no shared work is left. Each finished candidate is appended to OUT/results.jsonl; --resume
 skips those already there."""
 
 EPILOG = """exit codes: 0 every candidate judged and passed every gate, 1 some violation, or some candidate that
