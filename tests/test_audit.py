@@ -486,7 +486,7 @@ class _FakeRay:
 
     def get(self, ref):
         fn, args, opts = self.pending.pop(ref)
-        self.asked.append((args[0]["id"], opts["num_gpus"], args[-1]))
+        self.asked.append((args[0]["id"], opts["num_gpus"], args[5]))  # args[5]: the memory fraction
         return fn(*args)
 
     def cancel(self, ref, force=False):
@@ -505,9 +505,14 @@ def test_ray_sends_a_problems_other_candidates_to_a_whole_gpu_once_one_outgrew_i
     monkeypatch.setattr(ray_backend, "NODE_CACHE", tmp_path / "node")
     monkeypatch.setattr(ray_backend, "needs_compile", lambda pair: False)
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    earliers = {}
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
+        earliers.setdefault(pair.id, []).append(earlier)
         oom = pair.problem.name == "huge.py" and gpu_memory_fraction is not None
-        return {"id": pair.id, "oom": oom, "gates": [], "device": device}
+        return {"id": pair.id, "oom": oom, "gates": [], "device": device, "standard": {"verdict": "pass"},
+                "standard_s": 1.5, "tamper": None}
 
     monkeypatch.setattr(ray_backend, "evaluate_pair", fake_evaluate)
     for name in ("huge.py", "small.py", "c.py"):
@@ -528,6 +533,8 @@ def test_ray_sends_a_problems_other_candidates_to_a_whole_gpu_once_one_outgrew_i
     for pair_id, gpus, fraction in fake.asked:
         tries.setdefault(pair_id, []).append((gpus, fraction))
     assert tries["huge__a"] == [(0.5, 0.475), (1.0, None)] and tries["small__a"] == [(0.5, 0.475)]
+    # the try alone hears of the try in a share (its standard test may stand: kept_standard)
+    assert earliers["huge__a"] == [None, {"standard": {"verdict": "pass"}, "standard_s": 1.5, "tamper": None}]
     assert tries["huge__b"] == [(0.5, 0.475), (1.0, None)]  # in flight before huge__a's result came
     assert tries["huge__c"] == [(1.0, None)]  # submitted after it: a whole GPU at once
     by_id = {r["id"]: r for r in records}
@@ -573,7 +580,8 @@ def test_gpu_oom_while_sharing_is_judged_again_alone(monkeypatch, tmp_path):
 
     calls = []
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         calls.append((pair.id, gpu_memory_fraction))
         oom = pair.id == "big" and gpu_memory_fraction is not None  # fits only with the whole device
         return {"id": pair.id, "oom": oom, "gates": [], "device": device}
@@ -598,7 +606,8 @@ def test_judges_sharing_a_machine_share_its_cores(monkeypatch, tmp_path):
 
     seen = []
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         seen.append(options.threads)
         return {"id": pair.id, "oom": False, "gates": [], "device": device}
 
@@ -622,7 +631,8 @@ def test_host_memory_limit_while_sharing_is_judged_again_alone(monkeypatch, tmp_
     from kgate.audit.evaluate import AuditOptions
     from kgate.runner import MEMORY_LIMIT
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         record = {"id": pair.id, "device": device, "problem_error": None, "standard": {}}
         cause = f"{MEMORY_LIMIT} 24.0 GiB (resident 24.1 GiB)" if gpu_memory_fraction is not None else None
         record["error"] = cause
@@ -648,7 +658,8 @@ def test_a_problem_that_outgrew_a_share_sends_its_other_candidates_straight_to_t
     calls, held = [], []
     lock = threading.Lock()
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         with lock:
             calls.append((pair.id, gpu_memory_fraction))
         time.sleep(0.05)
@@ -689,7 +700,8 @@ def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_p
     events = []
     lock = threading.Lock()
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         with lock:
             events.append(("start", pair.id, gpu_memory_fraction))
         time.sleep(0.05)
@@ -724,11 +736,13 @@ def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_
     from kgate.audit.evaluate import AuditOptions
 
     lock = threading.Lock()
-    calls, running, peak_beside = [], {}, {}
+    calls, running, peak_beside, earliers = [], {}, {}, {}
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         with lock:
             calls.append((pair.id, gpu_memory_fraction))
+            earliers.setdefault(pair.id, []).append(earlier and earlier["share_tried"])
             running[pair.id] = gpu_memory_fraction
             for wide in [i for i, f in running.items() if f == 0.475]:  # what runs beside a wider try
                 peak_beside[wide] = max(peak_beside.get(wide, 0), len(running) - 1)
@@ -737,7 +751,7 @@ def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_
             del running[pair.id]
         need = {"big.py": 0.4, "huge.py": 0.9}.get(pair.problem.name, 0.1)
         return {"id": pair.id, "oom": gpu_memory_fraction is not None and gpu_memory_fraction < need, "gates": [],
-                "device": device}
+                "device": device, "share_tried": gpu_memory_fraction}
 
     monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
     big, huge, small = CORPUS / "big.py", CORPUS / "huge.py", CORPUS / "small.py"
@@ -754,6 +768,9 @@ def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_
     assert by_id["big__b"]["wider"] == scheduler.WIDER_PROBLEM and "retried_wider" not in by_id["big__b"]
     assert tried["huge__a"] == [0.2375, 0.475, None] and by_id["huge__a"]["retried_alone"]
     assert tried["huge__b"] == [None] and by_id["huge__b"]["alone"] == scheduler.HELD_PROBLEM
+    # each try after the first hears of the one before (its standard test may stand: kept_standard)
+    assert earliers["big__a"] == [None, 0.2375] and earliers["huge__a"] == [None, 0.2375, 0.475]
+    assert earliers["big__b"] == [None] and earliers["huge__b"] == [None]
     assert all(tried[f"s{i}"] == [0.2375] and "wider" not in by_id[f"s{i}"] for i in range(10))
     # beside the wider tries the other judges went on, in the other half of the slots (no more)
     assert peak_beside and max(peak_beside.values()) <= 2 and peak_beside.get("big__a", 0) >= 1, peak_beside
@@ -772,6 +789,31 @@ def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_
     assert scheduler.wider_width(2, False) is None and scheduler.wider_width(4, True) is None
 
 
+def test_a_try_with_more_memory_keeps_the_standard_test_no_limit_touched_and_runs_the_gates_again(tmp_path):
+    """On the giants KernelBench's check is nearly all the time (55-100 s on the H200) and what outgrows a
+    share comes after it (the float64 oracle): the try with more memory keeps that result and runs only the
+    gates. One that a memory limit touched, or that ended in an error, is run again."""
+    from kgate.audit.evaluate import AuditOptions, evaluate_pair, kept_standard
+    from kgate.runner import MEMORY_LIMIT
+
+    pair = Pair("level1/19_ReLU__wrong", CORPUS / "candidates/level1/19_ReLU__wrong.py",
+                CORPUS / "problems/level1/19_ReLU.py")
+    options = AuditOptions(gates=["contract"], out_dir=tmp_path, timeout=120)
+    first = evaluate_pair(pair, options, "cpu")
+    assert first["standard"]["verdict"] == "fail" and "standard" in first["timeline"]
+    earlier = {**first, "oom": True, "tamper": "seen in the share"}
+    again = evaluate_pair(pair, options, "cpu", earlier=earlier)
+    assert again["standard"] == first["standard"] and "standard" not in again["timeline"]  # not run again
+    assert again["gates"][0]["gate"] == "contract" and "loading" in again["timeline"]  # the gates ran again
+    assert again["tamper"] == "seen in the share" and "smaller share" in again["notes"]["standard"]
+    for touched in ({**first["standard"], "message": "torch.OutOfMemoryError: CUDA out of memory."},
+                    {**first["standard"], "trace": f"{MEMORY_LIMIT} 24.0 GiB"},
+                    {**first["standard"], "verdict": "error"}, None):
+        assert kept_standard({"standard": touched}) is None
+    rerun = evaluate_pair(pair, options, "cpu", earlier={"standard": {**first["standard"], "verdict": "error"}})
+    assert "standard" in rerun["timeline"] and rerun["standard"]["verdict"] == "fail"
+
+
 def _two_device_run(monkeypatch, tmp_path, *, prestart, seconds):
     """run_local on two devices x two slots over 24 pairs, with a fake evaluation that takes `seconds` and
     runs out of memory for p03 while sharing; returns (records, the peak of evaluations at once per
@@ -784,7 +826,8 @@ def _two_device_run(monkeypatch, tmp_path, *, prestart, seconds):
     peak = dict(running)
     seen = []
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         with lock:
             running[device] += 1
             peak[device] = max(peak[device], running[device])
@@ -835,7 +878,8 @@ def test_a_deadline_leaves_the_second_tries_to_resume(monkeypatch, tmp_path):
     from kgate.audit import scheduler
     from kgate.audit.evaluate import AuditOptions
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         time.sleep(0.3)
         return {"id": pair.id, "oom": pair.id == "big" and gpu_memory_fraction is not None, "gates": [],
                 "device": device}
@@ -1430,7 +1474,8 @@ def test_judges_take_the_earliest_candidate_in_the_given_order_whatever_order_th
         time.sleep(build_s[pair.id])
         return {"ok": True, "seconds": build_s[pair.id], "build_failed": False, "message": ""}
 
-    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None):
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
         started.append(pair.id)
         time.sleep(2.0 if pair.id == "a" else 0.0)  # the builds of b, c, d end long before
         return {"id": pair.id, "oom": False, "gates": [], "device": device}

@@ -30,8 +30,10 @@ NODE_CACHE = Path(tempfile.gettempdir()) / "kgate-ray"
 
 
 def _remote_evaluate(pair_json: dict[str, Any], problem_src: bytes | None, candidate_src: bytes,
-                     options_json: dict[str, Any], device: str, fraction: float | None = None) -> dict[str, Any]:
-    """Runs on a Ray worker: materialize the pair locally, compile if needed, evaluate."""
+                     options_json: dict[str, Any], device: str, fraction: float | None = None,
+                     earlier: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Runs on a Ray worker: materialize the pair locally, compile if needed, evaluate (`earlier`: the
+    record of a try in a share of a GPU, kgate.audit.evaluate.evaluate_pair)."""
     pair = Pair.from_json(pair_json)
     options = AuditOptions.from_json(options_json)
     options.out_dir = NODE_CACHE  # logs and the extension cache stay on the node, between runs too
@@ -46,7 +48,7 @@ def _remote_evaluate(pair_json: dict[str, Any], problem_src: bytes | None, candi
         problem.write_bytes(problem_src)
     local = Pair(pair.id, candidate, problem, pair.level, pair.problem_error, pair.labels)
     compiled = compile_pair(local, options) if problem is not None and needs_compile(local) else None
-    record = evaluate_pair(local, options, device, gpu_memory_fraction=fraction, compiled=compiled)
+    record = evaluate_pair(local, options, device, gpu_memory_fraction=fraction, compiled=compiled, earlier=earlier)
     record["candidate"], record["problem"] = pair_json["candidate"], pair_json["problem"] or ""
     try:
         import socket
@@ -100,12 +102,13 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
     whole = WholeDevice()  # problems whose candidates skip sharing (kgate.audit.scheduler)
     judged = 0
 
-    def submit(pair: Pair, alone: str | None) -> None:
+    def submit(pair: Pair, alone: str | None, earlier: dict[str, Any] | None = None) -> None:
         gpus, fraction = task_share(gpu, slots, alone is not None)
         remote = ray.remote(_remote_evaluate).options(num_cpus=1, num_gpus=gpus, max_retries=0)
         problem_src = pair.problem.read_bytes() if pair.problem is not None else None
         ref = remote.remote(pair.to_json(), problem_src, pair.candidate.read_bytes(), options_json, task_device,
-                            fraction)
+                            fraction, {"standard": earlier.get("standard"), "standard_s": earlier.get("standard_s"),
+                                       "tamper": earlier.get("tamper")} if earlier else None)
         in_flight[ref] = (pair, alone)
         progress.started(pair, "ray")
 
@@ -131,7 +134,7 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
                 if task_share(gpu, slots, alone is not None)[1] is not None and whole.needs(record, pair):
                     progress.held(pair, HELD_OOM)
                     if stop_at is None or time.monotonic() < stop_at:
-                        submit(pair, HELD_OOM)  # not recorded now; past the deadline, left to --resume
+                        submit(pair, HELD_OOM, record)  # not recorded now; past the deadline, left to --resume
                     continue
                 if alone and gpu and slots > 1:
                     mark_alone(record, alone)

@@ -283,7 +283,8 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     taken = [0]
     judged = [0]
     errors: list[BaseException] = []
-    alone_later: list[tuple[Pair, dict[str, Any] | None, str]] = []  # (pair, build, why): judged alone at the end
+    # (pair, build, why, the record of its try in a share or None): judged alone at the end
+    alone_later: list[tuple[Pair, dict[str, Any] | None, str, dict[str, Any] | None]] = []
     whole = WholeDevice()
     sharing = [len(plan.devices) * plan.slots * starts]  # evaluation threads that may still take shared work
 
@@ -317,13 +318,14 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 hold(pair, outcome, HELD_PROBLEM)
                 continue
             width, why = (wide, WIDER_PROBLEM) if sharing_gpu and wide and whole.wider(pair) else (1, None)
+            earlier = None  # the record of the try in a smaller share: its standard test may stand
             while True:  # one share, then (wide) a wider one; past that, a whole device at the end
                 share = round(0.95 * width / plan.slots, 4) if sharing_gpu else None
                 lease.acquire(width)
                 try:
                     progress.started(pair, device)
                     record = evaluate_pair(pair, options, device, gpu_memory_fraction=share, compiled=outcome,
-                                           cancel=cancel, turns=turns)
+                                           cancel=cancel, turns=turns, earlier=earlier)
                 finally:
                     lease.release(width)
                 if cancel.is_set():
@@ -333,15 +335,15 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 outgrew = sharing_gpu and whole.needs(record, pair, whole=not wide or width > 1)
                 if not (outgrew and wide and width == 1):
                     break
-                width, why = wide, WIDER_OOM
+                width, why, earlier = wide, WIDER_OOM, record
             if outgrew:
-                hold(pair, outcome, HELD_OOM)
+                hold(pair, outcome, HELD_OOM, record)
             else:
                 record_it(record)
 
-    def hold(pair: Pair, outcome: dict[str, Any] | None, why: str) -> None:
+    def hold(pair: Pair, outcome: dict[str, Any] | None, why: str, record: dict[str, Any] | None = None) -> None:
         with lock:
-            alone_later.append((pair, outcome, why))
+            alone_later.append((pair, outcome, why, record))
         progress.held(pair, why)
 
     def alone(device: str) -> None:
@@ -355,11 +357,11 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                     return
                 if not alone_later:
                     continue
-                pair, outcome, why = alone_later.pop(0)
+                pair, outcome, why, earlier = alone_later.pop(0)
             lease.acquire(lease.slots)
             try:
                 progress.started(pair, device)
-                record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel)
+                record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel, earlier=earlier)
                 mark_alone(record, why)
             finally:
                 lease.release(lease.slots)
