@@ -534,7 +534,8 @@ def test_ray_sends_a_problems_other_candidates_to_a_whole_gpu_once_one_outgrew_i
         tries.setdefault(pair_id, []).append((gpus, fraction))
     assert tries["huge__a"] == [(0.5, 0.475), (1.0, None)] and tries["small__a"] == [(0.5, 0.475)]
     # the try alone hears of the try in a share (its standard test may stand: kept_standard)
-    assert earliers["huge__a"] == [None, {"standard": {"verdict": "pass"}, "standard_s": 1.5, "tamper": None}]
+    assert earliers["huge__a"] == [None, {"standard": {"verdict": "pass"}, "standard_s": 1.5, "tamper": None,
+                                          "gates": []}]
     assert tries["huge__b"] == [(0.5, 0.475), (1.0, None)]  # in flight before huge__a's result came
     assert tries["huge__c"] == [(1.0, None)]  # submitted after it: a whole GPU at once
     by_id = {r["id"]: r for r in records}
@@ -793,7 +794,7 @@ def test_a_try_with_more_memory_keeps_the_standard_test_no_limit_touched_and_run
     """On the giants KernelBench's check is nearly all the time (55-100 s on the H200) and what outgrows a
     share comes after it (the float64 oracle): the try with more memory keeps that result and runs only the
     gates. One that a memory limit touched, or that ended in an error, is run again."""
-    from kgate.audit.evaluate import AuditOptions, evaluate_pair, kept_standard
+    from kgate.audit.evaluate import AuditOptions, evaluate_pair, kept_standard, outgrew
     from kgate.runner import MEMORY_LIMIT
 
     pair = Pair("level1/19_ReLU__wrong", CORPUS / "candidates/level1/19_ReLU__wrong.py",
@@ -806,6 +807,10 @@ def test_a_try_with_more_memory_keeps_the_standard_test_no_limit_touched_and_run
     assert again["standard"] == first["standard"] and "standard" not in again["timeline"]  # not run again
     assert again["gates"][0]["gate"] == "contract" and "loading" in again["timeline"]  # the gates ran again
     assert again["tamper"] == "seen in the share" and "smaller share" in again["notes"]["standard"]
+    assert again["notes"]["earlier_try"].endswith("in: (not said)")
+    oom = {"gate": "oracle", "verdict": "error", "message": "torch.OutOfMemoryError: CUDA out of memory. Tried"}
+    assert outgrew({"standard": first["standard"], "gates": [oom, {**oom, "gate": "shapes", "verdict": "pass"}]}) \
+        == "oracle"
     for touched in ({**first["standard"], "message": "torch.OutOfMemoryError: CUDA out of memory."},
                     {**first["standard"], "trace": f"{MEMORY_LIMIT} 24.0 GiB"},
                     {**first["standard"], "verdict": "error"}, None):

@@ -208,6 +208,18 @@ def kept_standard(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return standard
 
 
+def outgrew(record: dict[str, Any]) -> str:
+    """Where an earlier try ran out of its share (GPU memory, or the host memory limit): the standard test
+    and the gates whose messages say so, for the record of the try with more memory."""
+    def hit(entry: dict[str, Any] | None) -> bool:
+        text = f"{(entry or {}).get('message') or ''} {(entry or {}).get('trace') or ''}"
+        return bool(GPU_OOM.search(text)) or MEMORY_LIMIT in text
+
+    where = (["the standard test"] if hit(record.get("standard")) else []) + [
+        g["gate"] for g in record.get("gates") or [] if g.get("verdict") == "error" and hit(g)]
+    return ", ".join(where) or "(not said)"
+
+
 def needs_whole_gpu(record: dict[str, Any]) -> bool:
     """Whether a candidate judged while sharing a GPU must be judged again with the whole GPU: it ran out
     of GPU memory, or past its host memory limit (a float64 oracle too large for its share of the GPU
@@ -253,6 +265,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
         record["error"] = message
         return _finish(record, names, results, message, started)
 
+    if earlier is not None:
+        record["notes"]["earlier_try"] = f"outgrew a smaller share of the GPU's memory in: {outgrew(earlier)}"
     kept = kept_standard(earlier) if options.standard else None
     if kept is not None and earlier is not None:
         record.update(standard=kept, standard_s=earlier.get("standard_s"), tamper=earlier.get("tamper"))

@@ -69,6 +69,14 @@ def task_share(gpu: bool, slots: int, alone: bool) -> tuple[float, float | None]
     return 1.0 / slots, round(0.95 / slots, 4)
 
 
+def _earlier(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a try with more memory needs of the try before (evaluate_pair's `earlier`), kept small."""
+    if not record:
+        return None
+    return {"standard": record.get("standard"), "standard_s": record.get("standard_s"), "tamper": record.get("tamper"),
+            "gates": [{k: g.get(k) for k in ("gate", "verdict", "message")} for g in record.get("gates") or []]}
+
+
 def _ensure(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -107,8 +115,7 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
         remote = ray.remote(_remote_evaluate).options(num_cpus=1, num_gpus=gpus, max_retries=0)
         problem_src = pair.problem.read_bytes() if pair.problem is not None else None
         ref = remote.remote(pair.to_json(), problem_src, pair.candidate.read_bytes(), options_json, task_device,
-                            fraction, {"standard": earlier.get("standard"), "standard_s": earlier.get("standard_s"),
-                                       "tamper": earlier.get("tamper")} if earlier else None)
+                            fraction, _earlier(earlier))
         in_flight[ref] = (pair, alone)
         progress.started(pair, "ray")
 
