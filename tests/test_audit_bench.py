@@ -318,3 +318,22 @@ def test_each_pass_is_ordered_by_what_it_runs_and_the_sizes_are_counted_once(mon
     assert len(set(first)) == len(set(by_cost)) == 2
     result = json.loads((tmp_path / "t.json").read_text())
     assert [i for i in result["ids"]] != [i for i in result["standard_ids"]]
+
+
+def test_the_schedule_replay_gives_each_retry_policy_its_hand_computed_wall(tmp_path, capsys):
+    """bench/audit_replay.py on six candidates, 4 judges, one (c, 30 s, 7 of them its standard test) that
+    outgrew its share after 5 s: alone at the end 20 + 30 s; in half the slots at once 10 + 30 s, with e and
+    f beside it; keeping its standard test 10 + 23 s."""
+    replay = _load("audit_replay")
+    records = [{"id": i, "duration_s": 10.0} for i in "abdef"]
+    records.insert(2, {"id": "c", "duration_s": 30.0, "retried_alone": True, "timeline": {"loaded": 1, "standard": 8}})
+    walls = {p: replay.replay(records, 4, p, lost=5.0) for p in replay.POLICIES}
+    assert walls == {"alone-at-end": 50.0, "wider": 40.0, "wider+kept": 33.0}
+    assert replay.replay(records[:2], 4, "wider", lost=5.0) == 10.0  # nothing outgrew: the durations alone
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({**r, "call": 1}) + "\n" for r in records) + json.dumps({"id": "x", "call": 2,
+                                                                                              "duration_s": 1}) + "\n")
+    assert replay.main([str(path), "--where", "call=1", "--lost", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "6 record(s), 4 judges, 1 outgrew" in out and "| given | 50.0 | 40.0 | 33.0 |" in out
+    assert "| best |" in out and "| longest |" not in out  # no problem file to count here
