@@ -790,6 +790,31 @@ def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_
     assert scheduler.wider_width(2, False) is None and scheduler.wider_width(4, True) is None
 
 
+def test_past_the_deadline_a_candidate_that_outgrew_its_share_is_left_to_resume(monkeypatch, tmp_path):
+    """--max-time starts nothing new past its deadline: a second try in more memory is a new start, so the
+    candidate is left out of this run's records (and --resume judges it), as with the tries alone."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    calls = []
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
+        calls.append((pair.id, gpu_memory_fraction))
+        time.sleep(0.3)
+        return {"id": pair.id, "oom": pair.id == "big" and gpu_memory_fraction == 0.2375, "gates": [],
+                "device": device}
+
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair("big", CORPUS / "b.py", CORPUS / "big.py"), Pair("small", CORPUS / "s.py", CORPUS / "small.py")]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=4, compile_jobs=1, compile_stage=False)
+    records = []
+    judged = scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append,
+                                 stop_at=time.monotonic() + 0.1)
+    assert judged == 1 and [r["id"] for r in records] == ["small"]
+    assert sorted(calls) == [("big", 0.2375), ("small", 0.2375)]  # no second try
+
+
 def test_a_try_with_more_memory_keeps_the_standard_test_no_limit_touched_and_runs_the_gates_again(tmp_path):
     """On the giants KernelBench's check is nearly all the time (55-100 s on the H200) and what outgrows a
     share comes after it (the float64 oracle): the try with more memory keeps that result and runs only the

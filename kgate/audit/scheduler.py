@@ -335,6 +335,9 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 outgrew = sharing_gpu and whole.needs(record, pair, whole=not wide or width > 1)
                 if not (outgrew and wide and width == 1):
                     break
+                if timed_out():  # a second try is a new start: past the deadline, left to --resume
+                    progress.held(pair, HELD_OOM)
+                    return
                 width, why, earlier = wide, WIDER_OOM, record
             if outgrew:
                 hold(pair, outcome, HELD_OOM, record)
