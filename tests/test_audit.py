@@ -760,8 +760,15 @@ def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_
     pairs += [Pair(f"s{i}", CORPUS / f"s{i}.py", small) for i in range(10)]
     pairs += [Pair("big__b", CORPUS / "b.py", big), Pair("huge__b", CORPUS / "i.py", huge)]
     plan = scheduler.Plan(devices=["cuda:0"], slots=4, compile_jobs=1, compile_stage=False)
-    records = []
-    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 14
+    records, widened = [], []
+
+    class Heard(scheduler.Progress):
+        def widened(self, pair, share):
+            widened.append((pair.id, share))
+
+    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append,
+                               progress=Heard()) == 14
+    assert sorted(widened) == [("big__a", 0.475), ("huge__a", 0.475)]  # the console hears of each second try
     by_id = {r["id"]: r for r in records}
     tried = {i: [f for j, f in calls if j == i] for i in by_id}
     assert tried["big__a"] == [0.2375, 0.475] and tried["big__b"] == [0.475]  # no quarter for the second

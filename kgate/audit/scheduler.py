@@ -146,6 +146,10 @@ class Progress:
     def held(self, pair: Pair, why: str) -> None:
         """`pair` waits to be judged alone with a whole device (its record, if any, is not kept)."""
 
+    def widened(self, pair: Pair, share: float | None) -> None:
+        """`pair` outgrew its share and is judged again now with `share` of the device's memory (its
+        record so far is not kept)."""
+
 
 HELD_OOM = "ran out of memory while sharing the device"
 HELD_PROBLEM = "another candidate of its problem ran out of memory while sharing the device"
@@ -339,6 +343,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                     progress.held(pair, HELD_OOM)
                     return
                 width, why, earlier = wide, WIDER_OOM, record
+                progress.widened(pair, round(0.95 * width / plan.slots, 4))
             if outgrew:
                 hold(pair, outcome, HELD_OOM, record)
             else:

@@ -454,6 +454,13 @@ class _ConsoleProgress(SchedulerProgress):
                                highlight=False)
 
 
+    def widened(self, pair: Any, share: float | None) -> None:
+        """A candidate judged again at once in a wider share: one line (the bar's counts are unchanged)."""
+        if not self.live and not self.quiet:
+            self.console.print(f"{'again':>10} {escape(pair.id)} (ran out of memory in its share: judged again "
+                               f"now with {share:.0%} of the GPU's memory)", highlight=False)
+
+
 HELD = "held for a whole device"  # the console's count of candidates waiting for one
 
 
