@@ -196,14 +196,20 @@ def problem_sizes(problems: list[Path], options: AuditOptions) -> dict[Path, Pro
     return sizes
 
 
+def _memory_limited(result: dict[str, Any] | None) -> bool:
+    """A standard-test or gate result (JSON) whose message or trace says it ran out of GPU memory or past
+    the worker's host memory limit."""
+    text = f"{(result or {}).get('message') or ''} {(result or {}).get('trace') or ''}"
+    return bool(GPU_OOM.search(text)) or MEMORY_LIMIT in text
+
+
 def kept_standard(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """The standard test's result of an earlier try of a pair, when it still holds for a try with more
     memory: it ended with a verdict, untouched by a memory limit (what outgrew the share came after it,
     most often the float64 oracle). On the corpus's giants the standard test is nearly all of a
     candidate's time (55-100 s on the H200, its inputs drawn on the CPU), the gates a few seconds."""
     standard = (record or {}).get("standard") or {}
-    text = f"{standard.get('message') or ''} {standard.get('trace') or ''}"
-    if standard.get("verdict") not in ("pass", "fail") or GPU_OOM.search(text) or MEMORY_LIMIT in text:
+    if standard.get("verdict") not in ("pass", "fail") or _memory_limited(standard):
         return None
     return standard
 
@@ -211,12 +217,8 @@ def kept_standard(record: dict[str, Any] | None) -> dict[str, Any] | None:
 def outgrew(record: dict[str, Any]) -> str:
     """Where an earlier try ran out of its share (GPU memory, or the host memory limit): the standard test
     and the gates whose messages say so, for the record of the try with more memory."""
-    def hit(entry: dict[str, Any] | None) -> bool:
-        text = f"{(entry or {}).get('message') or ''} {(entry or {}).get('trace') or ''}"
-        return bool(GPU_OOM.search(text)) or MEMORY_LIMIT in text
-
-    where = (["the standard test"] if hit(record.get("standard")) else []) + [
-        g["gate"] for g in record.get("gates") or [] if g.get("verdict") == "error" and hit(g)]
+    where = (["the standard test"] if _memory_limited(record.get("standard")) else []) + [
+        g["gate"] for g in record.get("gates") or [] if g.get("verdict") == "error" and _memory_limited(g)]
     return ", ".join(where) or "(not said)"
 
 
