@@ -269,10 +269,10 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
 
     if earlier is not None:
         record["notes"]["earlier_try"] = f"outgrew a smaller share of the GPU's memory in: {outgrew(earlier)}"
-    kept = kept_standard(earlier) if options.standard else None
-    if kept is not None and earlier is not None:
-        record.update(standard=kept, standard_s=earlier.get("standard_s"), tamper=earlier.get("tamper"))
-        record["notes"]["standard"] = "from the try in a smaller share of the GPU's memory (no limit reached in it)"
+        kept = kept_standard(earlier) if options.standard else None
+        if kept is not None:
+            record.update(standard=kept, standard_s=earlier.get("standard_s"), tamper=earlier.get("tamper"))
+            record["notes"]["standard"] = "from the try in a smaller share of the GPU's memory (no limit reached in it)"
     log = options.out_dir / "logs" / f"{_safe(pair.id)}.log"
     # seconds from the start of this evaluation to the first event of each kind from the first worker
     # (loading: the worker is up, kgate imported and the device set up; loaded: the problem, the reference

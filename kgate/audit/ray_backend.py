@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile
-from kgate.audit.scheduler import HELD_OOM, HELD_PROBLEM, Progress, WholeDevice, mark_alone
+from kgate.audit.scheduler import HELD_OOM, HELD_PROBLEM, Progress, WholeDevice, mark_alone, memory_share
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
 
@@ -66,7 +66,7 @@ def task_share(gpu: bool, slots: int, alone: bool) -> tuple[float, float | None]
         return 0.0, None
     if alone or slots <= 1:
         return 1.0, None
-    return 1.0 / slots, round(0.95 / slots, 4)
+    return 1.0 / slots, memory_share(1, slots)
 
 
 def _earlier(record: dict[str, Any] | None) -> dict[str, Any] | None:

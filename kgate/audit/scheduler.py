@@ -173,6 +173,12 @@ def mark_wider(record: dict[str, Any], why: str, fraction: float | None) -> None
         record["retried_wider"] = True
 
 
+def memory_share(width: int, slots: int) -> float:
+    """The share of a GPU's memory for a candidate holding `width` of its `slots` judging slots (0.95 of it
+    shared out: the rest for the CUDA contexts, which the caching allocator does not count)."""
+    return round(0.95 * width / slots, 4)
+
+
 def wider_width(slots: int, prestart: bool) -> int | None:
     """The slots a candidate that outgrew one share takes for its second try while the others go on: half
     the device's, when that is at least two (with 4 judges on the H200, 0.475 of its memory, where every
@@ -324,7 +330,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
             width, why = (wide, WIDER_PROBLEM) if sharing_gpu and wide and whole.wider(pair) else (1, None)
             earlier = None  # the record of the try in a smaller share: its standard test may stand
             while True:  # one share, then (wide) a wider one; past that, a whole device at the end
-                share = round(0.95 * width / plan.slots, 4) if sharing_gpu else None
+                share = memory_share(width, plan.slots) if sharing_gpu else None
                 lease.acquire(width)
                 try:
                     progress.started(pair, device)
@@ -343,7 +349,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                     progress.held(pair, HELD_OOM)
                     return
                 width, why, earlier = wide, WIDER_OOM, record
-                progress.widened(pair, round(0.95 * width / plan.slots, 4))
+                progress.widened(pair, memory_share(width, plan.slots))
             if outgrew:
                 hold(pair, outcome, HELD_OOM, record)
             else:
