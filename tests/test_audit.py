@@ -16,7 +16,7 @@ import pytest
 
 from kgate.audit.report import summarize
 from kgate.audit.results import ResultsFile, shard
-from kgate.audit.scheduler import DeviceLease
+from kgate.audit.scheduler import DeviceLease, WholeDevice
 from kgate.cli import main as kgate_main
 from kgate.gates.base import GateResult
 from kgate.kernelbench import Pair, discover
@@ -366,6 +366,24 @@ def test_device_lease_gives_one_candidate_the_whole_device():
     lease.release()
     t.join(timeout=5)
     assert got.is_set()
+
+
+def test_what_a_problem_outgrew_only_grows():
+    """A problem's candidates go to the wider share once one outgrew a single share, to the whole device once
+    one outgrew the wider share; a later candidate that outgrew only a single share does not undo that."""
+    seen = WholeDevice()
+    pair = Pair(id="p", candidate=Path("c.py"), problem=Path("p.py"))
+    other = Pair(id="q", candidate=Path("d.py"), problem=Path("q.py"))
+    assert not seen.needs({"oom": False}, pair, whole=False)
+    assert not seen.wider(pair) and not seen.known(pair)
+    assert seen.needs({"oom": True}, pair, whole=False)
+    assert seen.wider(pair) and not seen.known(pair) and not seen.wider(other)
+    assert seen.needs({"host_memory": True}, pair, whole=True)
+    assert seen.known(pair) and not seen.wider(pair)
+    assert seen.needs({"oom": True}, pair, whole=False)
+    assert seen.known(pair), "a whole device once needed stays needed"
+    unpaired = Pair(id="u", candidate=Path("u.py"), problem=None)
+    assert seen.needs({"oom": True}, unpaired) and not seen.known(unpaired)
 
 
 def test_a_wider_request_waits_first_and_the_slots_go_to_it_as_they_free_up():

@@ -23,6 +23,7 @@ of the 128 x 4096 x 4095 reductions).
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import queue
@@ -187,12 +188,18 @@ def wider_width(slots: int, prestart: bool) -> int | None:
     return slots // 2 if slots >= 4 and not prestart else None
 
 
+class Need(enum.IntEnum):
+    """How much of a device a problem's candidates need, once one of them outgrew a share."""
+    WIDER = 1  # outgrew a single share: the wider one (wider_width)
+    WHOLE = 2  # outgrew the wider share too, or any share where there is none: a whole device
+
+
 class WholeDevice:
     """What the problems' candidates outgrew: a single share (their other candidates go straight to the
     wider one) or the wider share too (straight to a whole device)."""
 
     def __init__(self) -> None:
-        self._problems: dict[Any, bool] = {}  # problem -> True: a whole device; False: the wider share
+        self._problems: dict[Any, Need] = {}
         self._lock = threading.Lock()
 
     def needs(self, record: dict[str, Any], pair: Pair, *, whole: bool = True) -> bool:
@@ -200,19 +207,22 @@ class WholeDevice:
         device, or with whole=False a wider share); remembers that its problem needs it."""
         if not needs_whole_gpu(record):
             return False
+        need = Need.WHOLE if whole else Need.WIDER
         with self._lock:
-            self._problems[pair.problem] = self._problems.get(pair.problem, False) or whole
+            self._problems[pair.problem] = max(self._problems.get(pair.problem, need), need)
         return True
+
+    def _need(self, pair: Pair) -> Need | None:
+        with self._lock:
+            return self._problems.get(pair.problem) if pair.problem is not None else None
 
     def known(self, pair: Pair) -> bool:
         """A candidate of the problem needed a whole device."""
-        with self._lock:
-            return pair.problem is not None and self._problems.get(pair.problem) is True
+        return self._need(pair) is Need.WHOLE
 
     def wider(self, pair: Pair) -> bool:
         """A candidate of the problem outgrew a single share, and not (yet) the wider one."""
-        with self._lock:
-            return pair.problem is not None and self._problems.get(pair.problem) is False
+        return self._need(pair) is Need.WIDER
 
 
 CANCEL_WAIT_S = 30.0
