@@ -64,6 +64,23 @@ def test_reduction_order_change_passes_by_default_and_fails_when_bitwise_is_decl
     assert "differs from the contiguous copy's result" in strict.message
 
 
+def test_the_reference_runs_once_per_strided_probe():
+    """The reference's result on a layout, run to see whether it accepts the layout, is also what a kernel's
+    non-bitwise result is measured against: not run a second time (the audit's largest problems spend
+    seconds in it)."""
+    layouts = []
+
+    def counted(x, w):
+        if not x.is_contiguous() or x.storage_offset():
+            layouts.append((x.stride(), x.storage_offset()))
+        return softmax_ref(x, w)
+
+    result = run(softmax_torch_ops, counted, shapes=[[7, 1000]])
+    assert result.verdict == "pass" and "bitwise equal)" in result.message
+    probes = int(result.message.split(" strided probe")[0])
+    assert 0 < len(layouts) == len(set(layouts)) == probes
+
+
 def test_kernel_that_rejects_strided_inputs_fails():
     def contiguous_only(x, w):
         assert x.is_contiguous(), "x must be contiguous"
