@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 
@@ -98,9 +99,25 @@ def test_bf16_accumulator_is_told_from_fp16():
     assert result.details["inputs"] == "the factory's inputs" and not result.details["also_consistent_with"]
 
 
+def test_crafted_inputs_are_the_same_when_the_first_is_skipped():
+    """The second pass over a case starts at the factory's inputs without making the first probe's again:
+    the later probes' values must not change with it (the audit's verdicts depend on them)."""
+    args = (torch.randn(3, 50, dtype=torch.float16), torch.arange(4), torch.randn(7, dtype=torch.float32))
+    every = list(accumulation.crafted_inputs(args, 5))
+    later = list(accumulation.crafted_inputs(args, 5, skip=1))
+    assert [label for label, _ in every[1:]] == [label for label, _ in later] and len(later) == 2
+    for (_, want), (_, got) in zip(every[1:], later):
+        for w, g in zip(want, got):
+            assert w.dtype == g.dtype and torch.equal(w, g)
+    assert torch.equal(later[0][1][0], args[0]) and later[0][1][0] is not args[0]  # the factory's, copied
+    assert bool((every[0][1][0] >= 0.5).all()) and bool((later[1][1][2] > 0).all())
+    assert torch.equal(every[2][1][1], args[1])  # integer arguments kept
+
+
 def test_a_failure_no_later_input_disambiguates_is_reported_with_every_accumulator_it_fits(monkeypatch):
     real = accumulation.crafted_inputs
-    monkeypatch.setattr(accumulation, "crafted_inputs", lambda args, seed: real(args, seed)[:1])
+    monkeypatch.setattr(accumulation, "crafted_inputs",
+                        lambda args, seed, skip=0: itertools.islice(real(args, seed, skip), 1 - min(skip, 1)))
     result = check("accumulation", bf16_rowsum, correct.rowsum_reference, correct.make_rows, shapes=[[4, 1000]],
                    dtypes=["float32"])
     assert result.verdict == "fail" and result.details["inputs"].startswith("positive values uniform")

@@ -52,6 +52,7 @@ import math
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -448,21 +449,28 @@ _HANDLERS = {
 
 # -- the gate ------------------------------------------------------------------------------------------------
 
-def crafted_inputs(args: tuple, seed: int) -> list[tuple[str, tuple]]:
-    """The probes' inputs: positive values (every sum grows, none cancels: the one probe that can settle a
-    case), the factory's own, then positive values with a wide range."""
+def crafted_inputs(args: tuple, seed: int, skip: int = 0) -> Iterator[tuple[str, tuple]]:
+    """The probes' inputs, made one at a time as they are taken: positive values (every sum grows, none
+    cancels: the one probe that can settle a case), the factory's own, then positive values with a wide range.
+    `skip`: start at that probe; the values of the later ones are the same (the generator is advanced
+    through the skipped draws a tensor at a time, without keeping them)."""
     gen = torch.Generator().manual_seed(seed)
-
-    def remake(draw) -> tuple:
-        return map_tensors(args, lambda t: draw(t).to(dtype=t.dtype, device=t.device)
-                           if t.is_floating_point() else t.clone())
-
-    return [
-        (UNIFORM, remake(lambda t: 0.5 + torch.rand(t.shape, generator=gen, dtype=torch.float64))),
-        (FACTORY, clone_tree(args)),
-        ("positive lognormal values (sigma 1)",
-         remake(lambda t: torch.exp(torch.randn(t.shape, generator=gen, dtype=torch.float64)))),
+    draws = [
+        (UNIFORM, lambda t: 0.5 + torch.rand(t.shape, generator=gen, dtype=torch.float64)),
+        (FACTORY, None),
+        ("positive lognormal values (sigma 1)", lambda t: torch.exp(torch.randn(t.shape, generator=gen,
+                                                                              dtype=torch.float64))),
     ]
+    for index, (label, draw) in enumerate(draws):
+        if index < skip:
+            if draw is not None:
+                map_tensors(args, lambda t, draw=draw: (draw(t), t)[1] if t.is_floating_point() else t)
+            continue
+        if draw is None:
+            yield label, clone_tree(args)
+        else:
+            yield label, map_tensors(args, lambda t, draw=draw: draw(t).to(dtype=t.dtype, device=t.device)
+                                     if t.is_floating_point() else t.clone())
 
 
 def accumulators(dtype: str) -> list[torch.dtype]:
@@ -570,8 +578,8 @@ class Accumulation(Gate):
                     continue
                 if first:
                     tally.dtypes.append(case.dtype)
-                crafted_all = crafted_inputs(base.args, case.seed)
-                for label, crafted in (crafted_all[:1] if first else crafted_all[1:]):
+                probes = crafted_inputs(base.args, case.seed, skip=0 if first else 1)
+                for label, crafted in (itertools.islice(probes, 1) if first else probes):
                     outcome = self._crafted(subject, tally, case, base.args, floats, label, crafted)
                     if isinstance(outcome, GateResult):
                         return outcome
