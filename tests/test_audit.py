@@ -815,6 +815,28 @@ def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_
     assert scheduler.wider_width(2, False) is None and scheduler.wider_width(4, True) is None
 
 
+def test_the_console_counts_second_tries_in_a_wider_share_while_they_run():
+    import io
+
+    from rich.console import Console
+
+    from kgate.audit import scheduler
+    from kgate.commands import audit as audit_command
+
+    out = io.StringIO()
+    console = audit_command._ConsoleProgress(Console(file=out, width=200), total=3, quiet=False)
+    a, b = (Pair(id=i, candidate=Path(f"{i}.py"), problem=Path("p.py")) for i in ("a", "b"))
+    console.widened(a, 0.475)
+    console.widened(b, 0.475)
+    assert console.counts[audit_command.WIDER] == 2
+    console.held(b, scheduler.HELD_OOM)  # outgrew the wider share too: waits for the whole device
+    assert console.counts[audit_command.WIDER] == 1 and console.counts[audit_command.HELD] == 1
+    console.finished({"id": "a", "gates": [], "standard": {"verdict": "pass"}, "retried_wider": True})
+    assert console.counts[audit_command.WIDER] == 0 and console.counts["pass"] == 1
+    assert "again in a wider share 0" in console._text()
+    assert out.getvalue().count("judged again now with 48% of the GPU's memory") == 2
+
+
 def test_past_the_deadline_a_candidate_that_outgrew_its_share_is_left_to_resume(monkeypatch, tmp_path):
     """--max-time starts nothing new past its deadline: a second try in more memory is a new start, so the
     candidate is left out of this run's records (and --resume judges it), as with the tries alone."""

@@ -408,6 +408,7 @@ class _ConsoleProgress(SchedulerProgress):
                             transient=True)
         self.task = self.bar.add_task("audit", total=total)
         self._lock = threading.Lock()
+        self._wider: set[str] = set()  # ids judged again now in a wider share, not finished yet
 
     def __enter__(self) -> _ConsoleProgress:
         if self.live:
@@ -425,6 +426,7 @@ class _ConsoleProgress(SchedulerProgress):
             self.counts[key] += 1
             if record.get("alone"):  # no longer waiting for a whole device
                 self._count_held(-1)
+            self._done_wider(record["id"])
             text = self._text()
         if self.live:
             self.bar.update(self.task, advance=1, description=text)
@@ -438,6 +440,11 @@ class _ConsoleProgress(SchedulerProgress):
     def _count_held(self, change: int) -> None:
         self.counts[HELD] = max(0, self.counts.get(HELD, 0) + change)
 
+    def _done_wider(self, pair_id: str) -> None:
+        if pair_id in self._wider:
+            self._wider.discard(pair_id)
+            self.counts[WIDER] = len(self._wider)
+
     def _text(self) -> str:
         return " · ".join(f"{k} {v}" for k, v in self.counts.items())
 
@@ -446,6 +453,7 @@ class _ConsoleProgress(SchedulerProgress):
         minutes go to such candidates one at a time says why."""
         with self._lock:
             self._count_held(+1)
+            self._done_wider(pair.id)  # outgrew the wider share too
             text = self._text()
         if self.live:
             self.bar.update(self.task, description=text)
@@ -453,15 +461,22 @@ class _ConsoleProgress(SchedulerProgress):
             self.console.print(f"{'held':>10} {escape(pair.id)} ({why}: to be judged alone, with a whole device)",
                                highlight=False)
 
-
     def widened(self, pair: Any, share: float | None) -> None:
-        """A candidate judged again at once in a wider share: one line (the bar's counts are unchanged)."""
-        if not self.live and not self.quiet:
+        """A candidate judged again at once in a wider share: counted on the bar while it runs (else one
+        line)."""
+        with self._lock:
+            self._wider.add(pair.id)
+            self.counts[WIDER] = len(self._wider)
+            text = self._text()
+        if self.live:
+            self.bar.update(self.task, description=text)
+        elif not self.quiet:
             self.console.print(f"{'again':>10} {escape(pair.id)} (ran out of memory in its share: judged again "
                                f"now with {share:.0%} of the GPU's memory)", highlight=False)
 
 
 HELD = "held for a whole device"  # the console's count of candidates waiting for one
+WIDER = "again in a wider share"  # the console's count of candidates judged again now with more memory
 
 
 def _progress(console: Console, total: int, quiet: bool) -> _ConsoleProgress:
