@@ -349,6 +349,47 @@ def test_a_triangular_problems_kernel_may_skip_its_declared_zeros(tmp_path):
     assert drops["verdict"] == "fail", drops["message"]
 
 
+@pytest.mark.parametrize("listed, device, sees, told", [
+    (None, "cuda:1", "1", "cuda:0"),
+    ("4,5", "cuda:1", "5", "cuda:0"),
+    ("GPU-aa, GPU-bb", "cuda:0", "GPU-aa", "cuda:0"),
+    ("4", "cuda:2", None, "cuda:2"),  # not visible: left for the worker to say so
+    (None, "cuda", None, "cuda"),
+    (None, "cpu", None, "cpu"),
+])
+def test_a_gpu_worker_sees_its_own_gpu_only(monkeypatch, listed, device, sees, told):
+    from kgate.audit.evaluate import pin_gpu
+
+    if listed is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", listed)
+    env: dict[str, str] = {}
+    assert pin_gpu(device, env) == told
+    assert env.get("CUDA_VISIBLE_DEVICES") == sees
+
+
+def test_the_worker_judging_on_a_second_gpu_is_given_that_gpu_as_cuda_0(monkeypatch, tmp_path):
+    """On several GPUs a candidate that names cuda:0 or allocates on 'cuda' runs where it was sent, and the
+    record still says which GPU that was."""
+    from kgate.audit import evaluate
+
+    seen = []
+
+    def supervise(module, job, *, env, on_event, **kw):
+        seen.append((job["device"], env.get("CUDA_VISIBLE_DEVICES")))
+        on_event({"event": "problem_error", "message": "stop here"})
+        return None
+
+    monkeypatch.setattr(evaluate, "supervise", supervise)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    (tmp_path / "c.py").write_text("")
+    (tmp_path / "p.py").write_text("")
+    pair = Pair(id="p", candidate=tmp_path / "c.py", problem=tmp_path / "p.py")
+    record = evaluate.evaluate_pair(pair, evaluate.AuditOptions(gates=["contract"], out_dir=tmp_path), "cuda:1")
+    assert seen == [("cuda:0", "3")] and record["device"] == "cuda:1"
+
+
 def test_device_lease_gives_one_candidate_the_whole_device():
     lease = DeviceLease(2)
     lease.acquire()

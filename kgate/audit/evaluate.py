@@ -90,6 +90,24 @@ def worker_env(pair: Pair, options: AuditOptions, *, gpu: bool) -> dict[str, str
     return env
 
 
+def pin_gpu(device: str, env: dict[str, str]) -> str:
+    """The device a worker for `device` is told to use, with `env` (its environment) changed so that it sees
+    that one GPU only: CUDA_VISIBLE_DEVICES names it alone (through this process's own list, where one is set)
+    and inside the worker it is cuda:0. So a candidate that allocates on 'cuda' or calls .cuda() with no
+    index, one that names cuda:0 in its code, or one that reaches for another GPU on purpose, runs on (or
+    finds only) the GPU it was given: on several GPUs its verdict cannot depend on which one that was, nor
+    can it take a neighbour's memory. 'cpu' and 'cuda' (no index) are left as they are."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or not index.isdigit():
+        return device
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in listed.split(",")] if listed else None
+    if ids is not None and int(index) >= len(ids):
+        return device  # not a visible device: the worker says so
+    env["CUDA_VISIBLE_DEVICES"] = ids[int(index)] if ids is not None else index
+    return "cuda:0"
+
+
 def clear_stale_locks(pair: Pair, options: AuditOptions) -> list[Path]:
     """Remove the build locks left in the candidate's extension folder by a build that was killed (a
     time limit, a stopped audit): torch waits forever for such a lock, so the next build would hang to
@@ -282,11 +300,13 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
     remaining = list(names)
     fatal: str | None = None
     attempt = 0
+    env = worker_env(pair, options, gpu=device.startswith("cuda"))
+    worker_device = pin_gpu(device, env)
     while remaining or (options.standard and record["standard"] is None):
         clear_stale_locks(pair, options)  # a worker killed while building (no compile stage) left one
         state = {"current": None, "poisoned": None, "done": False}
         job = {"stage": "evaluate", "id": pair.id, "problem": str(pair.problem.resolve()),
-               "candidate": str(pair.candidate.resolve()), "device": device, "gates": remaining,
+               "candidate": str(pair.candidate.resolve()), "device": worker_device, "gates": remaining,
                "memory": options.memory, "timeout": options.timeout, "seed": options.seed,
                "gate_seeds": options.gate_seeds, "work_elements": options.work_elements,
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
@@ -337,7 +357,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
 
         exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
                           timeout=options.timeout, memory=options.memory, on_event=on_event,
-                          env=worker_env(pair, options, gpu=device.startswith("cuda")), cancel=cancel,
+                          env=env, cancel=cancel,
                           append_log=attempt > 0, waits=bool(turns))
         if record["problem_error"]:
             break
