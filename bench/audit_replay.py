@@ -87,19 +87,19 @@ def orders(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     from kgate.audit.evaluate import ProblemSize
     from kgate.kernelbench import problem_size
 
+    def cost(problem: str) -> float | None:
+        path = Path(problem)
+        try:
+            return ProblemSize(*problem_size(path)).seconds(True) if path.is_file() else None
+        except Exception:  # noqa: BLE001 - a problem that cannot be counted: last, as in kgate audit
+            return None
+
     given = sorted(records, key=lambda r: r["id"])
     out = {"given": given, "best": sorted(given, key=lambda r: -float(r["duration_s"]))}
-    costs: dict[str, float | None] = {}
-    for r in given:
-        path = Path(r.get("problem") or "")
-        if path.name not in costs:
-            try:
-                costs[path.name] = ProblemSize(*problem_size(path)).seconds(True) if path.is_file() else None
-            except Exception:  # noqa: BLE001 - a problem that cannot be counted: last, as in kgate audit
-                costs[path.name] = None
+    costs = {problem: cost(problem) for problem in dict.fromkeys(r.get("problem") or "" for r in given)}
     if any(c is not None for c in costs.values()):
-        out["longest"] = sorted(given, key=lambda r: (costs[Path(r.get("problem") or "").name] is None,
-                                                      -(costs[Path(r.get("problem") or "").name] or 0.0)))
+        out["longest"] = sorted(given, key=lambda r: (costs[r.get("problem") or ""] is None,
+                                                      -(costs[r.get("problem") or ""] or 0.0)))
     return out
 
 

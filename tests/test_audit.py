@@ -16,7 +16,7 @@ import pytest
 
 from kgate.audit.report import summarize
 from kgate.audit.results import ResultsFile, shard
-from kgate.audit.scheduler import DeviceLease, WholeDevice
+from kgate.audit.scheduler import DeviceLease, Outgrown
 from kgate.cli import main as kgate_main
 from kgate.gates.base import GateResult
 from kgate.kernelbench import Pair, discover
@@ -412,7 +412,7 @@ def test_device_lease_gives_one_candidate_the_whole_device():
 def test_what_a_problem_outgrew_only_grows():
     """A problem's candidates go to the wider share once one outgrew a single share, to the whole device once
     one outgrew the wider share; a later candidate that outgrew only a single share does not undo that."""
-    seen = WholeDevice()
+    seen = Outgrown()
     pair = Pair(id="p", candidate=Path("c.py"), problem=Path("p.py"))
     other = Pair(id="q", candidate=Path("d.py"), problem=Path("q.py"))
     assert not seen.needs({"oom": False}, pair, whole=False)

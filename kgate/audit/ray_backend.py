@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile
-from kgate.audit.scheduler import HELD_OOM, HELD_PROBLEM, Progress, WholeDevice, mark_alone, memory_share
+from kgate.audit.scheduler import HELD_OOM, HELD_PROBLEM, Outgrown, Progress, mark_alone, memory_share
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
 
@@ -107,7 +107,7 @@ def run_ray(pairs: list[Pair], options: AuditOptions, *, address: str | None, de
     window = max(2, 2 * slots * max(1, int(ray.cluster_resources().get("GPU" if gpu else "CPU", 1))))
     queue = list(pairs)
     in_flight: dict[Any, tuple[Pair, str | None]] = {}  # task -> (pair, why alone, or None: sharing)
-    whole = WholeDevice()  # problems whose candidates skip sharing (kgate.audit.scheduler)
+    whole = Outgrown()  # problems whose candidates skip sharing (kgate.audit.scheduler)
     judged = 0
 
     def submit(pair: Pair, alone: str | None, earlier: dict[str, Any] | None = None) -> None:

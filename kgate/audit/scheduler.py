@@ -194,7 +194,7 @@ class Need(enum.IntEnum):
     WHOLE = 2  # outgrew the wider share too, or any share where there is none: a whole device
 
 
-class WholeDevice:
+class Outgrown:
     """What the problems' candidates outgrew: a single share (their other candidates go straight to the
     wider one) or the wider share too (straight to a whole device)."""
 
@@ -305,7 +305,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     errors: list[BaseException] = []
     # (pair, build, why, the record of its try in a share or None): judged alone at the end
     alone_later: list[tuple[Pair, dict[str, Any] | None, str, dict[str, Any] | None]] = []
-    whole = WholeDevice()
+    whole = Outgrown()
     sharing = [len(plan.devices) * plan.slots * starts]  # evaluation threads that may still take shared work
 
     def timed_out() -> bool:

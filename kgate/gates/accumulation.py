@@ -463,7 +463,7 @@ def crafted_inputs(args: tuple, seed: int, skip: int = 0) -> Iterator[tuple[str,
     ]
     for index, (label, draw) in enumerate(draws):
         if index < skip:
-            if draw is not None:
+            if draw is not None:  # each tensor's draw made and dropped: the generator moves on as if it were kept
                 map_tensors(args, lambda t, draw=draw: (draw(t), t)[1] if t.is_floating_point() else t)
             continue
         if draw is None:
