@@ -730,11 +730,12 @@ def worker_sys_path(base: Path) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _started_sys_path(base: str, settings: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
-    from kgate.runner import kgate_command, untrusted_env  # the very command the workers start with
+    from kgate.runner import kgate_command  # the very command the workers start with
+    from kgate.sandbox import allowed_env
 
     try:  # `python -m site` prints sys.path, one repr a line; nothing of the folder is imported to do it
         done = subprocess.run(kgate_command("site"), cwd=base, capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL, env=untrusted_env())
+                              stdin=subprocess.DEVNULL, env=allowed_env())
         lines = done.stdout.splitlines()
         start = lines.index("sys.path = [") + 1
         return tuple(ast.literal_eval(line.strip().rstrip(",")) for line in lines[start:lines.index("]", start)])

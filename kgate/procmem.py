@@ -21,3 +21,59 @@ def address_space(pid: int | str = "self") -> int:
 
 def resident(pid: int | str = "self") -> int:
     return _statm(pid, 1)
+
+
+def _parents() -> dict[int, list[int]]:
+    """ppid -> pids, for every process /proc lists."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return children
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rfind(b")") + 2:].split()[1])  # after "pid (comm) ": state ppid ...
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` in the process tree (its children, theirs, ...)."""
+    children = _parents()
+    out: list[int] = []
+    todo = list(children.get(pid, []))
+    while todo:
+        child = todo.pop()
+        out.append(child)
+        todo.extend(children.get(child, []))
+    return out
+
+
+def proportional(pid: int | str) -> int:
+    """The process's proportional set size (its resident pages, each shared page divided among the processes
+    that share it), in bytes; 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def tree_memory(pid: int, limit: int | None = None) -> int:
+    """The memory of `pid` and every process below it: their resident sets summed, or, where that sum passes
+    `limit`, their proportional set sizes summed instead (processes forked from one parent share its pages,
+    which the plain sum would count once per process)."""
+    tree = [pid, *descendants(pid)]
+    total = sum(resident(p) for p in tree)
+    if limit is not None and total > limit and len(tree) > 1:
+        total = sum(proportional(p) or resident(p) for p in tree)
+    return total

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate import gates as registry
-from kgate import procmem
+from kgate import procmem, sandbox
 from kgate.errors import InfrastructureError, UsageError
 from kgate.gates.base import GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
@@ -316,6 +316,13 @@ class Runner:
                         state["last"] = result.gate
                     state["current"] = None
                     return ""
+                if kind == "revise":
+                    result = revised(event, results, remaining)
+                    if result is not None:
+                        with self._lock:
+                            results[result.gate] = result
+                        self._stream(kernel.name, result)
+                    return None
                 if kind == "context_lost":
                     state["lost"] = str(event.get("message") or "CUDA error")
                 elif kind == "done":
@@ -370,6 +377,17 @@ class Runner:
             return GateResult.from_json(data)
         except TypeError:
             return None
+
+
+def revised(event: dict[str, Any], results: dict[str, GateResult], gates: list[str]) -> GateResult | None:
+    """The result a `revise` event carries, where it may stand: a gate of this worker already judged `pass` or
+    `skip` that its worker later found violated (kgate.worker: processes left behind). Only ever a `fail`: the
+    worker's own code can send events too, and so can make nothing but its own verdict worse."""
+    result = Runner._result(event.get("result"), gates)
+    earlier = results.get(result.gate) if result is not None else None
+    if result is None or result.verdict != "fail" or earlier is None or earlier.verdict not in ("pass", "skip"):
+        return None
+    return result
 
 
 @dataclass
@@ -443,46 +461,59 @@ def kgate_command(module: str, *args: str, python: str | None = None) -> list[st
                           module, *args, python=python)
 
 
-def untrusted_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """`env` (default: this process's environment) without the secrets: for every process that may run
-    or be steered by the code under test (workers, and anything started in the kernels' folder)."""
-    child = dict(os.environ if env is None else env)
-    child.pop("GITHUB_TOKEN", None)
-    child.pop("INPUT_GITHUB-TOKEN", None)
-    return child
+# Each worker's stdout and stderr are kept up to this many bytes in its log; the rest is counted, and its last
+# LOG_TAIL bytes are kept at the end: a kernel that floods its output grows neither the disk nor kgate.
+LOG_CAP = 16 * 2**20
+LOG_TAIL = 64 * 2**10
+# How often the memory of the worker's whole process tree is summed (a walk over /proc).
+TREE_POLL_S = 0.2
 
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
               on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None,
-              cancel: threading.Event | None = None, append_log: bool = False, waits: bool = False) -> WorkerExit:
-    """Run `python -m MODULE JOB.json` under a time and a memory limit, passing each event it sends to
-    `on_event`. The job gets `event_fd`, the pipe the worker writes its JSON lines to; stdout and
-    stderr go to `log_path` (appended to with `append_log`). `on_event` returns a stage name when a
-    timed stage begins (the clock restarts, once per name), "" when the stage ends, None otherwise. Killed workers
-    take their whole process group; setting `cancel` (from another thread) kills the worker too. With `waits`,
-    a `waiting` event before the first stage stops the clock until that stage starts (a worker that waits
+              cancel: threading.Event | None = None, append_log: bool = False, waits: bool = False,
+              readable: list[Path] | tuple[Path, ...] = (), writable: list[Path] | tuple[Path, ...] = ()) -> WorkerExit:
+    """Run `python -m MODULE JOB.json` in a sandbox (kgate.sandbox: the one chosen for this process) under a
+    time and a memory limit, passing each event it sends to `on_event`. The job gets `event_fd`, the pipe the
+    worker writes its JSON lines to, and lies in the worker's own scratch folder; stdout and stderr go to
+    `log_path` (appended to with `append_log`), capped at LOG_CAP. `env`: the environment to start from
+    (default this process's), of which only the allow-list reaches the worker (kgate.sandbox.allowed_env);
+    `readable`/`writable`: folders the worker needs to read / may write besides its scratch folder.
+    `on_event` returns a stage name when a timed stage begins (the clock restarts, once per name), "" when the
+    stage ends, None otherwise. The memory limit holds for the worker's whole process tree. A killed worker
+    takes everything it started; setting `cancel` (from another thread) kills it too. With `waits`, a
+    `waiting` event before the first stage stops the clock until that stage starts (a worker that waits
     for its turn on the device, kgate.audit.turns; its kgate code sends the first stage before any of the
     user's runs, so the user's code cannot stop the clock so)."""
+    box = sandbox.choose()
+    cell = sandbox.Cell(box)
     read_fd, write_fd = os.pipe()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-job-", delete=False) as jf:
-        json.dump({**job, "event_fd": write_fd}, jf)
-        job_path = jf.name
-    child_env = untrusted_env(env)  # untrusted code never sees the token
-    child_env["PYTHONUNBUFFERED"] = "1"
-    # The worker's own folder, removed after it: where kgate's code in the worker keeps what another
-    # worker must not be able to change (kgate.gates.lp_triton's compiled kernels)
-    private = tempfile.mkdtemp(prefix="kgate-worker-")
+    out_read, out_write = os.pipe()
+    job_path = cell.root / "job.json"
+    job_path.write_text(json.dumps({**job, "event_fd": write_fd}))
+    child_env = cell.env(env)  # the allow-list only: untrusted code never sees a token
+    # The worker's own folder for what kgate's code in it keeps (kgate.gates.lp_triton's compiled kernels)
+    private = cell.root / "private"
     for relative, data in PRIVATE_SEED.items():
-        target = Path(private) / relative
+        target = private / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
-    child_env["KGATE_PRIVATE_DIR"] = private
+    private.mkdir(exist_ok=True)
+    child_env["KGATE_PRIVATE_DIR"] = str(private)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab" if append_log else "wb") as log:
-        proc = subprocess.Popen(kgate_command(module, job_path), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
-                                start_new_session=True, env=child_env, cwd=str(cwd))
+    command = cell.command(kgate_command(module, str(job_path)), cwd=cwd, env=child_env, readable=readable,
+                           writable=writable, tmpfs_bytes=memory)
+    try:
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write,
+                                pass_fds=(write_fd,), start_new_session=True, env=child_env, cwd=str(cwd))
+    except BaseException:
+        for fd in (read_fd, write_fd, out_read, out_write):
+            os.close(fd)
+        cell.remove()
+        raise
     os.close(write_fd)
+    os.close(out_write)
+    log = CappedLog(open(log_path, "ab" if append_log else "wb"))  # noqa: SIM115 - closed in finally
     stage: str | None = None
     error: str | None = None
     # Starting Python, torch and the user's modules gets its own budget: on a loaded machine it alone
@@ -492,15 +523,26 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     lines = EventLines()
     started: set[str] = set()
     fatal: str | None = None
+    next_tree = 0.0
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
+    selector.register(out_read, selectors.EVENT_READ)
+    events_open = True
     try:
         while True:
             ready = selector.select(timeout=POLL_S)
-            if ready:
-                chunk = os.read(read_fd, 1 << 16)
+            for key, _ in ready:
+                chunk = os.read(key.fd, 1 << 16)
+                if key.fd == out_read:
+                    if chunk:
+                        log.write(chunk)
+                    else:
+                        selector.unregister(out_read)
+                    continue
                 if not chunk:
-                    break  # worker closed the channel: it exited
+                    selector.unregister(read_fd)
+                    events_open = False  # the worker closed the channel: it exited
+                    continue
                 for line in lines.feed(chunk):
                     event = _parse(line)
                     if event is None:
@@ -519,12 +561,17 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                             deadline = time.monotonic() + timeout
                     elif named == "":
                         stage = None
-            rss = procmem.resident(proc.pid)
-            if rss > memory:
-                error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(rss)})"
-                _kill(proc)
+            if not events_open:
                 break
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now >= next_tree:
+                next_tree = now + TREE_POLL_S
+                used = procmem.tree_memory(proc.pid, memory)
+                if used > memory:
+                    error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)})"
+                    _kill(proc)
+                    break
+            if now > deadline:
                 error = (f"timed out after {timeout:g} s in {stage}" if stage
                          else f"timed out after {load_timeout:g} s while loading")
                 _kill(proc)
@@ -533,11 +580,11 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                 error = "cancelled (the run was interrupted)"
                 _kill(proc)
                 break
-            if proc.poll() is not None and not ready:
+            if proc.poll() is not None and not any(key.fd == read_fd for key, _ in ready):
                 # It may have written its last events after the select above timed out: read them first.
-                if selector.select(timeout=0):
+                if any(key.fd == read_fd for key, _ in selector.select(timeout=0)):
                     continue
-                break  # exited, and nothing is left to read (a leaked child may still hold the pipe)
+                break  # exited, and no event is left to read (a leaked child may still hold the pipes)
     except BaseException:
         _kill(proc)  # interrupted: the worker is in its own session and would outlive us
         raise
@@ -549,9 +596,58 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
         except subprocess.TimeoutExpired:
             _kill(proc)
             proc.wait()
-        os.unlink(job_path)
-        shutil.rmtree(private, ignore_errors=True)
-    return WorkerExit(proc.returncode, error, stage, fatal)
+        _kill(proc)  # whatever it started and left behind (without the sandbox; with it, they died with it)
+        _drain(out_read, log)
+        os.close(out_read)
+        log.close()
+        cell.remove()
+    returncode = proc.returncode
+    if box.active and returncode is not None and returncode > 128 and returncode - 128 in _SIGNALS:
+        returncode = 128 - returncode  # bubblewrap exits 128 + N when its command was killed by signal N
+    return WorkerExit(returncode, error, stage, fatal)
+
+
+_SIGNALS = {int(s) for s in signal.Signals}
+
+
+def _drain(fd: int, log: CappedLog) -> None:
+    """What the worker wrote last to its output, without waiting for a leftover process that holds it."""
+    os.set_blocking(fd, False)
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            log.write(chunk)
+    except (BlockingIOError, OSError):
+        pass
+
+
+class CappedLog:
+    """A worker's log file: its first LOG_CAP bytes, then a line saying how many were dropped, then the last
+    LOG_TAIL bytes of the rest."""
+
+    def __init__(self, file: Any, cap: int = LOG_CAP, tail: int = LOG_TAIL):
+        self.file, self.cap, self.tail_size = file, cap, tail
+        self.written = 0
+        self.dropped = 0
+        self.tail = bytearray()
+
+    def write(self, data: bytes) -> None:
+        room = self.cap - self.written
+        if room > 0:
+            self.file.write(data[:room])
+            self.written += min(room, len(data))
+            data = data[room:]
+        if data:
+            self.dropped += len(data)
+            self.tail += data
+            del self.tail[:-self.tail_size]
+
+    def close(self) -> None:
+        if self.dropped:
+            kept = len(self.tail)
+            self.file.write(f"\n[kgate: the worker wrote {self.dropped} more bytes than the log keeps "
+                            f"({_fmt_bytes(self.cap)}); their last {kept} follow]\n".encode())
+            self.file.write(bytes(self.tail))
+        self.file.close()
 
 
 class EventLines:
@@ -592,7 +688,7 @@ def _kill(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    for pid in _session_members(proc.pid):
+    for pid in {*_session_members(proc.pid), *procmem.descendants(proc.pid)}:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -629,8 +725,11 @@ def _parse(line: bytes) -> dict[str, Any] | None:
 
 
 def _tail(path: Path, limit: int = 2000) -> str:
+    """The last `limit` bytes of a log, read from its end."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - limit))
+            data = f.read(limit)
     except OSError:
         return ""
-    return data[-limit:].decode("utf-8", errors="replace")
+    return data.decode("utf-8", errors="replace")

@@ -427,7 +427,7 @@ def test_each_worker_has_a_private_folder_removed_after_it(tmp_path, monkeypatch
     for n in range(2):
         out = tmp_path / f"seen{n}.json"
         done = supervise("probe_worker", {"out": str(out)}, log_path=tmp_path / "log.txt", cwd=tmp_path,
-                         timeout=60, memory=1 << 34, on_event=lambda event: None)
+                         timeout=60, memory=1 << 34, on_event=lambda event: None, writable=[tmp_path])
         assert done.returncode == 0, (tmp_path / "log.txt").read_text()
         seen.append(json.loads(out.read_text()))
     assert all(s["isdir"] for s in seen) and seen[0]["private"] != seen[1]["private"]

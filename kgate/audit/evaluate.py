@@ -21,7 +21,7 @@ from typing import Any
 from kgate import gates as registry
 from kgate.gates.base import GateResult
 from kgate.kernelbench import WORK_ELEMENTS, Pair, repro_command, source_digest
-from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, supervise
+from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, revised, supervise
 from kgate.standard_test import StandardResult, not_loaded
 
 GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
@@ -342,6 +342,11 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                         pass
                 state["current"] = None
                 return ""
+            if kind == "revise":
+                result = revised(event, results, names)
+                if result is not None:
+                    results[result.gate] = result
+                return None
             if kind == "note" and isinstance(event.get("key"), str):
                 record["notes"][event["key"]] = str(event.get("value"))
                 return None
