@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if hasattr(args, "sandbox") and not getattr(args, "container", None):
+            from kgate import sandbox
+
+            sandbox.select(args.sandbox)  # probed once, before anything is judged: require fails here
         return int(args.func(args))
     except KgateError as exc:
         console = Console(stderr=True, highlight=False)

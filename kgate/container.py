@@ -74,6 +74,8 @@ def container_command(args: argparse.Namespace, manifest_in_container: str, chan
         cmd.append("--resume")
     if args.quiet:
         cmd.append("-q")
+    if getattr(args, "sandbox", None):
+        cmd += ["--sandbox", args.sandbox]
     return cmd
 
 

@@ -63,7 +63,10 @@ class KernelResult:
 
 
 def environment() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
+    from kgate import sandbox
+
+    info: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                            "sandbox": sandbox.choose().describe()}
     try:
         import torch
 

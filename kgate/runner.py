@@ -472,13 +472,15 @@ TREE_POLL_S = 0.2
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,
               on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None,
               cancel: threading.Event | None = None, append_log: bool = False, waits: bool = False,
-              readable: list[Path] | tuple[Path, ...] = (), writable: list[Path] | tuple[Path, ...] = ()) -> WorkerExit:
+              readable: list[Path] | tuple[Path, ...] = (), writable: list[Path] | tuple[Path, ...] = (),
+              pass_fds: tuple[int, ...] = ()) -> WorkerExit:
     """Run `python -m MODULE JOB.json` in a sandbox (kgate.sandbox: the one chosen for this process) under a
     time and a memory limit, passing each event it sends to `on_event`. The job gets `event_fd`, the pipe the
     worker writes its JSON lines to, and lies in the worker's own scratch folder; stdout and stderr go to
     `log_path` (appended to with `append_log`), capped at LOG_CAP. `env`: the environment to start from
     (default this process's), of which only the allow-list reaches the worker (kgate.sandbox.allowed_env);
-    `readable`/`writable`: folders the worker needs to read / may write besides its scratch folder.
+    `readable`/`writable`: folders the worker needs to read / may write besides its scratch folder;
+    `pass_fds`: further descriptors it inherits (the audit's turn files).
     `on_event` returns a stage name when a timed stage begins (the clock restarts, once per name), "" when the
     stage ends, None otherwise. The memory limit holds for the worker's whole process tree. A killed worker
     takes everything it started; setting `cancel` (from another thread) kills it too. With `waits`, a
@@ -505,7 +507,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                            writable=writable, tmpfs_bytes=memory)
     try:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write,
-                                pass_fds=(write_fd,), start_new_session=True, env=child_env, cwd=str(cwd))
+                                pass_fds=(write_fd, *pass_fds), start_new_session=True, env=child_env,
+                                cwd=str(cwd))
     except BaseException:
         for fd in (read_fd, write_fd, out_read, out_write):
             os.close(fd)

@@ -103,13 +103,21 @@ class Sandbox:
 
 
 _chosen: dict[str, Sandbox] = {}
+_selected: list[str] = []  # the mode a command chose (select), for every worker this process starts
+
+
+def select(mode: str | None) -> Sandbox:
+    """Choose the sandbox of every worker this process starts from now on (a command's --sandbox)."""
+    box = choose(mode)
+    _selected[:] = [box.mode]
+    return box
 
 
 def choose(mode: str | None = None) -> Sandbox:
-    """The sandbox for `mode` (default: $KGATE_SANDBOX, else auto), probed once per process: bubblewrap is
-    run once with the very flags every worker gets. `require` without a working sandbox is an
-    infrastructure error (exit 2, nothing judged)."""
-    mode = mode or os.environ.get(MODE_ENV) or "auto"
+    """The sandbox for `mode` (default: the one `select` chose, else $KGATE_SANDBOX, else auto), probed once
+    per process: bubblewrap is run once with the very flags every worker gets. `require` without a working
+    sandbox is an infrastructure error (exit 2, nothing judged)."""
+    mode = mode or (_selected[0] if _selected else None) or os.environ.get(MODE_ENV) or "auto"
     if mode not in MODES:
         raise UsageError(f"--sandbox {mode}: use one of {', '.join(MODES)}")
     if mode not in _chosen:

@@ -1387,7 +1387,8 @@ def test_prestart_gives_the_same_verdicts_and_a_candidate_cannot_stop_the_clock(
 def test_a_turn_is_held_until_its_worker_exits_and_not_by_a_child_it_forked(tmp_path):
     """kgate.audit.turns: one turn, two workers; the second gets it only when the first exits, even though
     the first left a forked child behind that still runs."""
-    take = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from kgate.audit import turns; turns.take({str(tmp_path)!r}, 1)"
+    take = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from kgate.audit import turns; "
+            f"turns.take(turns.open_turns({str(tmp_path)!r}, 1))")
     first = subprocess.Popen([sys.executable, "-c", take + "; import os, time\n"
                               "if os.fork() == 0:\n    time.sleep(10); os._exit(0)\n"
                               "print('held', flush=True); time.sleep(2)"], stdout=subprocess.PIPE, text=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate import gates as registry
+from kgate.audit.turns import open_turns
 from kgate.gates.base import GateResult
 from kgate.kernelbench import WORK_ELEMENTS, Pair, repro_command, source_digest
 from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, revised, supervise
@@ -80,14 +81,27 @@ def worker_env(pair: Pair, options: AuditOptions, *, gpu: bool) -> dict[str, str
     env = dict(os.environ)
     # One extension folder per candidate source: no two candidates' same-named extensions collide, and a
     # candidate compiled once (compile stage, an earlier run) is loaded, not rebuilt.
-    env["TORCH_EXTENSIONS_DIR"] = str((options.out_dir / "torch_extensions" / source_digest(pair.candidate)).resolve())
-    env.setdefault("TRITON_CACHE_DIR", str((options.out_dir / "triton_cache").resolve()))
+    # The same for Triton's cache: a candidate that could write into another's cache could leave a forged
+    # binary under that one's key. These two are the only folders a sandboxed worker writes (caches()).
+    digest = source_digest(pair.candidate)
+    env["TORCH_EXTENSIONS_DIR"] = str((options.out_dir / "torch_extensions" / digest).resolve())
+    env["TRITON_CACHE_DIR"] = str((options.out_dir / "triton_cache" / digest).resolve())
     if options.arch_list and "TORCH_CUDA_ARCH_LIST" not in os.environ:
         env["TORCH_CUDA_ARCH_LIST"] = options.arch_list
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.setdefault("MAX_JOBS", "2")
     return env
+
+
+def caches(env: dict[str, str]) -> list[Path]:
+    """The folders of a worker's environment (worker_env) that it writes: its candidate's own build caches."""
+    return [Path(env[k]) for k in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR")]
+
+
+def sources(pair: Pair) -> list[Path]:
+    """The folders a worker for `pair` reads: its candidate's and its problem's."""
+    return [p.parent.resolve() for p in (pair.candidate, pair.problem) if p is not None]
 
 
 def pin_gpu(device: str, env: dict[str, str]) -> str:
@@ -139,9 +153,10 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
 
     log = options.out_dir / "logs" / f"{_safe(pair.id)}.compile.log"
     start = time.perf_counter()
+    env = worker_env(pair, options, gpu=False)
     exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
                       timeout=options.compile_timeout, memory=options.compile_memory, on_event=on_event,
-                      env=worker_env(pair, options, gpu=False), cancel=cancel)
+                      env=env, cancel=cancel, readable=sources(pair), writable=caches(env))
     outcome["wall_s"] = round(time.perf_counter() - start, 3)
     if exit_.error:
         outcome.update(ok=False, build_failed=True, message=f"compile stage {exit_.error}")
@@ -204,7 +219,7 @@ def problem_sizes(problems: list[Path], options: AuditOptions) -> dict[Path, Pro
                                          "memory": options.memory},
                   log_path=options.out_dir / "logs" / "problem-sizes.log", cwd=Path(left[0]).parent,
                   timeout=SIZE_TIMEOUT_S, memory=options.memory, on_event=on_event, env=env,
-                  append_log=counted > 0)
+                  append_log=counted > 0, readable=sorted({Path(p).parent for p in left}))
         counted += 1
         stuck = current[0]
         done = {p for p in left if back[p] in sizes} | ({stuck} if stuck else set())
@@ -360,10 +375,16 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                 state["done"] = True
             return None
 
-        exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
-                          timeout=options.timeout, memory=options.memory, on_event=on_event,
-                          env=env, cancel=cancel,
-                          append_log=attempt > 0, waits=bool(turns))
+        turn_fds = open_turns(turns["path"], int(turns["count"])) if turns else []
+        job["turns"] = {"fds": turn_fds} if turns else None
+        try:
+            exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
+                              timeout=options.timeout, memory=options.memory, on_event=on_event,
+                              env=env, cancel=cancel, append_log=attempt > 0, waits=bool(turns),
+                              readable=sources(pair), writable=caches(env), pass_fds=tuple(turn_fds))
+        finally:
+            for fd in turn_fds:
+                os.close(fd)
         if record["problem_error"]:
             break
         remaining = [n for n in remaining if n not in results]

@@ -18,12 +18,20 @@ from pathlib import Path
 POLL_S = 0.05
 
 
-def take(path: str | Path, count: int) -> int:
-    """Block until one of `count` turns in `path` is free and take it; returns the file descriptor that
-    holds it (kept open for the life of the process: closing it gives the turn back)."""
+def open_turns(path: str | Path, count: int) -> list[int]:
+    """The descriptors of the `count` turn files in `path` (made where missing). The audit opens them in kgate's
+    own process and hands them to the worker: a sandboxed worker cannot write the folder, so no candidate can
+    remove or replace a turn file under its neighbours."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    fds = [os.open(path / f"turn{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) for i in range(count)]
+    return [os.open(path / f"turn{i}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600) for i in range(count)]
+
+
+def take(fds: list[int]) -> int:
+    """Block until one of the turns whose descriptors are `fds` is free and take it; returns the descriptor
+    that holds it (kept open for the life of the process: closing it, or exiting, gives the turn back). The
+    others are closed."""
+    fds = list(fds)
     try:
         while True:
             for fd in fds:

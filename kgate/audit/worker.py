@@ -76,7 +76,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         if device.type == "cuda":
             torch.zeros(1, device=device)  # the CUDA context too, before the wait
         channel.send("waiting")
-        turns.take(job["turns"]["path"], int(job["turns"]["count"]))  # its descriptor stays open: held until exit
+        turns.take(job["turns"]["fds"])  # its descriptor stays open: held until exit
 
     def all_error(message: str, trace: str | None = None) -> None:
         for name in names:

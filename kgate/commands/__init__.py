@@ -46,3 +46,12 @@ def writable(path: str | Path | None, option: str, *, folder: bool = False) -> N
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise UsageError(f"{option} {path}: kgate may not write in {parent}")
             return
+
+
+def add_sandbox_option(p: argparse.ArgumentParser) -> None:
+    """--sandbox, the same for every verb that starts workers (kgate.sandbox)."""
+    p.add_argument("--sandbox", choices=("auto", "require", "none"), default=None,
+                   help="confine every worker with bubblewrap (own PID and network namespaces, read-only file "
+                        "system but its scratch folder, environment allow-list, killed with all it started): "
+                        "auto (default, or $KGATE_SANDBOX) uses it where it works and says loudly where it does "
+                        "not; require stops with exit 2 where it cannot; none does not try")

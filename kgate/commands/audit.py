@@ -29,7 +29,7 @@ from kgate.audit.evaluate import AuditOptions, compile_pair, kgate_stamp, needs_
 from kgate.audit.results import ResultsFile, parse_shard, shard
 from kgate.audit.scheduler import Plan, arch_list, longest_first, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
-from kgate.commands import COUNT, SECONDS, number, writable
+from kgate.commands import COUNT, SECONDS, add_sandbox_option, number, writable
 from kgate.errors import UsageError
 from kgate.kernelbench import WORK_ELEMENTS, discover
 from kgate.manifest import parse_memory
@@ -147,6 +147,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", metavar="DIR", help="write report.md, PNG plots and the stratified sample.csv here")
     p.add_argument("--sample", type=number(int, 0), default=5, metavar="N", help="candidates per stratum in sample.csv (default 5)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the summary")
+    add_sandbox_option(p)
     p.set_defaults(func=main)
 
 

@@ -67,14 +67,23 @@ def main(args: argparse.Namespace) -> int:
                              "--run-exit-code to report a run that judged nothing")
         if Path(args.report).exists():
             report = Report.read(args.report)
+    notes: list[str] = []
+    if report is not None and args.run_exit_code is not None and report.exit_code != args.run_exit_code:
+        # A report that says otherwise than the run that wrote it was changed after it (a process the code under
+        # judgment left behind, where workers ran unsandboxed) or comes from another run: none of it is trusted.
+        said = (f"{args.report} says exit {report.exit_code} ({gh.headline(report)}) but the run that wrote it "
+                f"exited {args.run_exit_code}: the report was changed after the run or belongs to another run; "
+                "nothing in it is used")
+        print(gh.workflow_command("error", said, title="kgate: report contradicts the run"))
+        notes.append(f"❌ {said}")
+        report = None
     verdict = gh.verdict_of(report, args.run_exit_code)
     key = args.comment_key or (report.manifest if report else "kgate")
-    notes: list[str] = []
 
     if report is not None:
         for line in gh.annotations(report, fail_on=args.fail_on, workspace=workspace):
             print(line)
-    else:
+    elif not notes:
         print(gh.workflow_command("error", "kgate could not judge the kernels (usage, manifest or infrastructure "
                                   "error): see the log of the gating step", title="kgate: nothing judged"))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kgate import gates as registry
+from kgate.commands import add_sandbox_option
 from kgate.errors import UsageError
 from kgate.gates.base import ERROR, FAIL
 from kgate.manifest import LoadedManifest, ResolvedKernel, load
@@ -55,6 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"stop starting kernels after this long (default {DEFAULT_BUDGET_S:g}); the ones left are "
                    "listed, not failed")
     p.add_argument("--out", metavar="DIR", help="keep worker logs and results here (default: a temporary folder)")
+    add_sandbox_option(p)
     p.set_defaults(func=main)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from kgate import gates as registry
-from kgate.commands import SECONDS, writable
+from kgate.commands import SECONDS, add_sandbox_option, writable
 from kgate.errors import UsageError
 from kgate.manifest import DTYPE_ALIASES, DTYPES, load, parse_memory
 from kgate.report import Report, environment, now
@@ -68,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "folder or, in a git work tree, to its top folder as `git diff --name-only` prints them; '-' "
                    "reads stdin): kernel, reference, inputs and `files:` globs; a listed manifest selects all")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, only the table and findings")
+    add_sandbox_option(p)
     p.set_defaults(func=main)
 
 
@@ -144,6 +145,7 @@ def make_console() -> Console:
 
 def run_kernels(manifest, kernels, options: RunOptions, console: Console, *, quiet: bool = False) -> Report:
     report = Report(manifest=str(manifest.path), kernels=[], environment=environment())
+    console_report.sandbox_notice(console, report.environment["sandbox"])
     started = time.perf_counter()
     probe = Runner(manifest, kernels, options)
     total = sum(len(probe.gates_for(k)) for k in kernels)

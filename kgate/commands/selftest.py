@@ -22,6 +22,7 @@ from rich.table import Table
 
 import kgate
 from kgate import gates as registry
+from kgate.commands import add_sandbox_option
 from kgate.commands.run import make_console
 from kgate.errors import UsageError
 from kgate.manifest import ResolvedKernel, load
@@ -61,6 +62,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="folder for the results, the JSON report and worker logs (default kgate-out/selftest)")
     p.add_argument("--sanitizer", action="store_true",
                    help="let the bounds gate run compute-sanitizer on GPU controls (slow; off by default here)")
+    add_sandbox_option(p)
     p.set_defaults(func=main)
 
 

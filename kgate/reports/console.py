@@ -107,7 +107,18 @@ def summary_line(report: Report, seconds: float) -> str:
     return f"{len(report.kernels)} kernel(s): " + ", ".join(parts or ["none run"]) + f" in {seconds:.1f}s"
 
 
+def sandbox_notice(console: Console, described: str) -> None:
+    """The sandbox the workers run in (kgate.sandbox), loud where there is none."""
+    if described.startswith("none"):
+        console.print(f"[bold yellow]WARNING[/] sandbox: {escape(described)}: the kernels ran unconfined, where one "
+                      "can reach the others, the reports and your files (README: Isolation)", soft_wrap=True)
+    else:
+        console.print(f"[dim]sandbox: {escape(described)}[/]")
+
+
 def render(console: Console, report: Report, seconds: float) -> None:
     console.print(table(report))
     findings(console, report)
     console.print(summary_line(report, seconds))
+    if "sandbox" in (report.environment or {}):
+        sandbox_notice(console, str(report.environment["sandbox"]))

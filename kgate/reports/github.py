@@ -254,7 +254,11 @@ def summary_markdown(report: Report | None, *, fail_on: str, workspace: Path, ru
             used = sum(len(x) + 1 for x in lines)
             lines += _violations(report, workspace, link_base, MAX_SUMMARY_CHARS - used - 20_000)
         env = report.environment or {}
-        facts = [f"kgate {report.kgate_version}"] + [f"{k} {env[k]}" for k in ("torch", "gpu", "cuda") if env.get(k)]
+        facts = [f"kgate {report.kgate_version}"] + [f"{k} {env[k]}" for k in ("torch", "gpu", "cuda", "sandbox")
+                                                     if env.get(k)]
+        if str(env.get("sandbox", "")).startswith("none"):
+            lines += [f"> ⚠️ **Workers ran without a sandbox**: {env['sandbox']}. The kernels could reach each "
+                      "other and this report; see the README's Isolation section.", ""]
         lines += [f"<sub>{' · '.join(facts)}</sub>", ""]
     for note in notes or []:
         lines += [f"> {note}", ""]

@@ -45,7 +45,8 @@ def to_xml(report: Report) -> str:
                 case.add_skipped_info(message=g.message)
             cases.append(case)
         suites.append(TestSuite(name=k.name, test_cases=cases, timestamp=report.started or None,
-                                properties={"kernel": k.kernel, "reference": k.reference, "device": k.device}))
+                                properties={"kernel": k.kernel, "reference": k.reference, "device": k.device,
+                                            "sandbox": str((report.environment or {}).get("sandbox", "unknown"))}))
     return to_xml_report_string(suites, prettyprint=True, encoding="utf-8")
 
 
