@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import difflib
 import functools
+import hashlib
 import importlib.machinery
 import json
 import os
@@ -343,6 +344,24 @@ class ResolvedKernel:
         if not isinstance(ref, Ref):
             return None
         return ref.path if ref.path is not None else _find_module(ref.module or "", self.import_path(role))
+
+    def source_files(self) -> set[Path]:
+        """The files of the kernel's, reference's and inputs' references, as the worker will import them."""
+        files = (self.ref_file(role) for role in ("kernel", "reference", "inputs"))
+        return {f.resolve() for f in files if f is not None}
+
+    def digest(self) -> str:
+        """What a result of this kernel was judged on: the manifest's text and the kernel's, reference's and
+        inputs' files (kgate run --resume keeps only results recorded under the same digest)."""
+        h = hashlib.sha256(self.manifest.path.read_bytes() if self.manifest.path.exists() else b"")
+        for path in sorted(self.source_files()):
+            h.update(str(path).encode() + b"\0")
+            try:
+                h.update(path.read_bytes())
+            except OSError:
+                h.update(b"(unreadable)")
+        h.update(self.name.encode())
+        return h.hexdigest()[:32]
 
     def source_location(self) -> tuple[str | None, int | None]:
         """Where the kernel is defined (file, line), for annotations; found without importing it."""

@@ -135,22 +135,30 @@ def _fmt_bytes(n: int) -> str:
 UNJUDGED = ("not run:", "cancelled")
 
 
-def read_judged(text: str) -> dict[str, dict[str, GateResult]]:
+def read_judged(text: str, digests: dict[str, str] | None = None) -> tuple[dict[str, dict[str, GateResult]], int]:
     """kernel -> gate -> result, from the text of a results.jsonl an earlier run streamed (the last line a
-    kill tore, and the results that judged nothing (`UNJUDGED`), left out; a later line wins)."""
+    kill tore, and the results that judged nothing (`UNJUDGED`), left out; a later line wins), and how many
+    results were left out because they were judged on something else: with `digests` (kernel -> its
+    ResolvedKernel.digest()), a result recorded under another manifest text or other kernel files, or
+    without a digest, is not kept."""
     judged: dict[str, dict[str, GateResult]] = {}
+    stale = 0
     for line in text.splitlines():
         try:
             data = json.loads(line)
             kernel = data.pop("kernel")
+            digest = data.pop("digest", None)
             result = GateResult.from_json(data)
         except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if digests is not None and (kernel not in digests or digest != digests[kernel]):
+            stale += 1
             continue
         if result.verdict == "error" and result.message.startswith(UNJUDGED):
             judged.get(kernel, {}).pop(result.gate, None)
             continue
         judged.setdefault(kernel, {})[result.gate] = result
-    return judged
+    return judged, stale
 
 
 def threads_per_worker(workers: int) -> int | None:
@@ -176,6 +184,8 @@ class Runner:
         self._lock = threading.Lock()
         self._cancel = threading.Event()  # set on an interrupt: every worker in flight is killed
         self._judged: dict[str, dict[str, GateResult]] = {}  # kept from an earlier run (`resume`)
+        self.stale = 0  # results of an earlier run not kept: judged on another manifest or other kernel files
+        self._digests = {k.name: k.digest() for k in kernels}
 
     def gates_for(self, kernel: ResolvedKernel) -> list[str]:
         """Gate ids for this kernel: its selected gates, then with `backward: true` the same gates on the
@@ -197,7 +207,7 @@ class Runner:
             if self.options.resume:
                 text = self.results_path.read_text(encoding="utf-8", errors="replace") \
                     if self.results_path.exists() else ""
-                self._judged = read_judged(text)
+                self._judged, self.stale = read_judged(text, {k.name: self._digests[k.name] for k in self.kernels})
                 if text and not text.endswith("\n"):  # a line torn by a kill: new lines start after it
                     with open(self.results_path, "a", encoding="utf-8") as f:
                         f.write("\n")
@@ -220,7 +230,7 @@ class Runner:
 
     def _stream(self, kernel: str, result: GateResult) -> None:
         with self._lock, open(self.results_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"kernel": kernel, **result.to_json()}) + "\n")
+            f.write(json.dumps({"kernel": kernel, "digest": self._digests.get(kernel), **result.to_json()}) + "\n")
             f.flush()
             os.fsync(f.fileno())
 

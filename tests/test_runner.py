@@ -142,7 +142,7 @@ def test_resume_judges_only_what_the_results_lack(tmp_path):
     again = Watch(manifest, kernels, RunOptions(out_dir=tmp_path, gates=gates, resume=True)).run()
     assert started == [("raises", gates)]  # good: nothing to judge; raises: all three again
     assert [[g.to_json() for g in r.gates] for r in again][0] == [
-        {k: v for k, v in line.items() if k != "kernel"} for line in kept]
+        {k: v for k, v in line.items() if k not in ("kernel", "digest")} for line in kept]
     assert [g.verdict for g in again[1].gates] == [g.verdict for g in first[1].gates]
     records = []
     for line in path.read_text().splitlines():
@@ -164,6 +164,36 @@ def test_run_resume_on_the_command_line(tmp_path):
     assert (tmp_path / "results.jsonl").read_text() == before
     report = json.loads((tmp_path / "report.json").read_text())
     assert [g["verdict"] for k in report["kernels"] for g in k["gates"]] == ["pass"]
+
+
+def test_resume_keeps_only_results_judged_on_the_same_manifest_and_files(tmp_path):
+    """--resume keeps a result only under the digest it was recorded with (the manifest's text and the
+    kernel's files): after the kernel's file changes, or for lines without that digest (written by anything
+    but kgate), the kernel is judged again."""
+    import shutil
+
+    folder = tmp_path / "src"
+    shutil.copytree(DATA / "hostile", folder)
+    manifest = load(folder / "kgate.yaml")
+    out = tmp_path / "out"
+    options = RunOptions(out_dir=out, gates=["contract"])
+    [first] = Runner(manifest, [manifest.by_name("raises")], options).run()
+    assert first.gates[0].verdict == "error"
+    # the same kernel, fixed: its recorded error no longer belongs to it
+    text = (folder / "kernels.py").read_text()
+    (folder / "kernels.py").write_text(text.replace("def raises(", "def raises(*args):\n    return good(*args)\n\n\n"
+                                                    "def raises_before(", 1))
+    manifest = load(folder / "kgate.yaml")
+    resumed = Runner(manifest, [manifest.by_name("raises")], RunOptions(out_dir=out, gates=["contract"], resume=True))
+    [again] = resumed.run()
+    assert resumed.stale == 1 and again.gates[0].verdict == "pass"
+    # a forged line (no digest) claiming a pass for a kernel not judged yet is not kept
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps({"kernel": "good", "gate": "contract", "verdict": "fail", "message": "forged",
+                            "tolerance_free": True}) + "\n")
+    forged = Runner(manifest, [manifest.by_name("good")], RunOptions(out_dir=out, gates=["contract"], resume=True))
+    [good] = forged.run()
+    assert forged.stale >= 1 and good.gates[0].verdict == "pass" and good.gates[0].message != "forged"
 
 
 def _workers_in(folder):

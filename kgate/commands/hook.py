@@ -64,12 +64,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 # Which kernels a change touches.
 
 
-def watched_files(kernel: ResolvedKernel) -> set[Path]:
-    """The files of the kernel's, reference's and inputs' references, as the worker will import them."""
-    files = (kernel.ref_file(role) for role in ("kernel", "reference", "inputs"))
-    return {f.resolve() for f in files if f is not None}
-
-
 def glob_patterns(pattern: str, base: Path) -> list[str]:
     """A `files:` glob as absolute `fnmatch` patterns: relative to the manifest's folder `base` (`..` and
     paths outside that folder allowed; an absolute glob stays as it is), its leading folders without
@@ -103,7 +97,7 @@ def kernels_for_files(manifest: LoadedManifest, files: list[str], cwd: Path | No
     selected = []
     for kernel in manifest.kernels:
         patterns = [p for g in kernel.entry.files for p in glob_patterns(g, base)]
-        if watched_files(kernel) & changed or any(fnmatch.fnmatch(c, p) for c in changed_posix for p in patterns):
+        if kernel.source_files() & changed or any(fnmatch.fnmatch(c, p) for c in changed_posix for p in patterns):
             selected.append(kernel)
     return selected
 

@@ -147,14 +147,19 @@ def run_kernels(manifest, kernels, options: RunOptions, console: Console, *, qui
     report = Report(manifest=str(manifest.path), kernels=[], environment=environment())
     console_report.sandbox_notice(console, report.environment["sandbox"])
     started = time.perf_counter()
-    probe = Runner(manifest, kernels, options)
-    total = sum(len(probe.gates_for(k)) for k in kernels)
+    runner = Runner(manifest, kernels, options)
+    total = sum(len(runner.gates_for(k)) for k in kernels)
     if quiet or not console.is_terminal:
-        runner = Runner(manifest, kernels, options, events=None if quiet else _PlainEvents(console))
+        if not quiet:
+            runner.events = _PlainEvents(console)
         report.kernels = runner.run()
     else:
         with console_report.ProgressEvents(console, total) as events:
-            report.kernels = Runner(manifest, kernels, options, events=events).run()
+            runner.events = events
+            report.kernels = runner.run()
+    if runner.stale:
+        console.print(f"kgate: --resume: {runner.stale} result(s) in {runner.results_path} were judged on another "
+                      "manifest or other kernel files (or carry no digest) and were judged again")
     report.finished = now()
     console_report.render(console, report, time.perf_counter() - started)
     return report
