@@ -16,6 +16,12 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HOME=/tmp/kgate-home
 
+# bubblewrap confines each worker inside the container too, where the container's seccomp profile allows
+# user namespaces (kgate --sandbox; without them the report says "sandbox: none (reason)"). A base without
+# apt-get or without a network at build time goes without it.
+RUN (command -v apt-get >/dev/null && apt-get update -qq && apt-get install -y -qq --no-install-recommends \
+     bubblewrap && rm -rf /var/lib/apt/lists/*) || echo "bubblewrap not installed: workers run unsandboxed here"
+
 COPY . /opt/kgate-src
 RUN python -m pip install ${PIP_INSTALL_ARGS} /opt/kgate-src && rm -rf /opt/kgate-src && kgate --version
 

@@ -23,6 +23,16 @@ def resident(pid: int | str = "self") -> int:
     return _statm(pid, 1)
 
 
+def _stat(pid: int | str) -> tuple[str, list[bytes]] | None:
+    """The name of a process and the fields of /proc/PID/stat after it (state, ppid, ...)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.find(b"(") + 1:stat.rfind(b")")].decode(errors="replace"), stat[stat.rfind(b")") + 2:].split()
+
+
 def _parents() -> dict[int, list[int]]:
     """ppid -> pids, for every process /proc lists."""
     children: dict[int, list[int]] = {}
@@ -33,11 +43,10 @@ def _parents() -> dict[int, list[int]]:
     for entry in entries:
         if not entry.isdigit():
             continue
+        found = _stat(entry)
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            ppid = int(stat[stat.rfind(b")") + 2:].split()[1])  # after "pid (comm) ": state ppid ...
-        except (OSError, ValueError, IndexError):
+            ppid = int(found[1][1])  # type: ignore[index]  # state ppid ...
+        except (TypeError, ValueError, IndexError):
             continue
         children.setdefault(ppid, []).append(int(entry))
     return children
@@ -77,3 +86,20 @@ def tree_memory(pid: int, limit: int | None = None) -> int:
     if limit is not None and total > limit and len(tree) > 1:
         total = sum(proportional(p) or resident(p) for p in tree)
     return total
+
+
+def detached(sandbox_pid: int) -> list[str]:
+    """In a bubblewrap sandbox whose outer process is `sandbox_pid` (its child is the PID namespace's init,
+    whose first child is the worker): the processes that init reaped as orphans, i.e. that something in the
+    worker started and left running detached from it (a double fork, `setsid`), as "PID (name)". kgate sees
+    this from outside, where the code under judgment cannot forge it."""
+    children = _parents()
+    found = []
+    for init in children.get(sandbox_pid, []):
+        started = []
+        for pid in children.get(init, []):
+            stat = _stat(pid)
+            if stat is not None and len(stat[1]) > 19:
+                started.append((int(stat[1][19]), pid, stat[0]))  # starttime, in clock ticks after boot
+        found += [f"{pid} ({name})" for _, pid, name in sorted(started)[1:]]  # the first is the worker
+    return found

@@ -326,13 +326,6 @@ class Runner:
                         state["last"] = result.gate
                     state["current"] = None
                     return ""
-                if kind == "revise":
-                    result = revised(event, results, remaining)
-                    if result is not None:
-                        with self._lock:
-                            results[result.gate] = result
-                        self._stream(kernel.name, result)
-                    return None
                 if kind == "context_lost":
                     state["lost"] = str(event.get("message") or "CUDA error")
                 elif kind == "done":
@@ -346,6 +339,16 @@ class Runner:
                               timeout=timeout, memory=memory, on_event=on_event,
                               append_log=bool(causes) or self.options.resume,  # an earlier run's log stays
                               cancel=self._cancel)
+            if exit_.detached and "isolation" in remaining:
+                with self._lock:
+                    earlier = results.get("isolation")
+                result = detached_result(exit_.detached, earlier)
+                if earlier is None:
+                    record(result)
+                else:
+                    with self._lock:
+                        results["isolation"] = result
+                    self._stream(kernel.name, result)
             left = [g for g in remaining if g not in results]
             if state["lost"] is not None:
                 cause = "the CUDA context was lost"
@@ -389,15 +392,15 @@ class Runner:
             return None
 
 
-def revised(event: dict[str, Any], results: dict[str, GateResult], gates: list[str]) -> GateResult | None:
-    """The result a `revise` event carries, where it may stand: a gate of this worker already judged `pass` or
-    `skip` that its worker later found violated (kgate.worker: processes left behind). Only ever a `fail`: the
-    worker's own code can send events too, and so can make nothing but its own verdict worse."""
-    result = Runner._result(event.get("result"), gates)
-    earlier = results.get(result.gate) if result is not None else None
-    if result is None or result.verdict != "fail" or earlier is None or earlier.verdict not in ("pass", "skip"):
-        return None
-    return result
+def detached_result(found: list[str], earlier: GateResult | None) -> GateResult:
+    """The isolation gate's verdict on a kernel whose worker kgate saw leave processes running detached from it
+    (WorkerExit.detached), whatever the worker itself reported."""
+    details: dict[str, Any] = {"detached": found}
+    if earlier is not None:
+        details["replaced"] = {"verdict": earlier.verdict, "message": earlier.message}
+    return GateResult("isolation", "fail", f"the kernel left {len(found)} process(es) running detached from its "
+                      f"worker: {', '.join(found[:5])}: work that outlives the call (the sandbox killed them when "
+                      "the worker ended)", True, broken=True, details=details)
 
 
 @dataclass
@@ -408,6 +411,7 @@ class WorkerExit:
     error: str | None = None
     stage: str | None = None  # the stage it was in when it ended, as named by on_event
     fatal: str | None = None  # why its own start failed, before any user code (kgate.worker.reporting_start)
+    detached: list[str] = field(default_factory=list)  # processes it left running detached (procmem.detached)
 
     def cause(self, done: bool) -> str | None:
         """Why the worker ended before it was `done` (it sent `done`): kgate killed it, its own start
@@ -537,6 +541,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     started: set[str] = set()
     fatal: str | None = None
     next_tree = 0.0
+    detached: dict[str, None] = {}
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
     selector.register(out_read, selectors.EVENT_READ)
@@ -579,6 +584,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
             now = time.monotonic()
             if now >= next_tree:
                 next_tree = now + TREE_POLL_S
+                if box.active:
+                    detached.update(dict.fromkeys(procmem.detached(proc.pid)))
                 used = procmem.tree_memory(proc.pid, memory)
                 if used > memory:
                     error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)})"
@@ -617,7 +624,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     returncode = proc.returncode
     if box.active and returncode is not None and returncode > 128 and returncode - 128 in _SIGNALS:
         returncode = 128 - returncode  # bubblewrap exits 128 + N when its command was killed by signal N
-    return WorkerExit(returncode, error, stage, fatal)
+    return WorkerExit(returncode, error, stage, fatal, list(detached))
 
 
 _SIGNALS = {int(s) for s in signal.Signals}

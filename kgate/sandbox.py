@@ -43,7 +43,7 @@ from kgate.errors import InfrastructureError, UsageError
 MODES = ("auto", "require", "none")
 MODE_ENV = "KGATE_SANDBOX"  # the default for --sandbox
 PASS_ENV = "KGATE_PASS_ENV"  # names of further variables a worker may see, comma-separated
-SANDBOXED_ENV = "KGATE_SANDBOXED"  # set to 1 in a sandboxed worker (kgate.worker looks for leftovers)
+SANDBOXED_ENV = "KGATE_SANDBOXED"  # set to 1 in a sandboxed worker (which then needs no parent-death signal)
 
 # What of the caller's environment reaches a worker: the names a kernel's toolchain reads, nothing else.
 ENV_NAMES = frozenset({

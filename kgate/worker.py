@@ -72,30 +72,6 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def leftovers() -> list[str]:
-    """In a sandboxed worker (its own PID namespace, where bubblewrap's init is process 1): processes the
-    kernel left running detached from the worker (a double fork, `setsid`: reparented to process 1), as
-    "PID (name)". The sandbox kills them when the worker ends; that the kernel started them is the isolation
-    violation. Without the sandbox /proc shows the whole machine, and nothing is said."""
-    if not os.environ.get(SANDBOXED_ENV):
-        return []
-    found = []
-    me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (1, me):
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        name = stat[stat.find(b"(") + 1:stat.rfind(b")")].decode(errors="replace")
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 1 and int(fields[1]) == 1:
-            found.append(f"{entry} ({name})")
-    return found
-
-
 def prepare_process(job: dict[str, Any]) -> None:
     """What a worker (kgate's or the audit's) sets before it imports anything of the user's: death with kgate,
     Triton's interpreter on the CPU, its share of the CPU's threads, and the memory limit."""
@@ -249,8 +225,6 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     from kgate.subject import UserCodeError
 
     backward_subject = None
-    detached: list[str] = []  # processes the kernel left behind, once seen
-    isolation: dict[str, Any] | None = None  # the isolation gate's result, once sent
     for name in names:
         gate = registry.get(name)
         channel.send("gate_start", gate=name)
@@ -297,26 +271,10 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
             result = {**_error_result(name, gate.tolerance_free, fault_message(lost, role), details),
                       "repro": result.get("repro") or subject.repro(name)}
         result["duration_s"] = round(_clock() - start, 4)
-        found = leftovers()
-        if found and not detached:
-            detached.extend(found)
-            if isolation is not None and isolation["verdict"] in ("pass", "skip"):
-                channel.send("revise", result=_detached(isolation, detached))
-        if name == "isolation":
-            isolation = _detached(result, detached) if detached and result["verdict"] in ("pass", "skip") else result
-            result = isolation
         channel.send("result", result=result)
         if lost is not None:
             return lost
     return None
-
-
-def _detached(result: dict[str, Any], found: list[str]) -> dict[str, Any]:
-    """The isolation gate's result once the kernel was seen to leave processes behind (kgate.worker.leftovers)."""
-    return {**result, "verdict": "fail", "broken": True, "tolerance_free": True,
-            "message": f"the kernel left {len(found)} process(es) running detached from its worker after a call "
-                       f"returned: {', '.join(found[:5])}; work that outlives the call, killed by the sandbox "
-                       "when the worker ended", "details": {**result.get("details", {}), "detached": found}}
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

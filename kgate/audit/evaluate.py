@@ -22,7 +22,7 @@ from kgate import gates as registry
 from kgate.audit.turns import open_turns
 from kgate.gates.base import GateResult
 from kgate.kernelbench import WORK_ELEMENTS, Pair, repro_command, source_digest
-from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, revised, supervise
+from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, detached_result, supervise
 from kgate.standard_test import StandardResult, not_loaded
 
 GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
@@ -50,6 +50,7 @@ class AuditOptions:
     standard: bool = True
     work_elements: int = WORK_ELEMENTS  # 0: every gate at the problem's own shape
     pch: bool = False  # workers keep the parent's precompiled torch/extension.h (kgate.audit.pch)
+    corpus: list[str] = field(default_factory=list)  # the problems' and candidates' folders: a worker reads them
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "out_dir": str(self.out_dir)}
@@ -99,9 +100,11 @@ def caches(env: dict[str, str]) -> list[Path]:
     return [Path(env[k]) for k in ("TORCH_EXTENSIONS_DIR", "TRITON_CACHE_DIR")]
 
 
-def sources(pair: Pair) -> list[Path]:
-    """The folders a worker for `pair` reads: its candidate's and its problem's."""
-    return [p.parent.resolve() for p in (pair.candidate, pair.problem) if p is not None]
+def sources(pair: Pair, options: AuditOptions) -> list[Path]:
+    """The folders a worker for `pair` reads (all of them read-only): its candidate's, its problem's, and the
+    corpus's own folders (a candidate may import a module of the corpus's from a folder above its own)."""
+    return [p.parent.resolve() for p in (pair.candidate, pair.problem) if p is not None] + [
+        Path(p) for p in options.corpus]
 
 
 def pin_gpu(device: str, env: dict[str, str]) -> str:
@@ -156,7 +159,7 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
     env = worker_env(pair, options, gpu=False)
     exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
                       timeout=options.compile_timeout, memory=options.compile_memory, on_event=on_event,
-                      env=env, cancel=cancel, readable=sources(pair), writable=caches(env))
+                      env=env, cancel=cancel, readable=sources(pair, options), writable=caches(env))
     outcome["wall_s"] = round(time.perf_counter() - start, 3)
     if exit_.error:
         outcome.update(ok=False, build_failed=True, message=f"compile stage {exit_.error}")
@@ -357,11 +360,6 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                         pass
                 state["current"] = None
                 return ""
-            if kind == "revise":
-                result = revised(event, results, names)
-                if result is not None:
-                    results[result.gate] = result
-                return None
             if kind == "note" and isinstance(event.get("key"), str):
                 record["notes"][event["key"]] = str(event.get("value"))
                 return None
@@ -381,10 +379,12 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
             exit_ = supervise("kgate.audit.worker", job, log_path=log, cwd=pair.candidate.parent.resolve(),
                               timeout=options.timeout, memory=options.memory, on_event=on_event,
                               env=env, cancel=cancel, append_log=attempt > 0, waits=bool(turns),
-                              readable=sources(pair), writable=caches(env), pass_fds=tuple(turn_fds))
+                              readable=sources(pair, options), writable=caches(env), pass_fds=tuple(turn_fds))
         finally:
             for fd in turn_fds:
                 os.close(fd)
+        if exit_.detached and "isolation" in remaining:
+            results["isolation"] = detached_result(exit_.detached, results.get("isolation"))
         if record["problem_error"]:
             break
         remaining = [n for n in remaining if n not in results]

@@ -276,7 +276,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                            # local: run_local shares the cores among the judges; Ray's CPU workers as before
                            threads=plan.threads() if args.backend == "ray" and plan.devices == ["cpu"] else None,
                            arch_list=None if args.backend == "ray" else arch_list(plan.devices),
-                           pch=args.pch and args.backend == "local")
+                           pch=args.pch and args.backend == "local",
+                           corpus=[str(p.resolve()) for p in (problems, candidates)])
     if not args.quiet:
         where = "Ray" + (f" at {args.address}" if args.address else " (local instance)") if args.backend == "ray" \
             else plan.describe()
