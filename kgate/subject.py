@@ -186,9 +186,11 @@ class Subject:
             raise UserCodeError("kernel", exc) from exc
         return out
 
-    def run_reference(self, args: tuple) -> Any:
+    def run_reference(self, args: tuple, *, grad: bool = False) -> Any:
+        """The reference on `args`, under torch.no_grad() unless `grad` (then under the grad mode the kernel
+        runs in: outputs require grad as autograd would make them)."""
         try:
-            with torch.no_grad():
+            with torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
                 out = self.reference_fn(*args)
             synchronize(self.device)
         except (Exception, SystemExit) as exc:
