@@ -128,6 +128,65 @@ def test_flipping_a_numerics_flag_fails():
     assert result.verdict == "fail" and "get_float32_matmul_precision" in result.message
 
 
+def _flush_denormals(x):
+    torch.set_flush_denormal(True)  # subnormal arithmetic is slow on x86: flush it, for every later caller too
+    return good(x)
+
+
+def _grad_off(x):
+    torch.set_grad_enabled(False)
+    return good(x)
+
+
+def _autocast_on(x):
+    torch.set_autocast_enabled("cpu", True)
+    return good(x)
+
+
+def _restore_process_state():
+    torch.set_flush_denormal(False)
+    torch.set_grad_enabled(True)
+    torch.set_autocast_enabled("cpu", False)
+
+
+@pytest.mark.parametrize(("kernel", "words"), [
+    (_flush_denormals, "floating-point environment: flush-to-zero (subnormal results become 0) changed from "
+                       "False to True"),
+    (_grad_off, "torch.is_grad_enabled() changed from True to False"),
+    (_autocast_on, "torch.is_autocast_enabled('cpu') changed from False to True")],
+    ids=["flush-denormal", "grad-mode", "autocast"])
+def test_process_numerics_state_left_changed_fails(kernel, words):
+    if kernel is _flush_denormals and not torch.set_flush_denormal(False):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    try:
+        result = run(kernel)
+    finally:
+        _restore_process_state()
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert words in result.message and result.expected == "unchanged since before this gate's calls"
+    assert "--gate isolation" in result.repro
+
+
+def test_process_numerics_state_changed_and_restored_passes():
+    def scoped(x):
+        with torch.autocast("cpu", enabled=False), torch.no_grad():  # both restored on exit
+            return good(x)
+
+    assert run(scoped).verdict == "pass"
+
+
+def test_floating_point_environment_reads_both_modes():
+    from kgate.gates.isolation import floating_point_environment
+
+    assert not any(floating_point_environment().values())
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    try:
+        assert all(floating_point_environment().values())  # torch sets FTZ and DAZ together on x86
+    finally:
+        torch.set_flush_denormal(False)
+
+
 def test_patching_the_reference_module_fails():
     import types
 

@@ -1,5 +1,5 @@
 """isolation: the kernel computes its answer now, from its inputs, and touches nothing else.
-Tolerance-free. Four probes:
+Tolerance-free. Five probes:
 
 - plain results: every output is a plain, strided, materialized `torch.Tensor` (no subclass, no
   lazy wrapper, no meta tensor, no pending conjugate/negative bit);
@@ -10,9 +10,12 @@ Tolerance-free. Four probes:
   same addresses) and the kernel called again; the result must equal a call on fresh copies of
   the new values (for a `nondeterministic` kernel: it must not be the old result where the oracle
   changed). The first call's outputs must not change under the second call (a reused buffer);
-- no patching: the callables of torch (functions, Tensor methods, backend flags), of kgate, of
-  time, of builtins and of the reference's module (and its code objects) are the same objects after
-  the calls as before the kernel's module was imported (or, in-process, before this gate's calls).
+- no patching: the callables of torch (functions, Tensor methods), of kgate, of time, of builtins and
+  of the reference's module (and its code objects) are the same objects after the calls as before the
+  kernel's module was imported (or, in-process, before this gate's calls);
+- process state unchanged: torch's numerics switches, grad/autocast modes, default dtype and device,
+  thread count and the floating-point environment's flush-to-zero/denormals-are-zero modes (`_flags`)
+  are as they were at the same moment.
 """
 
 from __future__ import annotations
@@ -46,21 +49,66 @@ _monotonic = time.monotonic  # bound at import, before kernel code runs (the wor
 _WATCHED_MODULES = ("time", "builtins", "math", "operator", "functools")
 
 
-def _flags() -> dict[str, Any]:
-    """Global numerics switches a kernel could flip to change what the reference computes."""
-    flags: dict[str, Any] = {
-        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
-        "torch.get_default_dtype()": torch.get_default_dtype(),
-        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled(),
-        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
+def floating_point_environment() -> dict[str, bool]:
+    """The calling thread's floating-point environment as it shows in arithmetic: flush-to-zero (a
+    subnormal result becomes 0: the x86 MXCSR FTZ bit, ARM's FPCR FZ) and denormals-are-zero (a subnormal
+    operand reads as 0: MXCSR DAZ). Python's float arithmetic runs on the same unit as the CPU's kernels, so
+    the results reveal the modes without reading registers (portable; `torch.set_flush_denormal`, a
+    `-ffast-math` extension loaded with crtfastmath, or `_mm_setcsr` all show)."""
+    smallest_normal = 2.2250738585072014e-308
+    subnormal = 5e-324
+    return {"flush-to-zero (subnormal results become 0)": smallest_normal / 4.0 == 0.0,
+            "denormals-are-zero (subnormal operands read as 0)": subnormal * 2.0 ** 60 == 0.0}
+
+
+def _flag_getters() -> dict[str, Any]:
+    """Where each process-wide numerics setting is read (a getter called without arguments)."""
+    cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
+    getters: dict[str, Any] = {
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision,
+        "torch.get_default_dtype()": torch.get_default_dtype,
+        "torch.get_default_device()": getattr(torch, "get_default_device", None),
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled,
+        "torch.is_deterministic_algorithms_warn_only_enabled()":
+            getattr(torch, "is_deterministic_algorithms_warn_only_enabled", None),
+        "torch.is_grad_enabled()": torch.is_grad_enabled,
+        "torch.is_inference_mode_enabled()": torch.is_inference_mode_enabled,
+        "torch.get_num_threads()": torch.get_num_threads,
+        "torch.backends.cudnn.enabled": lambda: cudnn.enabled,
+        "torch.backends.cudnn.allow_tf32": lambda: cudnn.allow_tf32,
+        "torch.backends.cudnn.deterministic": lambda: cudnn.deterministic,
+        "torch.backends.cudnn.benchmark": lambda: cudnn.benchmark,
+        "torch.backends.mkldnn.enabled": lambda: torch.backends.mkldnn.enabled,
+        "torch.backends.cuda.preferred_linalg_library()": cuda.preferred_linalg_library,
     }
-    matmul = torch.backends.cuda.matmul
-    for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+    for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+                 "allow_fp16_accumulation", "fp32_precision"):
+        getters[f"torch.backends.cuda.matmul.{name}"] = lambda name=name: getattr(cuda.matmul, name)
+    for name in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
+                 "fp16_bf16_reduction_math_sdp_allowed"):
+        getters[f"torch.backends.cuda.{name}()"] = getattr(cuda, name, None)
+    getters["torch.backends.fp32_precision"] = lambda: torch.backends.fp32_precision
+    for device in ("cpu", "cuda"):
+        getters[f"torch.is_autocast_enabled({device!r})"] = lambda device=device: torch.is_autocast_enabled(device)
+        getters[f"torch.get_autocast_dtype({device!r})"] = lambda device=device: torch.get_autocast_dtype(device)
+    return getters
+
+
+def _flags() -> dict[str, Any]:
+    """Process-wide numerics state a kernel could change and leave changed, altering what the reference (and
+    every later computation) computes: torch's numerics switches, grad and autocast modes, default dtype and
+    device, thread count, and the floating-point environment's flush-to-zero / denormals-are-zero modes.
+    A setting this torch does not have is left out."""
+    flags: dict[str, Any] = {}
+    for name, getter in _flag_getters().items():
+        if getter is None:
+            continue
         try:
-            flags[f"torch.backends.cuda.matmul.{name}"] = getattr(matmul, name)
-        except (AttributeError, RuntimeError):
-            pass
+            flags[name] = getter()
+        except (AttributeError, RuntimeError, TypeError):
+            continue
+    for name, on in floating_point_environment().items():
+        flags[f"floating-point environment: {name}"] = on
     return flags
 
 
