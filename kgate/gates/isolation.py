@@ -35,11 +35,14 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, overlaps
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
-from kgate.subject import Subject, UserCodeError, synchronize
+from kgate.oracle import measure
+from kgate.subject import ModuleState, Subject, UserCodeError, synchronize
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
 PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
+PARAMETER_SEED = 104729  # seeds the new values of the parameters probe
+SINGLE_CLASS_PROBES = 6  # parameters probe: how many groups of equal parameters are also changed alone
 
 _WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
 _DUNDERS = frozenset({"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__sub__",
@@ -222,6 +225,99 @@ def _leaves(out: Any) -> list[tuple[str, torch.Tensor]]:
     return [(p, t) for p, t in flatten(out) if isinstance(t, torch.Tensor)]
 
 
+@dataclass
+class ParameterClass:
+    """Parameters (or persistent buffers) of the kernel's and the reference's modules that hold the same
+    values: same kind, shape, dtype, device, bitwise equal. Each side may hold several (tied weights,
+    zero-initialized biases); a class is changed as a whole, so which of equal tensors is which never
+    matters."""
+
+    kind: str  # "parameter" or "buffer"
+    reference: list[tuple[str, torch.Tensor]]
+    kernel: list[tuple[str, torch.Tensor]]
+
+    @property
+    def numel(self) -> int:
+        return self.reference[0][1].numel()
+
+    def names(self) -> str:
+        kernel = ", ".join(n for n, _ in self.kernel[:3]) + (" ..." if len(self.kernel) > 3 else "")
+        reference = ", ".join(n for n, _ in self.reference[:3]) + (" ..." if len(self.reference) > 3 else "")
+        return f"the kernel's {kernel} (the reference's {reference})"
+
+    def step(self, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """What an optimizer step does to every tensor of the class, as (tensor, change): a parameter gets
+        `add_(delta)`, delta ~ +-50% of the values plus noise of their mean magnitude; a buffer (running
+        statistics, masks) `mul_(factor)`, factor in [0.5, 1.5): signs and zeros kept, so a variance stays
+        positive and a 0/1 mask keeps its pattern. The change depends only on the class's values and seed."""
+        values = self.reference[0][1].detach().to("cpu", torch.float64)
+        gen = torch.Generator().manual_seed(seed)
+        factor = 0.5 + torch.rand(values.shape, generator=gen, dtype=torch.float64)
+        if self.kind == "parameter":
+            scale = float(values.abs().mean()) if values.numel() else 0.0
+            noise = torch.rand(values.shape, generator=gen, dtype=torch.float64) - 0.5
+            change = values * (factor - 1.0) + (scale or 1.0) * noise
+        else:
+            change = factor
+        tensors = {id(t): t for _, t in [*self.reference, *self.kernel]}  # once each: kernel and reference may share
+        return [(t, change.to(device=t.device, dtype=t.dtype)) for t in tensors.values()]
+
+    def apply_step(self, seed: int) -> None:
+        with torch.no_grad():
+            for t, change in self.step(seed):
+                if self.kind == "parameter":
+                    t.add_(change)
+                else:
+                    t.mul_(change)
+
+
+def _named_state(module: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+    """(kind, name, tensor) of a module's floating-point parameters and persistent buffers (what an optimizer
+    or load_state_dict changes; a non-persistent buffer is a constant of the module)."""
+    persistent = set(module.state_dict(keep_vars=True))
+    found = [("parameter", n, p) for n, p in module.named_parameters()]
+    found += [("buffer", n, b) for n, b in module.named_buffers() if n in persistent]
+    return [(kind, n, t) for kind, n, t in found if t.is_floating_point()]
+
+
+def parameter_classes(kernel: torch.nn.Module, reference: torch.nn.Module) -> list[ParameterClass]:
+    """The classes of equal values that both modules hold (see ParameterClass), largest first. A tensor of
+    one module that no tensor of the other equals is left out: the kernel's own derived tensors (a fused
+    weight it registered) and the reference's tensors the kernel does not hold cannot be changed alike."""
+    classes: list[ParameterClass] = []
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and \
+            torch.equal(a.detach(), b.detach())
+
+    with torch.no_grad():
+        for kind, name, t in _named_state(reference):
+            group = next((c for c in classes if c.kind == kind and same(c.reference[0][1], t)), None)
+            if group is None:
+                classes.append(ParameterClass(kind, [(name, t)], []))
+            else:
+                group.reference.append((name, t))
+        for kind, name, t in _named_state(kernel):
+            group = next((c for c in classes if c.kind == kind and same(c.reference[0][1], t)), None)
+            if group is not None:
+                group.kernel.append((name, t))
+    return sorted((c for c in classes if c.kernel), key=lambda c: -c.numel)
+
+
+def _load_changed(modules: tuple[torch.nn.Module, ...], classes: list[ParameterClass], seed: int) -> None:
+    """load_state_dict of new weights into each module: its state dict with every tensor of `classes`
+    stepped (as ParameterClass.step, computed on copies, once for all modules), loaded as load_state_dict
+    loads (in place: the same tensors, the same addresses)."""
+    new: dict[int, torch.Tensor] = {}
+    for c in classes:
+        for t, change in c.step(seed):
+            new[id(t)] = t.detach() + change if c.kind == "parameter" else t.detach() * change
+    for module in modules:
+        names = {n: id(t) for _, n, t in _named_state(module)}
+        state = module.state_dict()
+        module.load_state_dict({k: new.get(names.get(k, -1), v) for k, v in state.items()})
+
+
 class Isolation(Gate):
     name = "isolation"
     summary = "no memoization, no work after return, no patching of torch/reference/timers, plain results"
@@ -233,6 +329,7 @@ class Isolation(Gate):
             else "before this gate's calls"
         cases = subject.first_seed_cases()
         memo_checked = 0
+        parameters = ""
         try:
             for case in cases:
                 result = self.plain_and_settled(subject, case)
@@ -242,6 +339,10 @@ class Isolation(Gate):
                 if result is not None:
                     return result
                 memo_checked += checked
+            if cases:
+                result, parameters = self.parameters(subject, cases[0])
+                if result is not None:
+                    return result
         finally:
             patched = before.changes(Snapshot.take(subject.raw_reference_fn))
         if patched:
@@ -252,7 +353,7 @@ class Isolation(Gate):
         memo = f"memoization probed in {memo_checked} case(s)" if memo_checked else \
             "memoization not probed (inputs of another seed differ in shape or no tensor input)"
         return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, "
-                           "no patching")
+                           + (f"{parameters}, " if parameters else "") + "no patching, process state unchanged")
 
     def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
         base = subject.baseline(case)
@@ -296,6 +397,76 @@ class Isolation(Gate):
                         f"synchronize vs read at once, {mismatch.describe()}", case=case,
                         expected=repr(mismatch.expected), got=repr(mismatch.got),
                         where=f"{path}{list(mismatch.index)}", details={"threads": running})
+        return None
+
+    def parameters(self, subject: Subject, case: Case) -> tuple[GateResult | None, str]:
+        """The modules' parameters and persistent buffers changed in place between calls, alike in kernel
+        and reference (see ParameterClass): an optimizer-style step of all of them, load_state_dict of new
+        weights, then a step of each of the largest classes alone (a kernel that caches one derived tensor,
+        a transposed weight or a folded normalization, and refreshes the rest). Where the previous output is
+        wrong for the new parameters by more than the oracle bound (the change shows), a kernel that returns
+        its previous output bitwise again is stale. Returns (a failure or None, what was probed)."""
+        modules = subject.modules()
+        if modules is None:
+            return None, ""
+        classes = parameter_classes(*modules)
+        if not classes:
+            return None, "parameters not probed (kernel and reference hold no equal parameters)"
+        base = subject.baseline(case)
+        previous = _leaves(self.call_zeroed(subject, clone_tree(base.args)))
+        probes: list[tuple[str, str, Any]] = [
+            ("step", "an optimizer-style in-place step of every parameter and buffer",
+             lambda: [c.apply_step(PARAMETER_SEED) for c in classes]),
+            ("load_state_dict", "load_state_dict of new weights (loaded in place)",
+             lambda: _load_changed(modules, classes, PARAMETER_SEED + 1))]
+        if len(classes) > 1:
+            for i, c in enumerate(classes[:SINGLE_CLASS_PROBES]):
+                probes.append(("step", f"an in-place step of {c.names()} alone",
+                               lambda c=c, i=i: c.apply_step(PARAMETER_SEED + 2 + i)))
+        state = ModuleState(subject, modules)
+        done = 0
+        try:
+            for kind, what, change in probes:
+                if done and subject.out_of_time():
+                    break
+                try:
+                    change()
+                except Exception:  # noqa: BLE001 - a module's own state-dict hooks may refuse
+                    if kind != "load_state_dict":
+                        raise
+                    state.restore()
+                    continue
+                subject.drop_converted_references()
+                finding = self.stale_after(subject, case, base.args, previous, what, kind)
+                state.restore()
+                done += 1
+                if finding is not None:
+                    return finding, ""
+        finally:
+            state.close()
+        return None, f"parameters changed in place {done} way(s) ({len(classes)} class(es) of equal parameters)"
+
+    def stale_after(self, subject: Subject, case: Case, args: tuple, previous: list[tuple[str, torch.Tensor]],
+                    what: str, kind: str) -> GateResult | None:
+        now = _leaves(self.call_zeroed(subject, clone_tree(args)))
+        reference = dict(_leaves(subject.run_reference(clone_tree(args))))
+        oracle = dict(_leaves(subject.oracle(args)))
+        tol = subject.tolerance
+        for (path, old), (_, got) in zip(previous, now):
+            if path not in oracle or oracle[path].shape != old.shape or bitwise_mismatch(old, got) is not None:
+                continue
+            moved = measure(old, reference.get(path), oracle[path], path=path, factor=tol.factor, ulps=tol.ulps,
+                            atol=tol.atol)
+            if moved.passed:
+                continue  # the change does not show in this output beyond the bound: nothing to tell
+            return self.failed(
+                subject, f"{path}: after {what}, alike in kernel and reference, the kernel returned its previous "
+                f"output bitwise again, while the reference's changed (the previous output is now off by "
+                f"{moved.err:.3g} at {path}{moved.index}, bound {moved.bound:.3g}): it computes from a copy of "
+                "its parameters it does not refresh (a cache keyed on data_ptr or built once?)", case=case,
+                expected=f"a result for the new parameters (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                got=f"the previous output ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                details={"stale": True, "parameters": kind, "change": what})
         return None
 
     @staticmethod
