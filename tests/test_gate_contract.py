@@ -172,7 +172,8 @@ def test_transposed_result_where_the_reference_is_contiguous_fails():
     result = contract(matmul_transposed_result, matmul, two_matrices)
     assert result.verdict == "fail" and result.tolerance_free, result.message
     assert "strides (1, 6)" in result.message and ".view(-1)" in result.message
-    assert result.expected == "strides (6, 1) or contiguous" and result.where == "out"  # a (6, 6) product
+    assert result.expected == "strides (6, 1) (or padded rows of that order), or contiguous"  # a (6, 6) product
+    assert result.where == "out" and "outermost first: (1, 0)" in result.message
     assert result.details == {"strides": [1, 6], "reference_strides": [6, 1]}
     assert "--gate contract" in result.repro
 
@@ -210,14 +211,24 @@ def test_size_one_dimensions_strides_are_ignored():
     assert contract(odd_stride, lambda x: x.sum(0, keepdim=True)).verdict == "pass"
 
 
-def test_padded_rows_where_the_reference_is_contiguous_fail():
-    def padded(x):  # rows allocated 8 wider for alignment, the result a slice of them
-        buf = torch.zeros(x.shape[0], x.shape[1] + 8, dtype=x.dtype)
-        buf[:, : x.shape[1]] = x * 2
-        return buf[:, : x.shape[1]]
+def padded(x):  # rows allocated 8 wider for alignment, the result a slice of them (as tiled kernels return)
+    buf = torch.zeros(x.shape[0], x.shape[1] + 8, dtype=x.dtype)
+    buf[:, : x.shape[1]] = x * 2
+    return buf[:, : x.shape[1]]
 
-    result = contract(padded, lambda x: x * 2)
-    assert result.verdict == "fail" and "strides (18, 1)" in result.message
+
+def test_padded_rows_keep_the_order_and_pass():
+    assert contract(padded, lambda x: x * 2).verdict == "pass"
+
+
+def test_elements_spread_apart_fail():
+    def every_other(x):  # the innermost dimension no longer has unit stride
+        buf = torch.zeros(x.shape[0], 2 * x.shape[1], dtype=x.dtype)
+        buf[:, ::2] = x * 2
+        return buf[:, ::2]
+
+    result = contract(every_other, lambda x: x * 2)
+    assert result.verdict == "fail" and "strides (20, 2)" in result.message
 
 
 def test_non_dense_reference_output_asks_for_no_strides():

@@ -72,6 +72,34 @@ def test_reused_output_buffer_fails():
     assert result.verdict == "fail" and "buffer it reuses" in result.message
 
 
+def _ring_kernel(size, copy_out=False):
+    """Softmax into a ring of `size` preallocated buffers (a double/triple-buffering scheme)."""
+    ring, turn = [], [0]
+
+    def kernel(x):
+        if len(ring) < size:
+            ring.append(torch.empty_like(x))
+        out = ring[turn[0] % len(ring)]
+        turn[0] += 1
+        torch.softmax(x, -1, out=out)
+        return out.clone() if copy_out else out
+
+    return kernel
+
+
+@pytest.mark.parametrize("size", [3, 7])
+def test_buffer_reused_every_few_calls_fails(size):
+    result = run(_ring_kernel(size))
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert f"returned by call 1 was overwritten by call {size + 1}" in result.message
+    assert result.details == {"overwritten_call": 1, "by_call": size + 1}
+
+
+def test_ring_of_buffers_copied_out_passes():
+    result = run(_ring_kernel(3, copy_out=True))
+    assert result.verdict == "pass" and "outputs of 8 calls stay unchanged" in result.message
+
+
 def test_work_finished_on_a_thread_after_return_fails():
     def side_thread(x):
         out = torch.empty_like(x)

@@ -41,31 +41,36 @@ def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
-def significant_strides(t: torch.Tensor) -> tuple[int | None, ...]:
-    """The strides that matter (None for dimensions of size 1, whose stride no access uses)."""
-    return tuple(st if n != 1 else None for n, st in zip(t.shape, t.stride()))
-
-
 def broadcast(t: torch.Tensor) -> bool:
     """Whether `t` overlaps itself the way an expanded (broadcast) tensor does: a stride 0 in a dimension of
     size > 1 (what torch itself reports as certain internal overlap)."""
     return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
 
 
+def dimension_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The memory format of `t`: its dimensions of size > 1 from the outermost (largest stride) to the
+    innermost. Row-major is (0, 1, ..., n-1); channels-last NCHW is (0, 2, 3, 1)."""
+    dims = [d for d in range(t.dim()) if t.shape[d] != 1]
+    return tuple(sorted(dims, key=lambda d: (-t.stride(d), d)))
+
+
 def layout_problem(got: torch.Tensor, want: torch.Tensor) -> tuple[str, str, str] | None:
     """Why the kernel's output `got` is laid out where a caller of the reference breaks, as (message,
-    expected, got), or None. The rule (torch.library.opcheck compares strides the same way, dense outputs
-    only, size-1 dimensions ignored):
+    expected, got), or None. The rule (torch.library.opcheck compares strides of dense outputs only and
+    ignores dimensions of size 1; kgate compares the memory format those strides give):
 
     - an output that overlaps itself (an `expand`ed one: several elements at one address) only where the
       reference's does: writing into one element writes into others;
     - where the reference's output is dense and non-overlapping (contiguous, channels-last, any permutation),
-      the kernel's has the same strides in every dimension of size > 1, or is contiguous. A contiguous
-      output is always accepted: every `view`/`reshape` that works on the reference's output works on it
-      (strides of a dense reference output are often an accident of its algorithm). A transposed or
-      permuted result where the reference's is contiguous is not: `.view(-1)` on it raises;
-    - where the reference's output is not dense (a slice, a strided view), its strides are part of what it
-      views, not a layout promise: nothing more is asked.
+      the kernel's has the same memory format: the same order of its dimensions (of size > 1) in memory,
+      with unit stride where the reference's innermost dimension has it; or it is contiguous. A transposed or
+      permuted result where the reference's is contiguous fails (`.view(-1)` raises on it, and code that
+      hands its pointer on reads it in the wrong order). Row padding is accepted: a slice of a padded
+      allocation (rows wider than the tensor), what tiled kernels return, keeps the order. A contiguous
+      output is always accepted: every `view`/`reshape` that works on the reference's output works on it,
+      and a dense reference output's strides are often an accident of its algorithm;
+    - where the reference's output is not dense (a slice, a strided view), its strides belong to what it
+      views, not to a promise about layout: nothing more is asked.
     Empty tensors have no layout."""
     if got.numel() == 0 or want.numel() == 0 or got.shape != want.shape:
         return None
@@ -75,11 +80,13 @@ def layout_problem(got: torch.Tensor, want: torch.Tensor) -> tuple[str, str, str
                 f"strides {tuple(got.stride())}")
     if not dense_strides(tuple(want.shape), tuple(want.stride())) or got.is_contiguous():
         return None
-    if significant_strides(got) != significant_strides(want):
-        return (f"has strides {tuple(got.stride())} where the reference's output (dense) has "
-                f"{tuple(want.stride())}: code that works on the reference's output breaks on it (.view(-1) "
-                "raises on a transposed/permuted result)",
-                f"strides {tuple(want.stride())} or contiguous", f"strides {tuple(got.stride())}")
+    order, wanted = dimension_order(got), dimension_order(want)
+    if order != wanted or (wanted and got.stride(wanted[-1]) != 1):
+        return (f"has strides {tuple(got.stride())} (dimensions in memory, outermost first: {order}) where the "
+                f"reference's output (dense) has {tuple(want.stride())} ({wanted}): code that works on the "
+                "reference's output breaks on it (.view(-1) raises on a transposed/permuted result)",
+                f"strides {tuple(want.stride())} (or padded rows of that order), or contiguous",
+                f"strides {tuple(got.stride())}")
     return None
 
 

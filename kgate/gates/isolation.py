@@ -1,5 +1,5 @@
 """isolation: the kernel computes its answer now, from its inputs, and touches nothing else.
-Tolerance-free. Five probes:
+Tolerance-free. Seven probes:
 
 - plain results: every output is a plain, strided, materialized `torch.Tensor` (no subclass, no
   lazy wrapper, no meta tensor, no pending conjugate/negative bit);
@@ -10,6 +10,11 @@ Tolerance-free. Five probes:
   same addresses) and the kernel called again; the result must equal a call on fresh copies of
   the new values (for a `nondeterministic` kernel: it must not be the old result where the oracle
   changed). The first call's outputs must not change under the second call (a reused buffer);
+- outputs stay owned: the outputs of OWNED_CALLS calls on other inputs, all kept, are unchanged by the
+  later calls (a buffer reused from a ring);
+- parameters followed: an nn.Module kernel's parameters and persistent buffers changed in place, alike
+  with the reference's equal ones (an optimizer step, load_state_dict, one class alone): the kernel must not
+  return its previous output where the change shows (a cache of derived weights it does not refresh);
 - no patching: the callables of torch (functions, Tensor methods), of kgate, of time, of builtins and
   of the reference's module (and its code objects) are the same objects after the calls as before the
   kernel's module was imported (or, in-process, before this gate's calls);
@@ -41,6 +46,7 @@ from kgate.subject import ModuleState, Subject, UserCodeError, synchronize
 JOIN_S = 2.0  # how long to wait for threads the kernel started
 PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
+OWNED_CALLS = 8  # outputs-stay-owned probe: calls whose outputs are kept (a buffer reused every k < 8 calls shows)
 PARAMETER_SEED = 104729  # seeds the new values of the parameters probe
 SINGLE_CLASS_PROBES = 6  # parameters probe: how many groups of equal parameters are also changed alone
 
@@ -340,6 +346,9 @@ class Isolation(Gate):
                     return result
                 memo_checked += checked
             if cases:
+                result = self.outputs_owned(subject, cases[0])
+                if result is not None:
+                    return result
                 result, parameters = self.parameters(subject, cases[0])
                 if result is not None:
                     return result
@@ -352,7 +361,8 @@ class Isolation(Gate):
                                got=patched[0], where=patched[0].split(" ")[0], details={"patched": patched})
         memo = f"memoization probed in {memo_checked} case(s)" if memo_checked else \
             "memoization not probed (inputs of another seed differ in shape or no tensor input)"
-        return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, "
+        return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, outputs of "
+                           f"{OWNED_CALLS} calls stay unchanged, "
                            + (f"{parameters}, " if parameters else "") + "no patching, process state unchanged")
 
     def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
@@ -397,6 +407,30 @@ class Isolation(Gate):
                         f"synchronize vs read at once, {mismatch.describe()}", case=case,
                         expected=repr(mismatch.expected), got=repr(mismatch.got),
                         where=f"{path}{list(mismatch.index)}", details={"threads": running})
+        return None
+
+    def outputs_owned(self, subject: Subject, case: Case) -> GateResult | None:
+        """OWNED_CALLS calls on other inputs (other seeds), every output kept: after each call, every earlier
+        call's outputs must still hold what they held when returned. A kernel that hands out a buffer from a
+        ring of k (k < OWNED_CALLS) is caught at call k + 1, one that reuses its last output at call 2."""
+        kept: list[tuple[int, str, torch.Tensor, torch.Tensor]] = []
+        inputs: list[tuple] = []
+        for call in range(1, OWNED_CALLS + 1):
+            args = subject.inputs(Case(case.shape, case.dtype, case.seed + OTHER_SEED * call))
+            out = subject.run_kernel(args)
+            inputs.append(args)
+            for number, path, t, copy in kept:
+                if any(isinstance(a, torch.Tensor) and overlaps(t, a) for previous in inputs for a in previous):
+                    continue  # an output aliasing an input changes with it; the contract gate judges aliasing
+                mismatch = bitwise_mismatch(copy, t)
+                if mismatch:
+                    return self.failed(
+                        subject, f"{path} returned by call {number} was overwritten by call {call} (calls on other "
+                        f"inputs, every output kept): the kernel hands out a buffer it reuses every "
+                        f"{call - number} call(s) ({mismatch.describe()})", case=case, expected=repr(mismatch.expected),
+                        got=repr(mismatch.got), where=f"{path}{list(mismatch.index)}",
+                        details={"overwritten_call": number, "by_call": call})
+            kept += [(call, p, t, t.detach().clone()) for p, t in _leaves(out)]
         return None
 
     def parameters(self, subject: Subject, case: Case) -> tuple[GateResult | None, str]:
