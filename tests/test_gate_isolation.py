@@ -116,6 +116,48 @@ def test_work_finished_on_a_thread_after_return_fails():
     assert result.details["threads"] == ["late-writer"]
 
 
+def _head_start_kernel(wait_s):
+    """Fills the output on a worker thread and waits for it at most `wait_s` (None: until it is done); the
+    work itself takes microseconds, so the bounded wait is always long enough on an idle machine."""
+
+    def kernel(x):
+        out = torch.empty_like(x)
+        worker = threading.Thread(target=lambda: torch.softmax(x, -1, out=out), name="head-start")
+        worker.start()
+        worker.join(wait_s)
+        return out
+
+    return kernel
+
+
+def test_thread_with_a_bounded_head_start_fails():
+    result = run(_head_start_kernel(0.1))
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert "still being written after the kernel returned" in result.message
+    assert "1 thread(s) it started, still running at return (head-start)" in result.message
+    assert "held 0.5 s before running" in result.message and result.details["threads"] == ["head-start"]
+
+
+def test_thread_waited_for_without_bound_passes():
+    assert run(_head_start_kernel(None)).verdict == "pass"
+
+
+def test_child_processes_lists_a_running_child():
+    import subprocess
+    import sys
+
+    from kgate.gates.isolation import child_processes
+
+    before = child_processes()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child_processes() - before == {child.pid}
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in child_processes()
+
+
 def test_a_thread_that_finishes_before_return_is_fine():
     def joined(x):
         out = torch.empty_like(x)

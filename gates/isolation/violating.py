@@ -95,3 +95,14 @@ class LinearCachedByAddress(torch.nn.Module):
 
 
 linear_cached_by_address = LinearCachedByAddress()
+
+
+def softmax_head_start(x):
+    """Fills the output on a worker thread and gives it a 50 ms head start, "plenty" for work of microseconds:
+    on an idle machine the thread always finishes in time; on a busy one, or at a larger size, the caller
+    reads a half-written output."""
+    out = torch.empty_like(x)
+    worker = threading.Thread(target=lambda: out.copy_(softmax_stable(x)), name="softmax-head-start")
+    worker.start()
+    worker.join(0.05)
+    return out

@@ -5,7 +5,8 @@ Tolerance-free. Seven probes:
   lazy wrapper, no meta tensor, no pending conjugate/negative bit);
 - no work after return: outputs read at once (a device-side copy on the current stream, before any
   synchronization) equal the outputs after joining the threads the call started and synchronizing
-  the device. Allocations are NaN-poisoned during this probe so unfinished work shows;
+  the device. Allocations are NaN-poisoned during this probe so unfinished work shows, and the first
+  call's new threads are held before they run (`held_threads`: a busy machine on purpose);
 - no memoization: the inputs are overwritten in place with another seed's values (same tensors,
   same addresses) and the kernel called again; the result must equal a call on fresh copies of
   the new values (for a `nondeterministic` kernel: it must not be the old result where the oracle
@@ -25,6 +26,8 @@ Tolerance-free. Seven probes:
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
@@ -44,6 +47,7 @@ from kgate.oracle import measure
 from kgate.subject import ModuleState, Subject, UserCodeError, synchronize
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
+HOLD_S = 0.5  # how long a thread the kernel starts is held before it runs (first call of each case)
 PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
 OWNED_CALLS = 8  # outputs-stay-owned probe: calls whose outputs are kept (a buffer reused every k < 8 calls shows)
@@ -212,6 +216,54 @@ def _describe(obj: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
+@contextlib.contextmanager
+def held_threads(hold_s: float) -> Any:
+    """Threads started by `threading` inside the block run only once `release` (yielded) is called or
+    after `hold_s`, whichever comes first: a busy machine, made on purpose. A kernel that waits for its
+    threads (join, a future's result) waits `hold_s` longer and is right; one that gives its thread a
+    bounded head start (a sleep, a join with a timeout, shorter than the hold) returns before the thread has
+    begun, so its unfinished output shows whatever the size and the machine. Done with `threading.settrace`
+    (each new thread calls the hook once, on its first Python call), the previous hook put back after."""
+    release = threading.Event()
+    previous = threading.gettrace()
+
+    def hold(frame: Any, event: str, arg: Any) -> None:
+        release.wait(hold_s)
+        sys.settrace(previous)
+        return None
+
+    threading.settrace(hold)
+    try:
+        yield release.set
+    finally:
+        threading.settrace(previous)
+        release.set()
+
+
+def child_processes() -> set[int]:
+    """The process ids of this process's living children (Linux: read from /proc; elsewhere the children
+    `multiprocessing` started)."""
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        import multiprocessing
+
+        return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+    found = set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[0] != "Z" and int(fields[1]) == me:
+            found.add(int(entry))
+    return found
+
+
 def lazy_problem(t: Any) -> str | None:
     """Why an output is not a plain materialized tensor, or None."""
     if not isinstance(t, torch.Tensor):
@@ -368,11 +420,12 @@ class Isolation(Gate):
     def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
         base = subject.baseline(case)
         sizes = [t.numel() * t.element_size() for _, t in _leaves(base.reference)]
-        for _ in range(PROBES):
+        for probe in range(PROBES):
             args = clone_tree(base.args)
             prefill_allocator(subject.device, sizes, NAN_BYTE)  # outputs not written yet then read as NaN
-            threads = set(threading.enumerate())
-            with AllocationHook(poison=NAN_BYTE):
+            threads, children = set(threading.enumerate()), child_processes()
+            # the first call's threads are held: work it hands to a thread shows unfinished at return
+            with held_threads(HOLD_S if probe == 0 else 0.0) as release, AllocationHook(poison=NAN_BYTE):
                 out = subject.run_kernel(args, sync=False)
                 # Read at once: on a GPU the copies queue on the current stream, ahead of any sync. A fault
                 # of the kernel's launches can surface in these copies, kgate's first CUDA calls after it.
@@ -381,6 +434,10 @@ class Isolation(Gate):
                              for p, t in _leaves(out)]
                 except RuntimeError as exc:  # torch.AcceleratorError is one
                     raise UserCodeError("kernel", exc) from exc
+                # what the call started that still runs at its return
+                running = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()]
+                processes = sorted(child_processes() - children)
+                release()
             for path, t in _leaves(out):
                 problem = lazy_problem(t)
                 if problem:
@@ -399,14 +456,19 @@ class Isolation(Gate):
                     continue
                 mismatch = bitwise_mismatch(final, first)
                 if mismatch:
-                    running = [t.name for t in started]
-                    cause = (f"{len(running)} thread(s) it started ({', '.join(running)})" if running
-                             else "work on another stream or thread")
+                    causes = ([f"{len(running)} thread(s) it started, still running at return "
+                               f"({', '.join(running)})"] if running else []) + \
+                        ([f"{len(processes)} child process(es) it started, alive at return (pids "
+                          f"{', '.join(map(str, processes))})"] if processes else [])
+                    cause = "; ".join(causes) or "work on another stream or on a thread that existed before the call"
                     return self.failed(
                         subject, f"{path} was still being written after the kernel returned ({cause}): after join/"
-                        f"synchronize vs read at once, {mismatch.describe()}", case=case,
+                        f"synchronize vs read at once, {mismatch.describe()}" +
+                        (f"; the call's threads were held {HOLD_S:g} s before running (a busy machine)"
+                         if probe == 0 and running else ""), case=case,
                         expected=repr(mismatch.expected), got=repr(mismatch.got),
-                        where=f"{path}{list(mismatch.index)}", details={"threads": running})
+                        where=f"{path}{list(mismatch.index)}",
+                        details={"threads": running, "processes": processes, "held_s": HOLD_S if probe == 0 else 0})
         return None
 
     def outputs_owned(self, subject: Subject, case: Case) -> GateResult | None:
