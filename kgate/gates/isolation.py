@@ -505,7 +505,10 @@ class Isolation(Gate):
         modules = subject.modules()
         if modules is None:
             return None, ""
-        classes = parameter_classes(*modules)
+        try:
+            classes = parameter_classes(*modules)
+        except Exception as exc:  # noqa: BLE001 - a module's own state_dict hooks may raise
+            return None, f"parameters not probed (state_dict raised {type(exc).__name__}: {exc})"
         if not classes:
             return None, "parameters not probed (kernel and reference hold no equal parameters)"
         base = subject.baseline(case)
