@@ -125,8 +125,8 @@ class Subject:
         self.kernel_fn = with_inplace(kernel_fn, inplace)
         self.reference_fn = with_inplace(reference_fn, inplace)
         # the float64 oracle: a module reference (its parameters float32) as a float64 copy, made once
-        self.oracle_fn = with_inplace(DtypeDispatch(reference_fn), inplace) \
-            if isinstance(reference_fn, torch.nn.Module) else self.reference_fn
+        self._dispatch = DtypeDispatch(reference_fn) if isinstance(reference_fn, torch.nn.Module) else None
+        self.oracle_fn = with_inplace(self._dispatch, inplace) if self._dispatch is not None else self.reference_fn
         self.factory = factory
         self.device = device
         self.oracle_device = oracle_device or device
@@ -158,6 +158,26 @@ class Subject:
         (the special_values gate). Here: none known."""
         return False
 
+    def modules(self) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+        """The kernel's and the reference's `nn.Module`, seen through kgate's own wrappers (the audit's
+        `kernelbench.NoGrad`, the oracle's `DtypeDispatch`), or None unless both are modules."""
+        from kgate.kernelbench import NoGrad
+
+        def unwrap(fn: Any) -> Any:
+            return fn.model if isinstance(fn, (NoGrad, DtypeDispatch)) else fn
+
+        kernel, reference = unwrap(self.raw_kernel_fn), unwrap(self.raw_reference_fn)
+        if isinstance(kernel, torch.nn.Module) and isinstance(reference, torch.nn.Module):
+            return kernel, reference
+        return None
+
+    def drop_converted_references(self) -> None:
+        """Forget the reference module's converted copies (float64 for the oracle, other dtypes): the next
+        call converts it again, from its parameters as they are now."""
+        for dispatch in (self._dispatch, self.raw_reference_fn):
+            if isinstance(dispatch, DtypeDispatch):
+                dispatch._copies.clear()
+
     def out_of_time(self) -> bool:
         """Whether the gate's search budget is spent (see `deadline`)."""
         return self.deadline is not None and _monotonic() > self.deadline
@@ -186,9 +206,11 @@ class Subject:
             raise UserCodeError("kernel", exc) from exc
         return out
 
-    def run_reference(self, args: tuple) -> Any:
+    def run_reference(self, args: tuple, *, grad: bool = False) -> Any:
+        """The reference on `args`, under torch.no_grad() unless `grad` (then under the grad mode the kernel
+        runs in: outputs require grad as autograd would make them)."""
         try:
-            with torch.no_grad():
+            with torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
                 out = self.reference_fn(*args)
             synchronize(self.device)
         except (Exception, SystemExit) as exc:
@@ -250,6 +272,37 @@ class Subject:
             if case.shape is not None:
                 parts += ["--shape", ",".join(map(str, case.shape)) or "scalar"]
         return shlex.join(parts)
+
+
+class ModuleState:
+    """The parameters and buffers of a subject's kernel and reference modules, saved (bitwise copies) so a
+    probe may change them in place and `restore` puts the saved values back into the same tensors. The
+    reference's converted copies (`DtypeDispatch`) are set aside meanwhile: a copy converted from changed
+    parameters is dropped, the ones from before come back."""
+
+    def __init__(self, subject: Subject, modules: tuple[torch.nn.Module, torch.nn.Module]):
+        self.subject = subject
+        seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for module in modules:
+            for t in [*module.parameters(), *module.buffers()]:
+                if id(t) not in seen:
+                    seen[id(t)] = (t, t.detach().clone())
+        self._saved = list(seen.values())
+        self._copies = [(d, dict(d._copies)) for d in (subject._dispatch, subject.raw_reference_fn)
+                        if isinstance(d, DtypeDispatch)]
+        subject.drop_converted_references()
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, saved in self._saved:
+                t.copy_(saved)
+        self.subject.drop_converted_references()
+
+    def close(self) -> None:
+        """Restore, and give the reference its converted copies from before back."""
+        self.restore()
+        for dispatch, copies in self._copies:
+            dispatch._copies.update(copies)
 
 
 def outputs_on(obj: Any) -> list[tuple[str, torch.Tensor]]:

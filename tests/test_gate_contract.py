@@ -155,3 +155,134 @@ def test_structure_reads_named_tuples_as_tuples():
     assert structure(torch.max(x, dim=-1)) == structure(tuple(torch.max(x, dim=-1))) == "tuple(Tensor, Tensor)"
     assert structure(Pair(x, [x, None])) == "tuple(Tensor, list(Tensor, NoneType))"
     assert structure([x]) != structure((x,))
+
+
+# --- layout: strides where the reference's output is dense ----------------------------------------------
+
+def matmul(a, b):
+    return a @ b.transpose(0, 1)
+
+
+def matmul_transposed_result(a, b):
+    """The product computed as (b a^T)^T: right values, strides (1, rows) where the reference's are contiguous."""
+    return (b @ a.transpose(0, 1)).transpose(0, 1)
+
+
+def test_transposed_result_where_the_reference_is_contiguous_fails():
+    result = contract(matmul_transposed_result, matmul, two_matrices)
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert "strides (1, 6)" in result.message and ".view(-1)" in result.message
+    assert result.expected == "strides (6, 1) (or padded rows of that order), or contiguous"  # a (6, 6) product
+    assert result.where == "out" and "outermost first: (1, 0)" in result.message
+    assert result.details == {"strides": [1, 6], "reference_strides": [6, 1]}
+    assert "--gate contract" in result.repro
+
+
+def test_contiguous_result_passes_where_the_reference_is_permuted():
+    # strides of a dense reference output are often an accident of its algorithm: contiguous always serves
+    assert contract(lambda a, b: matmul_transposed_result(a, b).contiguous(), matmul_transposed_result,
+                    two_matrices).verdict == "pass"
+
+
+def channels_last(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape or (2, 3, 4, 5), generator=gen, dtype=torch.float64).to(dtype)
+    return (x.contiguous(memory_format=torch.channels_last),)
+
+
+@pytest.mark.parametrize("kernel", [lambda x: x * 2, lambda x: (x * 2).contiguous()], ids=["preserved", "contiguous"])
+def test_channels_last_kept_or_contiguous_passes(kernel):
+    result = contract(kernel, lambda x: x * 2, channels_last, shapes=[[2, 3, 4, 5]])
+    assert result.verdict == "pass", result.message
+
+
+def test_other_permutation_than_the_references_fails():
+    def nhwc_as_nchw_last(x):  # dense, neither contiguous nor the reference's channels-last
+        return (x * 2).permute(0, 1, 3, 2).contiguous().permute(0, 1, 3, 2)
+
+    result = contract(nhwc_as_nchw_last, lambda x: x * 2, channels_last, shapes=[[2, 3, 4, 5]])
+    assert result.verdict == "fail" and "strides" in result.message
+
+
+def test_size_one_dimensions_strides_are_ignored():
+    def odd_stride(x):  # a size-1 dimension's stride is never used
+        return x.sum(0, keepdim=True).as_strided((1, x.shape[1]), (12345, 1))
+
+    assert contract(odd_stride, lambda x: x.sum(0, keepdim=True)).verdict == "pass"
+
+
+def padded(x):  # rows allocated 8 wider for alignment, the result a slice of them (as tiled kernels return)
+    buf = torch.zeros(x.shape[0], x.shape[1] + 8, dtype=x.dtype)
+    buf[:, : x.shape[1]] = x * 2
+    return buf[:, : x.shape[1]]
+
+
+def test_padded_rows_keep_the_order_and_pass():
+    assert contract(padded, lambda x: x * 2).verdict == "pass"
+
+
+def test_elements_spread_apart_fail():
+    def every_other(x):  # the innermost dimension no longer has unit stride
+        buf = torch.zeros(x.shape[0], 2 * x.shape[1], dtype=x.dtype)
+        buf[:, ::2] = x * 2
+        return buf[:, ::2]
+
+    result = contract(every_other, lambda x: x * 2)
+    assert result.verdict == "fail" and "strides (20, 2)" in result.message
+
+
+def test_non_dense_reference_output_asks_for_no_strides():
+    # the reference returns a strided slice (every other column): the kernel's fresh copy is fine
+    assert contract(lambda x: x[:, ::2].clone(), lambda x: x[:, ::2]).verdict == "pass"
+
+
+def test_expanded_output_where_the_reference_is_fresh_fails():
+    def row_broadcast(x):  # one row's sum, expanded instead of materialized
+        return x.sum(0, keepdim=True).expand(x.shape[0], -1)
+
+    result = contract(row_broadcast, lambda x: x.sum(0, keepdim=True).repeat(x.shape[0], 1))
+    assert result.verdict == "fail" and "overlaps itself" in result.message
+
+
+def test_expanded_output_passes_where_the_reference_expands_too():
+    def row_broadcast(x):
+        return x.sum(0, keepdim=True).expand(x.shape[0], -1)
+
+    assert contract(row_broadcast, row_broadcast).verdict == "pass"
+
+
+# --- requires_grad, for kernels that declare backward: true ----------------------------------------------
+
+class _NoAutogradScale(torch.nn.Module):
+    """Scales by a parameter through a detached computation: values right, gradients cut."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((10,), 0.5))
+
+    def forward(self, x):
+        return (x.detach() * self.w.detach()).clone()
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((10,), 0.5))
+
+    def forward(self, x):
+        return x * self.w
+
+
+def test_output_cut_from_the_graph_fails_when_backward_is_declared():
+    result = contract(_NoAutogradScale(), _Scale(), backward=True, shapes=[[6, 10]])
+    assert result.verdict == "fail" and "requires_grad=False" in result.message
+    assert result.expected == "requires_grad=True"
+
+
+def test_requires_grad_is_not_judged_without_backward():
+    assert contract(_NoAutogradScale(), _Scale(), shapes=[[6, 10]]).verdict == "pass"
+
+
+def test_output_that_requires_grad_passes_when_backward_is_declared():
+    result = contract(_Scale(), _Scale(), backward=True, shapes=[[6, 10]])
+    assert result.verdict == "pass" and "requires_grad" in result.message

@@ -72,6 +72,34 @@ def test_reused_output_buffer_fails():
     assert result.verdict == "fail" and "buffer it reuses" in result.message
 
 
+def _ring_kernel(size, copy_out=False):
+    """Softmax into a ring of `size` preallocated buffers (a double/triple-buffering scheme)."""
+    ring, turn = [], [0]
+
+    def kernel(x):
+        if len(ring) < size:
+            ring.append(torch.empty_like(x))
+        out = ring[turn[0] % len(ring)]
+        turn[0] += 1
+        torch.softmax(x, -1, out=out)
+        return out.clone() if copy_out else out
+
+    return kernel
+
+
+@pytest.mark.parametrize("size", [3, 7])
+def test_buffer_reused_every_few_calls_fails(size):
+    result = run(_ring_kernel(size))
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert f"returned by call 1 was overwritten by call {size + 1}" in result.message
+    assert result.details == {"overwritten_call": 1, "by_call": size + 1}
+
+
+def test_ring_of_buffers_copied_out_passes():
+    result = run(_ring_kernel(3, copy_out=True))
+    assert result.verdict == "pass" and "outputs of 8 calls stay unchanged" in result.message
+
+
 def test_work_finished_on_a_thread_after_return_fails():
     def side_thread(x):
         out = torch.empty_like(x)
@@ -86,6 +114,48 @@ def test_work_finished_on_a_thread_after_return_fails():
     result = run(side_thread)
     assert result.verdict == "fail" and "still being written after the kernel returned" in result.message
     assert result.details["threads"] == ["late-writer"]
+
+
+def _head_start_kernel(wait_s):
+    """Fills the output on a worker thread and waits for it at most `wait_s` (None: until it is done); the
+    work itself takes microseconds, so the bounded wait is always long enough on an idle machine."""
+
+    def kernel(x):
+        out = torch.empty_like(x)
+        worker = threading.Thread(target=lambda: torch.softmax(x, -1, out=out), name="head-start")
+        worker.start()
+        worker.join(wait_s)
+        return out
+
+    return kernel
+
+
+def test_thread_with_a_bounded_head_start_fails():
+    result = run(_head_start_kernel(0.1))
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert "still being written after the kernel returned" in result.message
+    assert "1 thread(s) it started, still running at return (head-start)" in result.message
+    assert "held 0.5 s before running" in result.message and result.details["threads"] == ["head-start"]
+
+
+def test_thread_waited_for_without_bound_passes():
+    assert run(_head_start_kernel(None)).verdict == "pass"
+
+
+def test_child_processes_lists_a_running_child():
+    import subprocess
+    import sys
+
+    from kgate.gates.isolation import child_processes
+
+    before = child_processes()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert child_processes() - before == {child.pid}
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in child_processes()
 
 
 def test_a_thread_that_finishes_before_return_is_fine():
@@ -126,6 +196,65 @@ def test_flipping_a_numerics_flag_fails():
     finally:
         torch.set_float32_matmul_precision(before)
     assert result.verdict == "fail" and "get_float32_matmul_precision" in result.message
+
+
+def _flush_denormals(x):
+    torch.set_flush_denormal(True)  # subnormal arithmetic is slow on x86: flush it, for every later caller too
+    return good(x)
+
+
+def _grad_off(x):
+    torch.set_grad_enabled(False)
+    return good(x)
+
+
+def _autocast_on(x):
+    torch.set_autocast_enabled("cpu", True)
+    return good(x)
+
+
+def _restore_process_state():
+    torch.set_flush_denormal(False)
+    torch.set_grad_enabled(True)
+    torch.set_autocast_enabled("cpu", False)
+
+
+@pytest.mark.parametrize(("kernel", "words"), [
+    (_flush_denormals, "floating-point environment: flush-to-zero (subnormal results become 0) changed from "
+                       "False to True"),
+    (_grad_off, "torch.is_grad_enabled() changed from True to False"),
+    (_autocast_on, "torch.is_autocast_enabled('cpu') changed from False to True")],
+    ids=["flush-denormal", "grad-mode", "autocast"])
+def test_process_numerics_state_left_changed_fails(kernel, words):
+    if kernel is _flush_denormals and not torch.set_flush_denormal(False):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    try:
+        result = run(kernel)
+    finally:
+        _restore_process_state()
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert words in result.message and result.expected == "unchanged since before this gate's calls"
+    assert "--gate isolation" in result.repro
+
+
+def test_process_numerics_state_changed_and_restored_passes():
+    def scoped(x):
+        with torch.autocast("cpu", enabled=False), torch.no_grad():  # both restored on exit
+            return good(x)
+
+    assert run(scoped).verdict == "pass"
+
+
+def test_floating_point_environment_reads_both_modes():
+    from kgate.gates.isolation import floating_point_environment
+
+    assert not any(floating_point_environment().values())
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode torch can set")
+    try:
+        assert all(floating_point_environment().values())  # torch sets FTZ and DAZ together on x86
+    finally:
+        torch.set_flush_denormal(False)
 
 
 def test_patching_the_reference_module_fails():

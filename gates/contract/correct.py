@@ -40,3 +40,22 @@ def first_columns_view(x):
     """Returns a view of its input, as its reference does (slicing is a view by meaning): the output may
     share the input's memory because the reference's output shares it too."""
     return x[..., :3]
+
+
+def make_features_and_weight(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Features (rows, d) and a weight (out, d) of a bias-free linear layer; shape is the features'."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, d = shape or (6, 40)
+    x = torch.randn(rows, d, generator=gen, dtype=torch.float64)
+    w = torch.randn(24, d, generator=gen, dtype=torch.float64) / d ** 0.5
+    return x.to(dtype=dtype, device=device), w.to(dtype=dtype, device=device)
+
+
+def linear_reference(x, w):
+    return x @ w.T
+
+
+def linear_weight_stationary(x, w):
+    """Computes w @ x^T (the weight as the left operand, as a weight-stationary schedule does) and hands
+    back the caller's layout: the transpose of that product, made contiguous."""
+    return (w @ x.T).T.contiguous()

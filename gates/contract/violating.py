@@ -17,3 +17,10 @@ def clamp_fast_path(x):
     if bool((x.abs() <= 3.0).all()):
         return x
     return torch.clamp(x, -3.0, 3.0)
+
+
+def linear_weight_stationary_no_copy(x, w):
+    """Computes w @ x^T (the weight as the left operand) and returns its transpose as is, saving a copy: the
+    right values with strides (1, rows) where the reference's result is contiguous; the caller's
+    `out.view(-1)` raises."""
+    return (w @ x.T).T

@@ -17,3 +17,58 @@ def reference(x):
 def softmax_stable(x):
     z = torch.exp(x - x.amax(dim=-1, keepdim=True))
     return z / z.sum(dim=-1, keepdim=True)
+
+
+def softmax_subnormals_flushed(x):
+    """Skips subnormal inputs as the flush-to-zero control wants to, but explicitly, on its own tensor:
+    the process's floating-point modes stay as the caller set them."""
+    tiny = torch.finfo(x.dtype).tiny
+    x = torch.where(x.abs() < tiny, torch.zeros_like(x), x)
+    return softmax_stable(x)
+
+
+def make_features(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Features (rows, 32) for the linear-layer controls."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape or (6, 32), generator=gen, dtype=torch.float64)
+    return (x.to(dtype=dtype, device=device),)
+
+
+class Linear(torch.nn.Module):
+    """A linear layer 32 -> 16 with bias, its weights drawn from a fixed seed (kernel and reference alike)."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(11)
+        self.weight = torch.nn.Parameter(torch.randn(16, 32, generator=gen) / 32 ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(16, generator=gen) * 0.1)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+class LinearCachedTranspose(Linear):
+    """Keeps the weight transposed and contiguous for the matmul, rebuilt whenever the weight changes: the
+    key is its address and its version counter, which every in-place change (an optimizer step, copy_,
+    load_state_dict) bumps."""
+
+    def forward(self, x):
+        key = (self.weight.data_ptr(), self.weight._version)
+        if getattr(self, "_key", None) != key:
+            self._key, self._weight_t = key, self.weight.detach().t().contiguous()
+        return x @ self._weight_t + self.bias
+
+
+linear_reference = Linear()
+linear_cached_transpose = LinearCachedTranspose()
+
+
+def softmax_worker_joined(x):
+    """Fills the output on a worker thread and waits until it is done, however long that takes."""
+    import threading
+
+    out = torch.empty_like(x)
+    worker = threading.Thread(target=lambda: out.copy_(softmax_stable(x)), name="softmax-worker")
+    worker.start()
+    worker.join()
+    return out

@@ -66,3 +66,43 @@ class DeferredTensor(torch.Tensor):
 
 def softmax_deferred(x):
     return softmax_stable(x).as_subclass(DeferredTensor)
+
+
+def softmax_flush_denormals(x):
+    """Subnormal arithmetic is up to 100x slower on x86, so it switches the CPU to flush-to-zero /
+    denormals-are-zero before computing, and never switches back: every later computation of the process
+    (the caller's, the reference's) now reads and writes subnormals as 0."""
+    torch.set_flush_denormal(True)
+    return softmax_stable(x)
+
+
+class LinearCachedByAddress(torch.nn.Module):
+    """Keeps the weight transposed and contiguous, keyed on the weight's data_ptr, "the same weights
+    again", as an inference engine might: an optimizer step, copy_ or load_state_dict changes the weights
+    in place, at the same address, and the layer goes on computing with the old ones."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(11)
+        self.weight = torch.nn.Parameter(torch.randn(16, 32, generator=gen) / 32 ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(16, generator=gen) * 0.1)
+
+    def forward(self, x):
+        key = self.weight.data_ptr()
+        if getattr(self, "_key", None) != key:
+            self._key, self._weight_t = key, self.weight.detach().t().contiguous()
+        return x @ self._weight_t + self.bias
+
+
+linear_cached_by_address = LinearCachedByAddress()
+
+
+def softmax_head_start(x):
+    """Fills the output on a worker thread and gives it a 50 ms head start, "plenty" for work of microseconds:
+    on an idle machine the thread always finishes in time; on a busy one, or at a larger size, the caller
+    reads a half-written output."""
+    out = torch.empty_like(x)
+    worker = threading.Thread(target=lambda: out.copy_(softmax_stable(x)), name="softmax-head-start")
+    worker.start()
+    worker.join(0.05)
+    return out

@@ -1,6 +1,7 @@
 """contract: the output has the reference's structure, shape, dtype and device, is a plain
 torch.Tensor (no subclass, no lazy wrapper) and does not alias an input where the reference's output
-does not. Tolerance-free."""
+does not; its memory layout is one a caller of the reference can use (`layout_problem`), and, for a
+kernel that declares `backward: true`, it requires grad where the reference's does. Tolerance-free."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from typing import Any
 
 import torch
 
-from kgate.compare import clone_tree, flatten, overlaps, structure
+from kgate.compare import clone_tree, flatten, map_tensors, overlaps, structure
 from kgate.gates.base import Gate, GateResult
+from kgate.inputs import Case
 from kgate.subject import Subject
 
 
@@ -24,6 +26,68 @@ def aliased_inputs(out: Any, args: tuple, skip: set[int]) -> dict[str, set[int]]
         if hits:
             found[path] = hits
     return found
+
+
+def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether a tensor of `shape` and `strides` covers a block of memory exactly once (non-overlapping
+    and dense: contiguous up to a permutation of its dimensions; dimensions of size 1 are free)."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(shape, strides) if n != 1), key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def broadcast(t: torch.Tensor) -> bool:
+    """Whether `t` overlaps itself the way an expanded (broadcast) tensor does: a stride 0 in a dimension of
+    size > 1 (what torch itself reports as certain internal overlap)."""
+    return any(st == 0 and n > 1 for n, st in zip(t.shape, t.stride()))
+
+
+def dimension_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The memory format of `t`: its dimensions of size > 1 from the outermost (largest stride) to the
+    innermost. Row-major is (0, 1, ..., n-1); channels-last NCHW is (0, 2, 3, 1)."""
+    dims = [d for d in range(t.dim()) if t.shape[d] != 1]
+    return tuple(sorted(dims, key=lambda d: (-t.stride(d), d)))
+
+
+def layout_problem(got: torch.Tensor, want: torch.Tensor) -> tuple[str, str, str] | None:
+    """Why the kernel's output `got` is laid out where a caller of the reference breaks, as (message,
+    expected, got), or None. The rule (torch.library.opcheck compares strides of dense outputs only and
+    ignores dimensions of size 1; kgate compares the memory format those strides give):
+
+    - an output that overlaps itself (an `expand`ed one: several elements at one address) only where the
+      reference's does: writing into one element writes into others;
+    - where the reference's output is dense and non-overlapping (contiguous, channels-last, any permutation),
+      the kernel's has the same memory format: the same order of its dimensions (of size > 1) in memory,
+      with unit stride where the reference's innermost dimension has it; or it is contiguous. A transposed or
+      permuted result where the reference's is contiguous fails (`.view(-1)` raises on it, and code that
+      hands its pointer on reads it in the wrong order). Row padding is accepted: a slice of a padded
+      allocation (rows wider than the tensor), what tiled kernels return, keeps the order. A contiguous
+      output is always accepted: every `view`/`reshape` that works on the reference's output works on it,
+      and a dense reference output's strides are often an accident of its algorithm;
+    - where the reference's output is not dense (a slice, a strided view), its strides belong to what it
+      views, not to a promise about layout: nothing more is asked.
+    Empty tensors have no layout."""
+    if got.numel() == 0 or want.numel() == 0 or got.shape != want.shape:
+        return None
+    if broadcast(got) and not broadcast(want):
+        return ("overlaps itself (several elements share one address; an expanded tensor), the reference's does "
+                "not: writing into it writes into several elements", "non-overlapping memory",
+                f"strides {tuple(got.stride())}")
+    if not dense_strides(tuple(want.shape), tuple(want.stride())) or got.is_contiguous():
+        return None
+    order, wanted = dimension_order(got), dimension_order(want)
+    if order != wanted or (wanted and got.stride(wanted[-1]) != 1):
+        return (f"has strides {tuple(got.stride())} (dimensions in memory, outermost first: {order}) where the "
+                f"reference's output (dense) has {tuple(want.stride())} ({wanted}): code that works on the "
+                "reference's output breaks on it (.view(-1) raises on a transposed/permuted result)",
+                f"strides {tuple(want.stride())} (or padded rows of that order), or contiguous",
+                f"strides {tuple(got.stride())}")
+    return None
 
 
 def named_fields(obj: Any, path: str = "out") -> dict[str, tuple[str, ...] | None]:
@@ -43,8 +107,8 @@ def named_fields(obj: Any, path: str = "out") -> dict[str, tuple[str, ...] | Non
 
 class Contract(Gate):
     name = "contract"
-    summary = ("output matches the reference's structure, shape, dtype, device; plain torch.Tensor; "
-               "aliases inputs only as the reference does")
+    summary = ("output matches the reference's structure, shape, dtype, device, layout (strides where dense); "
+               "plain torch.Tensor; aliases inputs only as the reference does")
     tolerance_free = True
 
     def check(self, subject: Subject) -> GateResult:
@@ -80,6 +144,12 @@ class Contract(Gate):
                     if a != b:
                         return self.failed(subject, f"{path} has {attr} {b}, the reference's has {a}", case=case,
                                            expected=str(a), got=str(b), where=path)
+                problem = layout_problem(got, want)
+                if problem:
+                    message, expected, found = problem
+                    return self.failed(subject, f"{path} {message}", case=case, expected=expected, got=found,
+                                       where=path, details={"strides": list(got.stride()),
+                                                            "reference_strides": list(want.stride())})
             aliased = aliased_inputs(out, args, subject.inplace)
             if not aliased:
                 continue
@@ -97,7 +167,38 @@ class Contract(Gate):
                     return self.failed(subject, f"{path} aliases input argument {i} (shares its memory); "
                                        f"the reference's {path} does not alias it", case=case, expected=fresh,
                                        got=f"a view of argument {i}", where=path)
-        return self.passed(f"structure, shape, dtype, device and aliasing as the reference in {len(cases)} case(s)")
+        grad = ""
+        if cases and subject.backward and not hasattr(subject, "forward"):  # the forward phase of backward: true
+            result = self.requires_grad(subject, cases[0])
+            if result is not None:
+                return result
+            grad = ", requires_grad"
+        return self.passed(f"structure, shape, dtype, device, layout{grad} and aliasing as the reference in "
+                           f"{len(cases)} case(s)")
+
+    def requires_grad(self, subject: Subject, case: Case) -> GateResult | None:
+        """A kernel that declares `backward: true` is called as training calls it: floating-point inputs that
+        require grad, grad mode on. Each output must require grad exactly where the reference's does: an
+        output that does not is cut from the graph (its inputs and parameters silently get no gradient)."""
+        base = subject.baseline(case)
+
+        def leaves() -> tuple:
+            return tuple(map_tensors(base.args, lambda t: t.detach().clone().requires_grad_(
+                t.is_floating_point() or t.is_complex())))
+
+        with torch.enable_grad():
+            out = subject.run_kernel(leaves())
+            ref = subject.run_reference(leaves(), grad=True)
+        for (path, got), (_, want) in zip(flatten(out), flatten(ref)):
+            if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor) \
+                    and got.requires_grad != want.requires_grad:
+                why = ("gradients stop at it (no autograd.Function around the kernel?)" if want.requires_grad
+                       else "the reference's does not")
+                return self.failed(subject, f"{path} has requires_grad={got.requires_grad} with inputs that require "
+                                   f"grad, the reference's has requires_grad={want.requires_grad}: {why}", case=case,
+                                   expected=f"requires_grad={want.requires_grad}",
+                                   got=f"requires_grad={got.requires_grad}", where=path)
+        return None
 
 
 GATE = Contract

@@ -1,22 +1,33 @@
 """isolation: the kernel computes its answer now, from its inputs, and touches nothing else.
-Tolerance-free. Four probes:
+Tolerance-free. Seven probes:
 
 - plain results: every output is a plain, strided, materialized `torch.Tensor` (no subclass, no
   lazy wrapper, no meta tensor, no pending conjugate/negative bit);
 - no work after return: outputs read at once (a device-side copy on the current stream, before any
   synchronization) equal the outputs after joining the threads the call started and synchronizing
-  the device. Allocations are NaN-poisoned during this probe so unfinished work shows;
+  the device. Allocations are NaN-poisoned during this probe so unfinished work shows, and the first
+  call's new threads are held before they run (`held_threads`: a busy machine on purpose);
 - no memoization: the inputs are overwritten in place with another seed's values (same tensors,
   same addresses) and the kernel called again; the result must equal a call on fresh copies of
   the new values (for a `nondeterministic` kernel: it must not be the old result where the oracle
   changed). The first call's outputs must not change under the second call (a reused buffer);
-- no patching: the callables of torch (functions, Tensor methods, backend flags), of kgate, of
-  time, of builtins and of the reference's module (and its code objects) are the same objects after
-  the calls as before the kernel's module was imported (or, in-process, before this gate's calls).
+- outputs stay owned: the outputs of OWNED_CALLS calls on other inputs, all kept, are unchanged by the
+  later calls (a buffer reused from a ring);
+- parameters followed: an nn.Module kernel's parameters and persistent buffers changed in place, alike
+  with the reference's equal ones (an optimizer step, load_state_dict, one class alone): the kernel must not
+  return its previous output where the change shows (a cache of derived weights it does not refresh);
+- no patching: the callables of torch (functions, Tensor methods), of kgate, of time, of builtins and
+  of the reference's module (and its code objects) are the same objects after the calls as before the
+  kernel's module was imported (or, in-process, before this gate's calls);
+- process state unchanged: torch's numerics switches, grad/autocast modes, default dtype and device,
+  thread count and the floating-point environment's flush-to-zero/denormals-are-zero modes (`_flags`)
+  are as they were at the same moment.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import threading
 import time
@@ -32,11 +43,16 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, overlaps
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
-from kgate.subject import Subject, UserCodeError, synchronize
+from kgate.oracle import measure
+from kgate.subject import ModuleState, Subject, UserCodeError, synchronize
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
+HOLD_S = 0.5  # how long a thread the kernel starts is held before it runs (first call of each case)
 PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
+OWNED_CALLS = 8  # outputs-stay-owned probe: calls whose outputs are kept (a buffer reused every k < 8 calls shows)
+PARAMETER_SEED = 104729  # seeds the new values of the parameters probe
+SINGLE_CLASS_PROBES = 6  # parameters probe: how many groups of equal parameters are also changed alone
 
 _WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
 _DUNDERS = frozenset({"__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__sub__",
@@ -46,21 +62,66 @@ _monotonic = time.monotonic  # bound at import, before kernel code runs (the wor
 _WATCHED_MODULES = ("time", "builtins", "math", "operator", "functools")
 
 
-def _flags() -> dict[str, Any]:
-    """Global numerics switches a kernel could flip to change what the reference computes."""
-    flags: dict[str, Any] = {
-        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
-        "torch.get_default_dtype()": torch.get_default_dtype(),
-        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled(),
-        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "torch.backends.cudnn.deterministic": torch.backends.cudnn.deterministic,
+def floating_point_environment() -> dict[str, bool]:
+    """The calling thread's floating-point environment as it shows in arithmetic: flush-to-zero (a
+    subnormal result becomes 0: the x86 MXCSR FTZ bit, ARM's FPCR FZ) and denormals-are-zero (a subnormal
+    operand reads as 0: MXCSR DAZ). Python's float arithmetic runs on the same unit as the CPU's kernels, so
+    the results reveal the modes without reading registers (portable; `torch.set_flush_denormal`, a
+    `-ffast-math` extension loaded with crtfastmath, or `_mm_setcsr` all show)."""
+    smallest_normal = 2.2250738585072014e-308
+    subnormal = 5e-324
+    return {"flush-to-zero (subnormal results become 0)": smallest_normal / 4.0 == 0.0,
+            "denormals-are-zero (subnormal operands read as 0)": subnormal * 2.0 ** 60 == 0.0}
+
+
+def _flag_getters() -> dict[str, Any]:
+    """Where each process-wide numerics setting is read (a getter called without arguments)."""
+    cuda, cudnn = torch.backends.cuda, torch.backends.cudnn
+    getters: dict[str, Any] = {
+        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision,
+        "torch.get_default_dtype()": torch.get_default_dtype,
+        "torch.get_default_device()": getattr(torch, "get_default_device", None),
+        "torch.are_deterministic_algorithms_enabled()": torch.are_deterministic_algorithms_enabled,
+        "torch.is_deterministic_algorithms_warn_only_enabled()":
+            getattr(torch, "is_deterministic_algorithms_warn_only_enabled", None),
+        "torch.is_grad_enabled()": torch.is_grad_enabled,
+        "torch.is_inference_mode_enabled()": torch.is_inference_mode_enabled,
+        "torch.get_num_threads()": torch.get_num_threads,
+        "torch.backends.cudnn.enabled": lambda: cudnn.enabled,
+        "torch.backends.cudnn.allow_tf32": lambda: cudnn.allow_tf32,
+        "torch.backends.cudnn.deterministic": lambda: cudnn.deterministic,
+        "torch.backends.cudnn.benchmark": lambda: cudnn.benchmark,
+        "torch.backends.mkldnn.enabled": lambda: torch.backends.mkldnn.enabled,
+        "torch.backends.cuda.preferred_linalg_library()": cuda.preferred_linalg_library,
     }
-    matmul = torch.backends.cuda.matmul
-    for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction"):
+    for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+                 "allow_fp16_accumulation", "fp32_precision"):
+        getters[f"torch.backends.cuda.matmul.{name}"] = lambda name=name: getattr(cuda.matmul, name)
+    for name in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
+                 "fp16_bf16_reduction_math_sdp_allowed"):
+        getters[f"torch.backends.cuda.{name}()"] = getattr(cuda, name, None)
+    getters["torch.backends.fp32_precision"] = lambda: torch.backends.fp32_precision
+    for device in ("cpu", "cuda"):
+        getters[f"torch.is_autocast_enabled({device!r})"] = lambda device=device: torch.is_autocast_enabled(device)
+        getters[f"torch.get_autocast_dtype({device!r})"] = lambda device=device: torch.get_autocast_dtype(device)
+    return getters
+
+
+def _flags() -> dict[str, Any]:
+    """Process-wide numerics state a kernel could change and leave changed, altering what the reference (and
+    every later computation) computes: torch's numerics switches, grad and autocast modes, default dtype and
+    device, thread count, and the floating-point environment's flush-to-zero / denormals-are-zero modes.
+    A setting this torch does not have is left out."""
+    flags: dict[str, Any] = {}
+    for name, getter in _flag_getters().items():
+        if getter is None:
+            continue
         try:
-            flags[f"torch.backends.cuda.matmul.{name}"] = getattr(matmul, name)
-        except (AttributeError, RuntimeError):
-            pass
+            flags[name] = getter()
+        except (AttributeError, RuntimeError, TypeError):
+            continue
+    for name, on in floating_point_environment().items():
+        flags[f"floating-point environment: {name}"] = on
     return flags
 
 
@@ -155,6 +216,54 @@ def _describe(obj: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
+@contextlib.contextmanager
+def held_threads(hold_s: float) -> Any:
+    """Threads started by `threading` inside the block run only once `release` (yielded) is called or
+    after `hold_s`, whichever comes first: a busy machine, made on purpose. A kernel that waits for its
+    threads (join, a future's result) waits `hold_s` longer and is right; one that gives its thread a
+    bounded head start (a sleep, a join with a timeout, shorter than the hold) returns before the thread has
+    begun, so its unfinished output shows whatever the size and the machine. Done with `threading.settrace`
+    (each new thread calls the hook once, on its first Python call), the previous hook put back after."""
+    release = threading.Event()
+    previous = threading.gettrace()
+
+    def hold(frame: Any, event: str, arg: Any) -> None:
+        release.wait(hold_s)
+        sys.settrace(previous)
+        return None
+
+    threading.settrace(hold)
+    try:
+        yield release.set
+    finally:
+        threading.settrace(previous)
+        release.set()
+
+
+def child_processes() -> set[int]:
+    """The process ids of this process's living children (Linux: read from /proc; elsewhere the children
+    `multiprocessing` started)."""
+    me = os.getpid()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        import multiprocessing
+
+        return {p.pid for p in multiprocessing.active_children() if p.pid is not None}
+    found = set()
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[0] != "Z" and int(fields[1]) == me:
+            found.add(int(entry))
+    return found
+
+
 def lazy_problem(t: Any) -> str | None:
     """Why an output is not a plain materialized tensor, or None."""
     if not isinstance(t, torch.Tensor):
@@ -174,6 +283,99 @@ def _leaves(out: Any) -> list[tuple[str, torch.Tensor]]:
     return [(p, t) for p, t in flatten(out) if isinstance(t, torch.Tensor)]
 
 
+@dataclass
+class ParameterClass:
+    """Parameters (or persistent buffers) of the kernel's and the reference's modules that hold the same
+    values: same kind, shape, dtype, device, bitwise equal. Each side may hold several (tied weights,
+    zero-initialized biases); a class is changed as a whole, so which of equal tensors is which never
+    matters."""
+
+    kind: str  # "parameter" or "buffer"
+    reference: list[tuple[str, torch.Tensor]]
+    kernel: list[tuple[str, torch.Tensor]]
+
+    @property
+    def numel(self) -> int:
+        return self.reference[0][1].numel()
+
+    def names(self) -> str:
+        kernel = ", ".join(n for n, _ in self.kernel[:3]) + (" ..." if len(self.kernel) > 3 else "")
+        reference = ", ".join(n for n, _ in self.reference[:3]) + (" ..." if len(self.reference) > 3 else "")
+        return f"the kernel's {kernel} (the reference's {reference})"
+
+    def step(self, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """What an optimizer step does to every tensor of the class, as (tensor, change): a parameter gets
+        `add_(delta)`, delta ~ +-50% of the values plus noise of their mean magnitude; a buffer (running
+        statistics, masks) `mul_(factor)`, factor in [0.5, 1.5): signs and zeros kept, so a variance stays
+        positive and a 0/1 mask keeps its pattern. The change depends only on the class's values and seed."""
+        values = self.reference[0][1].detach().to("cpu", torch.float64)
+        gen = torch.Generator().manual_seed(seed)
+        factor = 0.5 + torch.rand(values.shape, generator=gen, dtype=torch.float64)
+        if self.kind == "parameter":
+            scale = float(values.abs().mean()) if values.numel() else 0.0
+            noise = torch.rand(values.shape, generator=gen, dtype=torch.float64) - 0.5
+            change = values * (factor - 1.0) + (scale or 1.0) * noise
+        else:
+            change = factor
+        tensors = {id(t): t for _, t in [*self.reference, *self.kernel]}  # once each: kernel and reference may share
+        return [(t, change.to(device=t.device, dtype=t.dtype)) for t in tensors.values()]
+
+    def apply_step(self, seed: int) -> None:
+        with torch.no_grad():
+            for t, change in self.step(seed):
+                if self.kind == "parameter":
+                    t.add_(change)
+                else:
+                    t.mul_(change)
+
+
+def _named_state(module: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+    """(kind, name, tensor) of a module's floating-point parameters and persistent buffers (what an optimizer
+    or load_state_dict changes; a non-persistent buffer is a constant of the module)."""
+    persistent = set(module.state_dict(keep_vars=True))
+    found = [("parameter", n, p) for n, p in module.named_parameters()]
+    found += [("buffer", n, b) for n, b in module.named_buffers() if n in persistent]
+    return [(kind, n, t) for kind, n, t in found if t.is_floating_point()]
+
+
+def parameter_classes(kernel: torch.nn.Module, reference: torch.nn.Module) -> list[ParameterClass]:
+    """The classes of equal values that both modules hold (see ParameterClass), largest first. A tensor of
+    one module that no tensor of the other equals is left out: the kernel's own derived tensors (a fused
+    weight it registered) and the reference's tensors the kernel does not hold cannot be changed alike."""
+    classes: list[ParameterClass] = []
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and \
+            torch.equal(a.detach(), b.detach())
+
+    with torch.no_grad():
+        for kind, name, t in _named_state(reference):
+            group = next((c for c in classes if c.kind == kind and same(c.reference[0][1], t)), None)
+            if group is None:
+                classes.append(ParameterClass(kind, [(name, t)], []))
+            else:
+                group.reference.append((name, t))
+        for kind, name, t in _named_state(kernel):
+            group = next((c for c in classes if c.kind == kind and same(c.reference[0][1], t)), None)
+            if group is not None:
+                group.kernel.append((name, t))
+    return sorted((c for c in classes if c.kernel), key=lambda c: -c.numel)
+
+
+def _load_changed(modules: tuple[torch.nn.Module, ...], classes: list[ParameterClass], seed: int) -> None:
+    """load_state_dict of new weights into each module: its state dict with every tensor of `classes`
+    stepped (as ParameterClass.step, computed on copies, once for all modules), loaded as load_state_dict
+    loads (in place: the same tensors, the same addresses)."""
+    new: dict[int, torch.Tensor] = {}
+    for c in classes:
+        for t, change in c.step(seed):
+            new[id(t)] = t.detach() + change if c.kind == "parameter" else t.detach() * change
+    for module in modules:
+        names = {n: id(t) for _, n, t in _named_state(module)}
+        state = module.state_dict()
+        module.load_state_dict({k: new.get(names.get(k, -1), v) for k, v in state.items()})
+
+
 class Isolation(Gate):
     name = "isolation"
     summary = "no memoization, no work after return, no patching of torch/reference/timers, plain results"
@@ -185,6 +387,7 @@ class Isolation(Gate):
             else "before this gate's calls"
         cases = subject.first_seed_cases()
         memo_checked = 0
+        parameters = ""
         try:
             for case in cases:
                 result = self.plain_and_settled(subject, case)
@@ -194,6 +397,13 @@ class Isolation(Gate):
                 if result is not None:
                     return result
                 memo_checked += checked
+            if cases:
+                result = self.outputs_owned(subject, cases[0])
+                if result is not None:
+                    return result
+                result, parameters = self.parameters(subject, cases[0])
+                if result is not None:
+                    return result
         finally:
             patched = before.changes(Snapshot.take(subject.raw_reference_fn))
         if patched:
@@ -203,17 +413,19 @@ class Isolation(Gate):
                                got=patched[0], where=patched[0].split(" ")[0], details={"patched": patched})
         memo = f"memoization probed in {memo_checked} case(s)" if memo_checked else \
             "memoization not probed (inputs of another seed differ in shape or no tensor input)"
-        return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, "
-                           "no patching")
+        return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, outputs of "
+                           f"{OWNED_CALLS} calls stay unchanged, "
+                           + (f"{parameters}, " if parameters else "") + "no patching, process state unchanged")
 
     def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
         base = subject.baseline(case)
         sizes = [t.numel() * t.element_size() for _, t in _leaves(base.reference)]
-        for _ in range(PROBES):
+        for probe in range(PROBES):
             args = clone_tree(base.args)
             prefill_allocator(subject.device, sizes, NAN_BYTE)  # outputs not written yet then read as NaN
-            threads = set(threading.enumerate())
-            with AllocationHook(poison=NAN_BYTE):
+            threads, children = set(threading.enumerate()), child_processes()
+            # the first call's threads are held: work it hands to a thread shows unfinished at return
+            with held_threads(HOLD_S if probe == 0 else 0.0) as release, AllocationHook(poison=NAN_BYTE):
                 out = subject.run_kernel(args, sync=False)
                 # Read at once: on a GPU the copies queue on the current stream, ahead of any sync. A fault
                 # of the kernel's launches can surface in these copies, kgate's first CUDA calls after it.
@@ -222,6 +434,10 @@ class Isolation(Gate):
                              for p, t in _leaves(out)]
                 except RuntimeError as exc:  # torch.AcceleratorError is one
                     raise UserCodeError("kernel", exc) from exc
+                # what the call started that still runs at its return
+                running = [t.name for t in threading.enumerate() if t not in threads and t.is_alive()]
+                processes = sorted(child_processes() - children)
+                release()
             for path, t in _leaves(out):
                 problem = lazy_problem(t)
                 if problem:
@@ -240,14 +456,116 @@ class Isolation(Gate):
                     continue
                 mismatch = bitwise_mismatch(final, first)
                 if mismatch:
-                    running = [t.name for t in started]
-                    cause = (f"{len(running)} thread(s) it started ({', '.join(running)})" if running
-                             else "work on another stream or thread")
+                    causes = ([f"{len(running)} thread(s) it started, still running at return "
+                               f"({', '.join(running)})"] if running else []) + \
+                        ([f"{len(processes)} child process(es) it started, alive at return (pids "
+                          f"{', '.join(map(str, processes))})"] if processes else [])
+                    cause = "; ".join(causes) or "work on another stream or on a thread that existed before the call"
                     return self.failed(
                         subject, f"{path} was still being written after the kernel returned ({cause}): after join/"
-                        f"synchronize vs read at once, {mismatch.describe()}", case=case,
+                        f"synchronize vs read at once, {mismatch.describe()}" +
+                        (f"; the call's threads were held {HOLD_S:g} s before running (a busy machine)"
+                         if probe == 0 and running else ""), case=case,
                         expected=repr(mismatch.expected), got=repr(mismatch.got),
-                        where=f"{path}{list(mismatch.index)}", details={"threads": running})
+                        where=f"{path}{list(mismatch.index)}",
+                        details={"threads": running, "processes": processes, "held_s": HOLD_S if probe == 0 else 0})
+        return None
+
+    def outputs_owned(self, subject: Subject, case: Case) -> GateResult | None:
+        """OWNED_CALLS calls on other inputs (other seeds), every output kept: after each call, every earlier
+        call's outputs must still hold what they held when returned. A kernel that hands out a buffer from a
+        ring of k (k < OWNED_CALLS) is caught at call k + 1, one that reuses its last output at call 2."""
+        kept: list[tuple[int, str, torch.Tensor, torch.Tensor]] = []
+        inputs: list[tuple] = []
+        for call in range(1, OWNED_CALLS + 1):
+            args = subject.inputs(Case(case.shape, case.dtype, case.seed + OTHER_SEED * call))
+            out = subject.run_kernel(args)
+            inputs.append(args)
+            for number, path, t, copy in kept:
+                if any(isinstance(a, torch.Tensor) and overlaps(t, a) for previous in inputs for a in previous):
+                    continue  # an output aliasing an input changes with it; the contract gate judges aliasing
+                mismatch = bitwise_mismatch(copy, t)
+                if mismatch:
+                    return self.failed(
+                        subject, f"{path} returned by call {number} was overwritten by call {call} (calls on other "
+                        f"inputs, every output kept): the kernel hands out a buffer it reuses every "
+                        f"{call - number} call(s) ({mismatch.describe()})", case=case, expected=repr(mismatch.expected),
+                        got=repr(mismatch.got), where=f"{path}{list(mismatch.index)}",
+                        details={"overwritten_call": number, "by_call": call})
+            kept += [(call, p, t, t.detach().clone()) for p, t in _leaves(out)]
+        return None
+
+    def parameters(self, subject: Subject, case: Case) -> tuple[GateResult | None, str]:
+        """The modules' parameters and persistent buffers changed in place between calls, alike in kernel
+        and reference (see ParameterClass): an optimizer-style step of all of them, load_state_dict of new
+        weights, then a step of each of the largest classes alone (a kernel that caches one derived tensor,
+        a transposed weight or a folded normalization, and refreshes the rest). Where the previous output is
+        wrong for the new parameters by more than the oracle bound (the change shows), a kernel that returns
+        its previous output bitwise again is stale. Returns (a failure or None, what was probed)."""
+        modules = subject.modules()
+        if modules is None:
+            return None, ""
+        try:
+            classes = parameter_classes(*modules)
+        except Exception as exc:  # noqa: BLE001 - a module's own state_dict hooks may raise
+            return None, f"parameters not probed (state_dict raised {type(exc).__name__}: {exc})"
+        if not classes:
+            return None, "parameters not probed (kernel and reference hold no equal parameters)"
+        base = subject.baseline(case)
+        previous = _leaves(self.call_zeroed(subject, clone_tree(base.args)))
+        probes: list[tuple[str, str, Any]] = [
+            ("step", "an optimizer-style in-place step of every parameter and buffer",
+             lambda: [c.apply_step(PARAMETER_SEED) for c in classes]),
+            ("load_state_dict", "load_state_dict of new weights (loaded in place)",
+             lambda: _load_changed(modules, classes, PARAMETER_SEED + 1))]
+        if len(classes) > 1:
+            for i, c in enumerate(classes[:SINGLE_CLASS_PROBES]):
+                probes.append(("step", f"an in-place step of {c.names()} alone",
+                               lambda c=c, i=i: c.apply_step(PARAMETER_SEED + 2 + i)))
+        state = ModuleState(subject, modules)
+        done = 0
+        try:
+            for kind, what, change in probes:
+                if done and subject.out_of_time():
+                    break
+                try:
+                    change()
+                except Exception:  # noqa: BLE001 - a module's own state-dict hooks may refuse
+                    if kind != "load_state_dict":
+                        raise
+                    state.restore()
+                    continue
+                subject.drop_converted_references()
+                finding = self.stale_after(subject, case, base.args, previous, what, kind)
+                state.restore()
+                done += 1
+                if finding is not None:
+                    return finding, ""
+        finally:
+            state.close()
+        return None, f"parameters changed in place {done} way(s) ({len(classes)} class(es) of equal parameters)"
+
+    def stale_after(self, subject: Subject, case: Case, args: tuple, previous: list[tuple[str, torch.Tensor]],
+                    what: str, kind: str) -> GateResult | None:
+        now = _leaves(self.call_zeroed(subject, clone_tree(args)))
+        reference = dict(_leaves(subject.run_reference(clone_tree(args))))
+        oracle = dict(_leaves(subject.oracle(args)))
+        tol = subject.tolerance
+        for (path, old), (_, got) in zip(previous, now):
+            if path not in oracle or oracle[path].shape != old.shape or bitwise_mismatch(old, got) is not None:
+                continue
+            moved = measure(old, reference.get(path), oracle[path], path=path, factor=tol.factor, ulps=tol.ulps,
+                            atol=tol.atol)
+            if moved.passed:
+                continue  # the change does not show in this output beyond the bound: nothing to tell
+            return self.failed(
+                subject, f"{path}: after {what}, alike in kernel and reference, the kernel returned its previous "
+                f"output bitwise again, while the reference's changed (the previous output is now off by "
+                f"{moved.err:.3g} at {path}{moved.index}, bound {moved.bound:.3g}): it computes from a copy of "
+                "its parameters it does not refresh (a cache keyed on data_ptr or built once?)", case=case,
+                expected=f"a result for the new parameters (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                got=f"the previous output ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                details={"stale": True, "parameters": kind, "change": what})
         return None
 
     @staticmethod

@@ -1,0 +1,152 @@
+"""isolation, the parameters probe: an nn.Module kernel whose parameters change in place between calls (an
+optimizer step, load_state_dict) must follow them as its reference does; a cache of a derived weight that
+is not refreshed is caught, one refreshed on every change passes. Also through the audit's wrappers."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from kgate import gates as registry
+from kgate.gates.isolation import _load_changed, parameter_classes
+from kgate.kernelbench import NoGrad
+from kgate.oracle import DtypeDispatch
+from tests.gate_harness import check, subject_for
+
+
+def features(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (5, 12), generator=gen, dtype=torch.float64).to(dtype),)
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, d_in=12, d_out=7):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.weight = torch.nn.Parameter(torch.randn(d_out, d_in, generator=gen) / d_in ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(d_out, generator=gen))
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+class CachedByAddress(Linear):
+    """Caches the transposed weight and the bias keyed on their data_ptr: stale after any in-place change."""
+
+    def forward(self, x):
+        key = (self.weight.data_ptr(), self.bias.data_ptr())
+        if getattr(self, "_key", None) != key:
+            self._key, self._wt, self._b = key, self.weight.detach().T.contiguous(), self.bias.detach().clone()
+        return x @ self._wt + self._b
+
+
+class CachedWeightOnce(Linear):
+    """Transposes the weight once, on the first call; reads the bias fresh every call."""
+
+    def forward(self, x):
+        if not hasattr(self, "_wt"):
+            self._wt = self.weight.detach().T.contiguous()
+        return x @ self._wt + self.bias
+
+
+class CachedByVersion(Linear):
+    """Caches the transposed weight keyed on its address *and* version counter: refreshed on every in-place
+    change (optimizer steps, copy_, load_state_dict all bump the version)."""
+
+    def forward(self, x):
+        key = (self.weight.data_ptr(), self.weight._version)
+        if getattr(self, "_key", None) != key:
+            self._key, self._wt = key, self.weight.detach().T.contiguous()
+        return x @ self._wt + self.bias
+
+
+def isolation(kernel_cls, reference=None, **kw):
+    return check("isolation", kernel_cls(), reference or Linear(), features, **kw)
+
+
+@pytest.mark.parametrize("kernel_cls", [Linear, CachedByVersion], ids=["plain", "version-keyed-cache"])
+def test_kernel_that_follows_its_parameters_passes(kernel_cls):
+    result = isolation(kernel_cls)
+    assert result.verdict == "pass", result.message
+    assert "parameters changed in place 4 way(s) (2 class(es) of equal parameters)" in result.message
+
+
+def test_cache_keyed_on_data_ptr_is_stale_after_an_optimizer_step():
+    result = isolation(CachedByAddress)
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert "optimizer-style in-place step of every parameter" in result.message
+    assert "previous output bitwise again" in result.message
+    assert result.details["stale"] is True and result.details["parameters"] == "step"
+    assert "--gate isolation" in result.repro
+
+
+def test_weight_cached_once_is_caught_by_changing_the_weight_alone():
+    result = isolation(CachedWeightOnce)
+    assert result.verdict == "fail", result.message
+    assert "step of the kernel's weight (the reference's weight) alone" in result.message
+
+
+def test_load_state_dict_changes_both_modules_alike_in_place():
+    kernel, reference = CachedByAddress(), Linear()
+    addresses = [t.data_ptr() for t in [*kernel.parameters(), *reference.parameters()]]
+    _load_changed((kernel, reference), parameter_classes(kernel, reference), seed=5)
+    assert [t.data_ptr() for t in [*kernel.parameters(), *reference.parameters()]] == addresses
+    assert torch.equal(kernel.weight, reference.weight) and torch.equal(kernel.bias, reference.bias)
+    assert not torch.equal(kernel.weight, Linear().weight)
+
+
+def test_parameters_and_converted_copies_are_restored():
+    kernel, reference = CachedByVersion(), Linear()
+    subject = subject_for(kernel, reference, features)
+    before = [t.detach().clone() for t in [*kernel.parameters(), *reference.parameters()]]
+    oracle = subject.oracle(features(0))  # a float64 copy of the reference is made and kept
+    assert registry.get("isolation").check(subject).verdict == "pass"
+    after = [t.detach() for t in [*kernel.parameters(), *reference.parameters()]]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    assert torch.equal(subject.oracle(features(0)), oracle)  # not a copy converted from changed parameters
+
+
+def test_tensors_held_by_one_side_only_are_left_alone():
+    class FusedAtInit(torch.nn.Module):  # holds [weight | bias] fused, as one parameter the reference lacks
+        def __init__(self, ref):
+            super().__init__()
+            self.fused = torch.nn.Parameter(torch.cat([ref.weight.detach(), ref.bias.detach()[:, None]], 1))
+
+        def forward(self, x):
+            return x @ self.fused[:, :-1].T + self.fused[:, -1]
+
+    result = check("isolation", FusedAtInit(Linear()), Linear(), features)
+    assert result.verdict == "pass" and "parameters not probed" in result.message
+
+
+@pytest.mark.parametrize(("kernel_cls", "verdict"), [(Linear, "pass"), (CachedByAddress, "fail")])
+def test_through_the_audits_wrappers(kernel_cls, verdict):
+    # the audit calls ModelNew under torch.no_grad() and its reference through DtypeDispatch
+    reference = Linear()
+    kernel = kernel_cls()
+    kernel.load_state_dict(copy.deepcopy(reference.state_dict()))
+    result = check("isolation", NoGrad(kernel), DtypeDispatch(reference), features)
+    assert result.verdict == verdict, result.message
+
+
+def test_a_buffer_is_scaled_not_shifted():
+    class Normalize(torch.nn.Module):  # running statistics as persistent buffers, as BatchNorm in eval mode
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("var", torch.ones(12))
+            self.register_buffer("mask", (torch.arange(12) % 3 != 0).float())
+
+        def forward(self, x):
+            return x / torch.sqrt(self.var + 1e-5) * (self.mask != 0)
+
+    class NormalizeFolded(Normalize):  # folds 1 / sqrt(var) once: stale after load_state_dict
+        def forward(self, x):
+            if not hasattr(self, "_inv"):
+                self._inv = torch.rsqrt(self.var + 1e-5)
+            return x * self._inv * (self.mask != 0)
+
+    assert isolation(Normalize, Normalize()).verdict == "pass"
+    result = isolation(NormalizeFolded, Normalize())
+    assert result.verdict == "fail" and "every parameter and buffer" in result.message
