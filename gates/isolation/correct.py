@@ -43,7 +43,13 @@ class Linear(torch.nn.Module):
         self.weight = torch.nn.Parameter(torch.randn(16, 32, generator=gen) / 32 ** 0.5)
         self.bias = torch.nn.Parameter(torch.randn(16, generator=gen) * 0.1)
 
+    def follow(self, x):
+        """Moves the layer to its input's device (the controls' weights are made on the CPU at import)."""
+        if self.weight.device != x.device:
+            self.to(x.device)
+
     def forward(self, x):
+        self.follow(x)
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
 
@@ -53,6 +59,7 @@ class LinearCachedTranspose(Linear):
     load_state_dict) bumps."""
 
     def forward(self, x):
+        self.follow(x)
         key = (self.weight.data_ptr(), self.weight._version)
         if getattr(self, "_key", None) != key:
             self._key, self._weight_t = key, self.weight.detach().t().contiguous()

@@ -88,6 +88,8 @@ class LinearCachedByAddress(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.randn(16, generator=gen) * 0.1)
 
     def forward(self, x):
+        if self.weight.device != x.device:  # its weights are made on the CPU at import
+            self.to(x.device)
         key = self.weight.data_ptr()
         if getattr(self, "_key", None) != key:
             self._key, self._weight_t = key, self.weight.detach().t().contiguous()

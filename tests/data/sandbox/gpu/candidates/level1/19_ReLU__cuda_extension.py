@@ -1,5 +1,6 @@
-# Correct: a CUDA C++ extension built with load_inline (nvcc), for the sandbox's GPU check
-# (bench/sandbox_gpu.sh): the build and the kernel both run inside each worker's sandbox.
+# A ReLU as a CUDA C++ extension built with load_inline (nvcc), for the sandbox's GPU check
+# (bench/sandbox_gpu.sh): the build and the kernel both run in each worker's sandbox. It maps NaN to 0
+# (x > 0 ? x : 0) where torch.relu keeps NaN: special_values fails, rightly.
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 

@@ -1,4 +1,5 @@
-# Correct: a Triton kernel, for the sandbox's GPU check (bench/sandbox_gpu.sh).
+# A ReLU as a Triton kernel, for the sandbox's GPU check (bench/sandbox_gpu.sh). It maps NaN to 0
+# (tl.where(x > 0, x, 0)) where torch.relu keeps NaN: special_values fails, rightly.
 import torch
 import torch.nn as nn
 import triton
