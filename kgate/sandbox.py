@@ -98,17 +98,15 @@ class Sandbox:
     def describe(self) -> str:
         return self.detail if self.active else f"none ({self.detail})"
 
-    def to_json(self) -> dict[str, str | bool]:
-        return {"mode": self.mode, "active": self.active, "detail": self.detail, "text": self.describe()}
-
 
 _chosen: dict[str, Sandbox] = {}
 _selected: list[str] = []  # the mode a command chose (select), for every worker this process starts
 
 
 def select(mode: str | None) -> Sandbox:
-    """Choose the sandbox of every worker this process starts from now on (a command's --sandbox)."""
-    box = choose(mode)
+    """Choose the sandbox of every worker this process starts from now on (a command's --sandbox; None: the
+    default, $KGATE_SANDBOX or auto, whatever an earlier command chose)."""
+    box = choose(mode or os.environ.get(MODE_ENV) or "auto")
     _selected[:] = [box.mode]
     return box
 
