@@ -120,7 +120,7 @@ def attacked(tmp_path_factory):
     src = attack_folder(tmp, out, listener.port, forge_seconds=8)
     victim = (src / "victim.py").read_text()
     try:
-        done = kgate("run", str(src / "kgate.yaml"), "-k", "not lingers", "--out", str(out), "--junit",
+        done = kgate("run", str(src / "kgate.yaml"), "-k", "not lingers", "-j", "2", "--out", str(out), "--junit",
                      str(out / "junit.xml"), "--sandbox", "require")
         written = {name: (out / name).read_text() for name in ("report.json", "junit.xml", "results.jsonl")}
         time.sleep(3)  # a daemon left behind would rewrite the reports now
