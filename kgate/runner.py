@@ -561,6 +561,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                     selector.unregister(read_fd)
                     events_open = False  # the worker closed the channel: it exited
                     continue
+                if box.active:  # also at each event: `done` comes while what the worker left still runs
+                    detached.update(dict.fromkeys(procmem.detached(proc.pid)))
                 for line in lines.feed(chunk):
                     event = _parse(line)
                     if event is None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -18,3 +19,16 @@ def worker_pids(module: str, match: Callable[[Path], bool]) -> list[int]:
         except OSError:
             continue
     return found
+
+
+@contextlib.contextmanager
+def unsandboxed() -> Iterator[None]:
+    """Workers started inside run without the sandbox (kgate.sandbox), for tests of something else whose
+    kernels keep state in files between workers; the default is back afterwards."""
+    from kgate import sandbox
+
+    sandbox.select("none")
+    try:
+        yield
+    finally:
+        sandbox.select(None)

@@ -373,13 +373,14 @@ def test_the_worker_judging_on_a_second_gpu_is_given_that_gpu_as_cuda_0(monkeypa
     """On several GPUs a candidate that names cuda:0 or allocates on 'cuda' runs where it was sent, and the
     record still says which GPU that was."""
     from kgate.audit import evaluate
+    from kgate.runner import WorkerExit
 
     seen = []
 
     def supervise(module, job, *, env, on_event, **kw):
         seen.append((job["device"], env.get("CUDA_VISIBLE_DEVICES")))
         on_event({"event": "problem_error", "message": "stop here"})
-        return None
+        return WorkerExit(0)
 
     monkeypatch.setattr(evaluate, "supervise", supervise)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
@@ -1538,12 +1539,11 @@ def test_problem_sizes_are_counted_in_a_worker_that_survives_hostile_problems(mo
     from kgate.audit import evaluate
 
     monkeypatch.setattr(evaluate, "SIZE_TIMEOUT_S", 3.0)
-    marker = tmp_path / "ran-in"
     folder = tmp_path / "problems"
     folder.mkdir()
     paths = {
         "small": _sized_problem(folder, "small", "def get_inputs():\n    return [torch.rand(4, 4)]\n", layers=3),
-        "big": _sized_problem(folder, "big", f"import os\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "big": _sized_problem(folder, "big", "import os\nprint('ran in', os.getppid(), flush=True)\n"
                                              "def get_inputs():\n    return [torch.rand(1000, 1000), torch.rand(10)]\n"),
         "raises": _sized_problem(folder, "raises", "raise RuntimeError('broken problem')\n"),
         "hangs": _sized_problem(folder, "hangs", "import time\ntime.sleep(600)\n"),
@@ -1557,7 +1557,8 @@ def test_problem_sizes_are_counted_in_a_worker_that_survives_hostile_problems(mo
     got = {n: (s.elements, s.layers) if (s := sizes.get(paths[n])) else None for n in order}
     assert got == {"small": (16, 3), "raises": (None, None), "hangs": None, "big": (1_000_010, 0), "exits": None,
                    "after": (21, 40)}
-    assert int(marker.read_text()) != os.getpid()  # the problems' code ran in the worker, not here
+    log = (tmp_path / "out" / "logs" / "problem-sizes.log").read_text()
+    assert "ran in" in log and f"ran in {os.getpid()}\n" not in log  # the problems' code ran in a worker, not here
     assert time.monotonic() - started < 60  # the hang cost its own limit, not the audit's
 
 

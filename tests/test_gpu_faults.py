@@ -24,6 +24,7 @@ from kgate.subject import UserCodeError
 from kgate.worker import run_gates
 from tests.conftest import DATA
 from tests.gate_harness import subject_for
+from tests.process_support import unsandboxed
 
 ILLEGAL = "CUDA error: an illegal memory access was encountered"
 TORCH_TAIL = ("\nCUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
@@ -197,7 +198,7 @@ def faults(tmp_path_factory):
     markers = out / "markers"
     markers.mkdir()
     manifest = load(DATA / "gpufault" / "kgate.yaml")
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, unsandboxed():  # (the markers are files the kernels write)
         mp.setenv("KGATE_TEST_MARKERS", str(markers))
         results = Runner(manifest, manifest.kernels, RunOptions(out_dir=out, jobs=2, max_restarts=1)).run()
     return {r.name: r for r in results}, out
