@@ -54,6 +54,37 @@ def gpu_request(gpus: str, device: str | None):
     return docker.types.DeviceRequest(device_ids=ids, capabilities=[["gpu"]])
 
 
+def sandbox_options(args: argparse.Namespace) -> list[str]:
+    """Docker security options that let kgate inside the container sandbox each worker (kgate.sandbox): Docker's
+    default seccomp profile refuses the user namespaces bubblewrap makes (its masked /proc paths, which keep it
+    from mounting a /proc of the worker's own, are cleared by _create). The container keeps everything else (non-root, no
+    capabilities, no new privileges, a read-only root, no network); with --sandbox none it keeps Docker's
+    seccomp profile and masks too, and all the kernels of the run share it unconfined."""
+    return [] if _sandbox_mode(args) == "none" else ["seccomp=unconfined"]
+
+
+def _sandbox_mode(args: argparse.Namespace) -> str:
+    return getattr(args, "sandbox", None) or os.environ.get("KGATE_SANDBOX") or "auto"
+
+
+HOST_KEYS = ("network_mode", "read_only", "tmpfs", "cap_drop", "security_opt", "pids_limit", "mem_limit",
+             "shm_size", "device_requests")
+
+
+def _create(client: Any, config: dict[str, Any], unmask: bool) -> Any:
+    """The container `config` describes (containers.run's arguments), made through the low-level API, which
+    alone can clear Docker's masked and read-only /proc paths (`unmask`: what `--security-opt
+    systempaths=unconfined` does in the CLI, which daemons before API 1.42 do not take as a security option)."""
+    host = client.api.create_host_config(binds=config["volumes"], **{k: config[k] for k in HOST_KEYS})
+    if unmask:
+        host["MaskedPaths"], host["ReadonlyPaths"] = [], []
+    created = client.api.create_container(
+        config["image"], command=config["command"], user=config["user"], working_dir=config["working_dir"],
+        environment=config["environment"], labels=config["labels"], host_config=host,
+        volumes=[v["bind"] for v in config["volumes"].values()])
+    return client.containers.get(created["Id"])
+
+
 def container_command(args: argparse.Namespace, manifest_in_container: str, changed: str | None) -> list[str]:
     """The `kgate run` the container executes: the user's selection, our output folder."""
     cmd = ["run", manifest_in_container, "--out", OUT, "--json", f"{OUT}/report.json"]
@@ -180,12 +211,12 @@ def run_in_container(args: argparse.Namespace) -> int:
         # unless told `persist-credentials: false`, and no kernel needs the history.
         tmpfs[f"{WORKSPACE}/.git"] = "ro,noexec,nosuid,nodev,size=64k,mode=0555"
     config: dict[str, Any] = dict(
-        image=args.container, command=command, user=user, working_dir=WORKSPACE, detach=True,
+        image=args.container, command=command, user=user, working_dir=WORKSPACE,
         environment={"HOME": "/tmp/kgate-home", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
                      "KGATE_IN_CONTAINER": "1", "TERM": "dumb"},
         volumes={str(workspace): {"bind": WORKSPACE, "mode": "ro"}, str(out_dir): {"bind": OUT, "mode": "rw"}},
         network_mode="none", read_only=True, tmpfs=tmpfs,
-        cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=4096,
+        cap_drop=["ALL"], security_opt=["no-new-privileges", *sandbox_options(args)], pids_limit=4096,
         mem_limit=_memory_limit(getattr(args, "container_memory", None)), shm_size="2g",
         labels={"kgate": "run"}, device_requests=[request] if request else None)
     print(f"kgate: running in container {args.container} (no network, workspace read-only, "
@@ -193,7 +224,7 @@ def run_in_container(args: argparse.Namespace) -> int:
           file=sys.stderr)
     container = None
     try:
-        container = client.containers.create(**{k: v for k, v in config.items() if k != "detach"})
+        container = _create(client, config, unmask=_sandbox_mode(args) != "none")
         try:
             container.start()
         except docker.errors.APIError as exc:

@@ -23,7 +23,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 BASE_TAG = "kgate-test-base:py"
-TOOLS = ("sh", "rm", "mkdir", "ls", "cat", "env", "id", "chmod", "ln", "cp", "mv")
+TOOLS = ("sh", "rm", "mkdir", "ls", "cat", "env", "id", "chmod", "ln", "cp", "mv", "bwrap")  # bwrap: the sandbox
 
 
 class DockerUnavailable(Exception):

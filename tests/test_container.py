@@ -80,6 +80,8 @@ def test_gates_run_inside_the_container_and_the_report_comes_back(docker_daemon,
     assert naive["log"].startswith(str(out))
     assert json.loads((out / "report.json").read_text())["kernels"][1]["source_file"] == naive["source_file"]
     assert ET.parse(tmp_path / "junit.xml").getroot().tag in ("testsuites", "testsuite")
+    # each worker had a sandbox of its own inside the container too (the base image carries the host's bwrap)
+    assert report["environment"]["sandbox"].startswith("bubblewrap"), report["environment"]
     assert not (ROOT / "written-by-kernel").exists()
     assert _leftovers(docker_daemon) == []  # removed afterwards
 
