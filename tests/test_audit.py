@@ -186,6 +186,28 @@ def test_cli_shards_partition_the_corpus(tmp_path):
     assert ids == {"level1/19_ReLU", "level2/9_Linear_Scale"}
 
 
+def test_resume_judges_again_a_candidate_whose_file_changed(tmp_path):
+    """A record says what files it was judged on (`sources`): --resume keeps it only while they are the same."""
+    import shutil
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS / "problems" / "level1", corpus / "problems" / "level1")
+    (corpus / "candidates" / "level1").mkdir(parents=True)
+    for name in ("19_ReLU.py", "19_ReLU__wrong.py"):
+        shutil.copy(CORPUS / "candidates" / "level1" / name, corpus / "candidates" / "level1" / name)
+    args = ["audit", "--format", "kernelbench", "--problems", str(corpus / "problems"), "--candidates",
+            str(corpus / "candidates"), "--device", "cpu", "--gate", "contract,oracle", "--out", str(tmp_path / "out"),
+            "-q"]
+    assert kgate_main(args) == 1
+    first = _records(tmp_path / "out")
+    shutil.copy(CORPUS / "candidates" / "level1" / "19_ReLU.py", corpus / "candidates" / "level1" / "19_ReLU__wrong.py")
+    assert kgate_main([*args, "--resume"]) == 0  # the fixed candidate judged again; the other kept as it was
+    again = _records(tmp_path / "out")
+    assert again["level1/19_ReLU"] == first["level1/19_ReLU"]
+    assert again["level1/19_ReLU__wrong"]["sources"] != first["level1/19_ReLU__wrong"]["sources"]
+    assert {g["verdict"] for g in again["level1/19_ReLU__wrong"]["gates"]} == {"pass"}
+
+
 def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
     out = tmp_path / "run"
     select = "not (crash or hang or exit or segfault or syntax or tamper or patches)"  # the five quick candidates

@@ -265,6 +265,12 @@ def needs_whole_gpu(record: dict[str, Any]) -> bool:
     return bool(record.get("oom") or record.get("host_memory"))
 
 
+def pair_digest(pair: Pair) -> str:
+    """What a pair's record was judged on: its candidate's and its problem's files (audit --resume judges again
+    a candidate whose record says otherwise)."""
+    return source_digest(*[p for p in (pair.candidate, pair.problem) if p is not None])
+
+
 @functools.cache
 def kgate_stamp() -> dict[str, str]:
     """Which kgate judged a record: its version and a digest of its own source files (the gates' code),
@@ -292,6 +298,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                               "problem_error": None, "tamper": None, "free_dims": None, "notes": {},
                               "load_s": None, "standard_s": None, "restarts": 0, "oom": False, "complete": True,
                               "repro": repro_command(options.repro_args, pair.id, None), "kgate": dict(kgate_stamp()),
+                              "sources": pair_digest(pair),
                               "timeline": {}}
     results: dict[str, GateResult] = {}
     if pair.problem is None:

@@ -25,7 +25,7 @@ from rich.progress import (
 
 from kgate import gates as registry
 from kgate.audit import report as audit_report
-from kgate.audit.evaluate import AuditOptions, compile_pair, kgate_stamp, needs_compile
+from kgate.audit.evaluate import AuditOptions, compile_pair, kgate_stamp, needs_compile, pair_digest
 from kgate.audit.results import ResultsFile, parse_shard, shard
 from kgate.audit.scheduler import Plan, arch_list, longest_first, make_plan, run_local
 from kgate.audit.scheduler import Progress as SchedulerProgress
@@ -232,10 +232,21 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     if args.keep_source and not args.rejudge_stale:
         raise UsageError("--keep-source goes with --rejudge-stale (it names records that are not stale)")
 
+    sources = {p.id: pair_digest(p) for p in pairs}
+    changed: list[str] = []
+
     def stale(record: dict) -> bool:
         stamp = record.get("kgate")
         kept = isinstance(stamp, dict) and stamp.get("source") in args.keep_source
         return record.get("id") in ids and stamp != kgate_stamp() and not kept
+
+    def drop(record: dict) -> bool:
+        """A record judged on other files than the candidate's and problem's now (a candidate or problem file
+        changed since), or with --rejudge-stale by another kgate: judged again."""
+        if record.get("sources") not in (None, sources.get(record.get("id"), record.get("sources"))):
+            changed.append(str(record.get("id")))
+            return True
+        return args.rejudge_stale and stale(record)
     try:
         if args.compile_only:
             # builds only: the results file is never written (a concurrent or later audit owns it); with
@@ -246,15 +257,19 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                 raise UsageError(f"{results.path} holds {held} record(s) of an earlier audit: add --resume to go on "
                                  "from them (the same command otherwise), or --fresh to discard them and judge "
                                  "every candidate again")
-            done = results.start(resume=args.resume, drop=stale if args.rejudge_stale else None)
+            done = results.start(resume=args.resume, drop=drop)
     except OSError as exc:
         raise UsageError(f"cannot write to --out {out}: {exc}") from None
     if results.unreadable:
         console.print(f"[yellow]kgate audit: {results.unreadable} line(s) of {results.path} could not be read (torn by "
                       "a kill, or damaged); the candidates they held, if any, are judged again[/]", highlight=False)
-    if results.moved and not args.quiet:
-        console.print(f"kgate audit: {results.moved} record(s) made by another kgate moved to "
+    if results.moved - len(changed) and not args.quiet:
+        console.print(f"kgate audit: {results.moved - len(changed)} record(s) made by another kgate moved to "
                       f"{results.replaced}; judging those candidates again", highlight=False)
+    if changed:
+        console.print(f"kgate audit: {len(changed)} record(s) were judged on other candidate or problem files "
+                      f"(first: {escape(changed[0])}), moved to {results.replaced}; judging those candidates again",
+                      highlight=False)
     other_gates = [r["id"] for r in done.values() if r["id"] in ids and r.get("gates")
                    and {g["gate"] for g in r["gates"]} != set(gate_names)]
     if other_gates:
