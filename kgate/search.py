@@ -96,10 +96,11 @@ class Searched(Generic[R]):
     tries: int
     failure: tuple[Transform, tuple, R] | None
     complete: bool
+    judged: int = 0  # tries the reference accepted
 
     def note(self) -> str:
         spent = "" if self.complete else " (time box spent first)"
-        return f"{self.tries} seeded affine transform(s) tried{spent}"
+        return f"{self.tries} seeded affine transform(s) tried, {self.judged} inside the reference's domain{spent}"
 
 
 def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], tuple[float, R, bool] | None],
@@ -137,11 +138,11 @@ def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], t
 
     worst: Transform | None = None
     worst_value = -math.inf
-    done = 0
+    done = judged_count = 0
     n_random, n_climb = tries
     for step in range(n_random + n_climb):
         if time.monotonic() > deadline or out_of_time():
-            return Searched(worst, worst_value, done, None, False)
+            return Searched(worst, worst_value, done, None, False, judged_count)
         transform = draw() if step < n_random or worst is None else nudge(worst)
         inputs = apply(args, transform)
         judged = judge(inputs)
@@ -149,8 +150,9 @@ def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], t
         if judged is None:
             continue
         value, result, failed = judged
+        judged_count += 1
         if failed:
-            return Searched(transform, value, done, (transform, inputs, result), True)
+            return Searched(transform, value, done, (transform, inputs, result), True, judged_count)
         if value > worst_value:
             worst, worst_value = transform, value
-    return Searched(worst, worst_value, done, None, True)
+    return Searched(worst, worst_value, done, None, True, judged_count)

@@ -235,7 +235,7 @@ class Distributions(Gate):
             found = search(base.args, floats, case.seed, objective, out_of_time=subject.out_of_time,
                            seconds=min(SEARCH_SECONDS, subject.entry.limits.timeout * SEARCH_SHARE))
             searched.append(found)
-            probes += found.tries
+            probes += found.judged
             if found.failure is not None:
                 affine, inputs, finding = found.failure
                 label = (f"search: {affine.describe()} (the seeded affine search's try {found.tries}"
@@ -247,7 +247,9 @@ class Distributions(Gate):
                   f"{len(FRESH_SEEDS)} fresh seeds x {len(cases)} case(s)"
         if searched:
             worst = max(searched, key=lambda f: f.worst_value)
+            rejected_tries = sum(f.tries - f.judged for f in searched)
             message += (f"; affine search: {sum(f.tries for f in searched)} transform(s)"
+                        f"{f' ({rejected_tries} outside the reference domain)' if rejected_tries else ''}"
                         f"{'' if all(f.complete for f in searched) else ' (time box spent in some case)'}")
             if worst.worst is not None:
                 message += f", the worst {worst.worst_value:.2g} x bound ({worst.worst.describe()})"
