@@ -37,6 +37,9 @@ def logsumexp_max_from_zero(x, block=64):
     for k0 in range(0, x.shape[-1], block):
         chunk = xf[..., k0:k0 + block]
         m_new = torch.maximum(m, chunk.amax(dim=-1))
-        s = s * torch.exp(m - m_new) + torch.exp(chunk - m_new.unsqueeze(-1)).sum(dim=-1)
+        # an infinite maximum (an Inf in the row, or a row of -Inf so far) must not meet itself: inf - inf
+        alpha = torch.where(m == m_new, torch.ones_like(m), torch.exp(m - m_new))
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        s = s * alpha + torch.exp(chunk - shift.unsqueeze(-1)).sum(dim=-1)
         m = m_new
     return (m + torch.log(s)).to(x.dtype)
