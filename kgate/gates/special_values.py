@@ -14,7 +14,7 @@ input's last element along each of its dimensions (a row that is all NaN, whiche
 reduces: a guard that writes 0 for an "empty" row shows only there) and the whole input.
 
 Subnormal semantics, tolerance-free: all inputs scaled to subnormal magnitudes (peak half the smallest
-normal) and so that their products are subnormal (peak sqrt(smallest normal) / 4). Where the oracle,
+normal) and so that their products are subnormal (peak 0.9 x sqrt(smallest normal)). Where the oracle,
 rounded to the output's dtype, is clearly subnormal (at least `CLEARLY_SUBNORMAL` of the smallest normal,
 above what another summation order's rounding can move to zero), the kernel may not flush to zero a
 result the reference keeps (FTZ/DAZ builds), nor keep one the reference flushes.
@@ -146,7 +146,7 @@ class SpecialValues(Gate):
                     probe[i].copy_(t / peak * overflow_scale(t.dtype))
             yield OVERFLOW, probe, None, None
             for label, peak in ((SUBNORMAL, lambda d: torch.finfo(d).tiny / 2),
-                                (UNDERFLOW, lambda d: math.sqrt(torch.finfo(d).tiny) / 4)):
+                                (UNDERFLOW, lambda d: math.sqrt(torch.finfo(d).tiny) * 0.9)):
                 probe = clone_tree(args)
                 for i in floats:
                     t = probe[i]
