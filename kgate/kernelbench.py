@@ -1,7 +1,8 @@
 """The KernelBench format: problems (`Model`, `get_inputs()`, `get_init_inputs()`) and candidates
 (`ModelNew`), how they pair, and how one pair becomes a gate `Subject` inside a worker.
 
-Pairing: candidate `X.py` or `X__anything.py` goes with problem `X.py`. A candidate in a subfolder
+Pairing: candidate `X.py` or `X__anything.py` goes with problem `X.py`, the longest such `X` a problem has
+(upstream problem names hold `__` too). A candidate in a subfolder
 first looks for the problem under the same relative folder (`level1/X.py`), then anywhere under the
 problems folder; an index file (JSON or CSV with `candidate` and `problem` columns) overrides both.
 
@@ -84,10 +85,16 @@ def level_of(*paths: Path | str | None) -> int | None:
     return None
 
 
-def problem_key(candidate: Path) -> str:
-    """`X__sample3.py` -> `X`; `X.py` -> `X`."""
+def problem_keys(candidate: Path) -> list[str]:
+    """The problem names a candidate may go with, longest first: its whole stem, then the stem cut at each
+    `__` from the right. `A__b__sample3.py` -> [`A__b__sample3`, `A__b`, `A`]: upstream problem names hold
+    `__` themselves (`50_conv_standard_2D__square_input__square_kernel.py`), so the longest name that a
+    problem has wins."""
     stem = candidate.stem
-    return stem.split(PAIR_SEP, 1)[0] if PAIR_SEP in stem else stem
+    keys = [stem]
+    while PAIR_SEP in keys[-1]:
+        keys.append(keys[-1].rsplit(PAIR_SEP, 1)[0])
+    return [k for k in keys if k]
 
 
 def _python_files(root: Path) -> list[Path]:
@@ -119,19 +126,25 @@ def discover(problems: Path, candidates: Path, index: Path | None = None) -> lis
     pairs = []
     for cand in _python_files(candidates):
         rel = cand.relative_to(candidates)
-        key = problem_key(cand)
-        problem: Path | None = by_relpath.get((rel.parent / key).as_posix())
+        keys = problem_keys(cand)
+        problem: Path | None = None
         error = None
-        if problem is None:
+        for key in keys:  # the longest name a problem has: in the same subfolder, else anywhere
+            problem = by_relpath.get((rel.parent / key).as_posix())
+            if problem is not None:
+                break
             found = by_stem.get(key, [])
             if len(found) == 1:
                 problem = found[0]
-            elif len(found) > 1:
+                break
+            if len(found) > 1:
                 error = (f"problem name {key!r} is ambiguous: {', '.join(str(f) for f in found)}; put the candidate "
                          f"in the same subfolder as its problem or pair them with --index")
-            else:
-                error = (f"no problem {key}.py under {problems} (a candidate X.py or X__anything.py goes with "
-                         f"problem X.py; use --index to pair other names)")
+                break
+        if problem is None and error is None:
+            names = " or ".join(f"{k}.py" for k in keys)
+            error = (f"no problem {names} under {problems} (a candidate X.py or X__anything.py goes with "
+                     f"problem X.py; use --index to pair other names)")
         pairs.append(Pair(_candidate_id(cand, candidates), cand, problem, level_of(problem, rel), error))
     if not pairs:
         raise UsageError(f"--candidates {candidates}: no .py files found")

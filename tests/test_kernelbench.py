@@ -37,6 +37,26 @@ def test_pairing_by_name_and_double_underscore(tmp_path):
     assert "no problem 99_Missing.py" in pairs["99_Missing"].problem_error
 
 
+def test_a_problem_name_holding_double_underscores_pairs_by_its_longest_name(tmp_path):
+    """Upstream level-1 names hold `__` (50_conv_standard_2D__square_input__square_kernel.py): a candidate of
+    exactly that name, or that name plus `__sample`, goes with it, not with a problem `50_conv_standard_2D`."""
+    name = "50_conv_standard_2D__square_input__square_kernel"
+    _touch(tmp_path / "p" / "level1" / f"{name}.py")
+    _touch(tmp_path / "p" / "level1" / "50_conv_standard_2D.py")  # a shorter name that must not win
+    _touch(tmp_path / "c" / f"{name}.py")
+    _touch(tmp_path / "c" / f"{name}__sample_2.py")
+    _touch(tmp_path / "c" / "50_conv_standard_2D__square_input__other.py")
+    _touch(tmp_path / "c" / "7_Nothing__square_input__x.py")
+    pairs = {p.id: p for p in kb.discover(tmp_path / "p", tmp_path / "c")}
+    assert pairs[name].problem == tmp_path / "p" / "level1" / f"{name}.py", pairs[name]
+    assert pairs[f"{name}__sample_2"].problem == pairs[name].problem
+    assert pairs["50_conv_standard_2D__square_input__other"].problem.name == "50_conv_standard_2D.py"
+    missing = pairs["7_Nothing__square_input__x"]
+    assert missing.problem is None
+    assert "no problem 7_Nothing__square_input__x.py or 7_Nothing__square_input.py or 7_Nothing.py" in \
+        missing.problem_error, missing.problem_error
+
+
 def test_same_subfolder_wins_and_ambiguity_is_explained(tmp_path):
     _touch(tmp_path / "p" / "level1" / "1_X.py")
     _touch(tmp_path / "p" / "level2" / "1_X.py")

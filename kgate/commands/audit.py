@@ -43,7 +43,7 @@ KernelBench's own correctness check (5 seeded trials at the problem's shape, all
 then report how the two disagree.
 
 A problem file defines Model, get_inputs() and get_init_inputs(); a candidate defines ModelNew. Candidate
-X.py or X__anything.py pairs with problem X.py (same subfolder first, then anywhere under --problems);
+X.py or X__anything.py pairs with problem X.py (the longest X a problem is named; same subfolder first, then anywhere under --problems);
 --index FILE (JSON or CSV with candidate,problem columns; other columns are kept as labels, e.g.
 harness_correct) pairs them explicitly.
 
