@@ -605,13 +605,16 @@ def set_seed(seed: int) -> None:
 
 
 def to_device(values: Any, device: Any, dtype: Any = None) -> list[Any]:
-    """KernelBench's input processing: every tensor cast to the precision (when given), then moved."""
+    """KernelBench's input processing: every floating-point tensor cast to the precision (when given), every
+    tensor moved. Integer and boolean tensors (class indices, masks) keep their dtype and values: KernelBench
+    casts them too, and a cross-entropy problem's own Model then raises on float targets, so neither of
+    its candidates could be judged."""
     import torch
 
     out = []
     for v in values:
         if isinstance(v, torch.Tensor):
-            v = (v.to(dtype=dtype) if dtype is not None else v).to(device=device)
+            v = (v.to(dtype=dtype) if dtype is not None and v.is_floating_point() else v).to(device=device)
         out.append(v)
     return out
 

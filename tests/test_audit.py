@@ -1606,3 +1606,27 @@ def test_judges_take_the_earliest_candidate_in_the_given_order_whatever_order_th
     plan = scheduler.Plan(devices=["cpu"], slots=1, compile_jobs=4)
     assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, lambda record: None) == 4
     assert started == ["a", "b", "c", "d"]
+
+
+INTEGER = DATA / "kernelbench" / "integer"
+INPUT_GATES = "contract,oracle,special_values,shapes,layouts,distributions,accumulation,input_integrity"
+
+
+def test_integer_inputs_reach_the_problem_unchanged_and_every_probe_keeps_them_legal(tmp_path):
+    """A cross-entropy problem's get_inputs() gives int64 class indices: the standard test cast them to
+    float32, the problem's own Model raised, and both of its candidates ended not judged. Every gate that
+    makes inputs must leave them valid indices too: the reference would raise on any other value, and the
+    gate would skip the probe or not judge at all."""
+    out = tmp_path / "run"
+    assert kgate_main(["audit", "--problems", str(INTEGER / "problems"), "--candidates", str(INTEGER / "candidates"),
+                       "--device", "cpu", "--gate", INPUT_GATES, "--out", str(out), "-q"]) == 1
+    records = _records(out)
+    correct, wrong = records["level1/95_CrossEntropyLoss"], records["level1/95_CrossEntropyLoss__first_class"]
+    for r in (correct, wrong):
+        assert r["problem_error"] is None, r["problem_error"]
+    assert correct["standard"]["verdict"] == "pass", correct["standard"]
+    for g in correct["gates"]:
+        assert g["verdict"] == "pass", (g["gate"], g["message"])
+        assert "rejects" not in g["message"], (g["gate"], g["message"])  # no probe the reference refused
+    assert wrong["standard"]["verdict"] == "fail"
+    assert _gate(wrong, "oracle")["verdict"] == "fail"

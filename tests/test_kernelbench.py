@@ -387,3 +387,11 @@ def test_a_closure_cell_that_is_still_empty_is_copied_as_empty():
     dup = converted_copy(module, device=torch.device("cpu"), dtype=torch.float64)
     with pytest.raises(NameError):
         dup.hook()
+
+
+def test_kernelbench_input_processing_casts_floating_tensors_only():
+    ints, mask, x = torch.arange(5), torch.tensor([True, False]), torch.ones(3, dtype=torch.float64)
+    out = kb.to_device([ints, mask, x, 7], "cpu", torch.float16)
+    assert out[0].dtype == torch.int64 and torch.equal(out[0], ints)
+    assert out[1].dtype == torch.bool and torch.equal(out[1], mask)
+    assert out[2].dtype == torch.float16 and out[3] == 7
