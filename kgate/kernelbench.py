@@ -583,15 +583,21 @@ class ProblemInputs:
 
 
 class NoGrad:
-    """ModelNew called as KernelBench calls it: under torch.no_grad()."""
+    """ModelNew called as KernelBench calls it: under torch.no_grad(). With `seed`, every call draws from
+    torch's generators seeded with it (`kgate.oracle.seeded`), as the reference's `DtypeDispatch` with the
+    same seed does: a problem whose forward draws its own random tensors (the initial states of the LSTM
+    and GRU problems) gives both models the same draws, on every call."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, seed: int | None = None):
         self.model = model
+        self.seed = seed
 
     def __call__(self, *args: Any) -> Any:
         import torch
 
-        with torch.no_grad():
+        from kgate.oracle import seeded
+
+        with torch.no_grad(), seeded(self.seed):
             return self.model(*args)
 
 

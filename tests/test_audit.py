@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1630,3 +1631,27 @@ def test_integer_inputs_reach_the_problem_unchanged_and_every_probe_keeps_them_l
         assert "rejects" not in g["message"], (g["gate"], g["message"])  # no probe the reference refused
     assert wrong["standard"]["verdict"] == "fail"
     assert _gate(wrong, "oracle")["verdict"] == "fail"
+
+
+DRAWS = DATA / "kernelbench" / "draws"
+
+
+def test_a_reference_that_draws_its_initial_state_inside_forward_is_judged(tmp_path):
+    """KernelBench's LSTM and GRU problems draw h0/c0 with torch.randn in forward, in torch's default dtype:
+    the float64 oracle raised 'mat1 and mat2 must have the same dtype', so they could never be judged. Now
+    the oracle runs with float64 as the default dtype and both models draw from the same seed: the oracle
+    computes from the reference's own draws (its error against the reference stays at rounding level), a
+    candidate that draws them the same way passes and one that starts from zeros fails."""
+    out = tmp_path / "run"
+    assert kgate_main(["audit", "--problems", str(DRAWS / "problems"), "--candidates", str(DRAWS / "candidates"),
+                       "--device", "cpu", "--gate", "contract,oracle,determinism", "--out", str(out), "-q"]) == 1
+    records = _records(out)
+    correct, zeros = records["level3/35_LSTM"], records["level3/35_LSTM__zero_state"]
+    assert correct["problem_error"] is None and zeros["problem_error"] is None
+    for g in correct["gates"]:
+        assert g["verdict"] == "pass", (g["gate"], g["message"])
+    missed = _gate(zeros, "oracle")
+    assert missed["verdict"] == "fail", missed["message"]
+    ref_err = float(re.search(r"x reference error (\S+)", missed["message"]).group(1))
+    assert ref_err < 1e-5, missed["message"]  # the oracle drew what the reference drew, upcast
+    assert _gate(zeros, "determinism")["verdict"] == "pass"

@@ -395,3 +395,43 @@ def test_kernelbench_input_processing_casts_floating_tensors_only():
     assert out[0].dtype == torch.int64 and torch.equal(out[0], ints)
     assert out[1].dtype == torch.bool and torch.equal(out[1], mask)
     assert out[2].dtype == torch.float16 and out[3] == 7
+
+
+class _DrawsInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(20, 20)
+
+    def forward(self, x):
+        state = torch.randn(x.shape[0], 20)  # torch's default dtype, as KernelBench's LSTM problems draw
+        noise = torch.empty_like(x).normal_()
+        return self.w(x + state) + noise
+
+
+def test_the_float64_oracle_runs_in_float64_and_draws_what_the_reference_draws():
+    from kgate.oracle import DtypeDispatch
+
+    torch.manual_seed(0)
+    model, x = _DrawsInForward(), torch.rand(4, 20)
+    dispatch = DtypeDispatch(model, seed=5)
+    reference = dispatch(x)
+    oracle = dispatch(x.double())  # raised 'mat1 and mat2 must have the same dtype'
+    assert oracle.dtype == torch.float64 and torch.get_default_dtype() == torch.float32
+    assert (oracle - reference.double()).abs().max() < 1e-5  # the same draws, upcast
+    assert torch.equal(dispatch(x), reference)  # every call draws from the same seed
+    rng = torch.get_rng_state()
+    kb.NoGrad(model, seed=5)(x)
+    assert torch.equal(torch.get_rng_state(), rng)  # the generator's state is left as it was
+
+
+def test_the_default_dtype_is_restored_when_the_oracle_raises():
+    from kgate.oracle import DtypeDispatch
+
+    class Raises(torch.nn.Linear):
+        def forward(self, x):
+            assert torch.get_default_dtype() == torch.float64
+            raise ValueError("outside the domain")
+
+    with pytest.raises(ValueError):
+        DtypeDispatch(Raises(2, 2))(torch.ones(2, dtype=torch.float64))
+    assert torch.get_default_dtype() == torch.float32

@@ -173,7 +173,8 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),
                              device=job["device"])
-        return PairSubject(entry, kb.NoGrad(candidate), DtypeDispatch(reference), factory, device,
+        # both models draw what their forward draws from the same seed (kgate.oracle.seeded)
+        return PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), factory, device,
                            [Case(shape, "float32", s) for s in seeds], repro_manifest=str(problem_path))
 
     own = subject_at(tuple(dims.defaults) if dims.names else None)
