@@ -1161,7 +1161,8 @@ def _fake_record(id_, gates, **extra):
 
 
 def _fake_gate(name, verdict, broken=False, details=None, message="m"):
-    return {"gate": name, "verdict": verdict, "broken": broken, "details": details or {}, "message": message}
+    return {"gate": name, "verdict": verdict, "broken": broken, "details": details or {}, "message": message,
+            "tolerance_free": False}
 
 
 def test_the_summary_counts_failures_only_on_empty_inputs_apart():
@@ -1655,3 +1656,107 @@ def test_a_reference_that_draws_its_initial_state_inside_forward_is_judged(tmp_p
     ref_err = float(re.search(r"x reference error (\S+)", missed["message"]).group(1))
     assert ref_err < 1e-5, missed["message"]  # the oracle drew what the reference drew, upcast
     assert _gate(zeros, "determinism")["verdict"] == "pass"
+
+
+def _findings_records():
+    """One record per kind of record-level finding, as kgate.audit.evaluate writes them, with the text the
+    console shows for it."""
+    return [({"candidate": f"c/{r['id']}.py", "problem": "p/x.py", "device": "cpu",
+              "repro": f"kgate audit -k {r['id']}", **r}, text) for r, text in _findings_kinds()]
+
+
+def _findings_kinds():
+    ok = [_fake_gate(g, "pass") for g in ("contract", "oracle")]
+    build = "Error building extension 'relu_ext': nvcc exited 1"
+    env = "this machine cannot run the candidate (CUDA_HOME environment variable is not set); audit it on a CUDA host"
+    return [
+        (_fake_record("tampers", ok, tamper="the candidate replaced torch functions the reference uses too: "
+                      "torch.relu"), "the candidate replaced torch functions the reference uses too: torch.relu"),
+        (_fake_record("problem-broken", [_fake_gate(g, "error", True, message="not judged: the problem's Model could "
+                                                    "not be built: ValueError: boom") for g in ("contract", "oracle")],
+                      problem_error="the problem's Model could not be built: ValueError: boom"),
+         "the problem's Model could not be built: ValueError: boom"),
+        (_fake_record("unpaired", [_fake_gate("contract", "error", True, message="not judged: no problem 9_X.py")],
+                      problem_error="no problem 9_X.py"), "no problem 9_X.py"),
+        (_fake_record("no-cuda", [_fake_gate(g, "error", True, message="could not load the candidate: OSError: "
+                                             "CUDA_HOME environment variable is not set") for g in ("contract",)],
+                      environment_error=env, standard={"verdict": "error", "compiled": False}), env),
+        (_fake_record("build-fails", [_fake_gate(g, "error", True, message=f"not run: compile failed: {build} earlier")
+                                      for g in ("contract", "oracle")], error=f"compile failed: {build}",
+                      compile={"build_failed": True, "message": build}, standard={"verdict": "error", "compiled": False}),
+         "compile failed"),
+        (_fake_record("out-of-memory", ok[:1] + [_fake_gate("oracle", "error", message="CUDA out of memory. Tried to "
+                                                            "allocate 4.00 GiB")]),
+         "stopped at kgate's memory limits"),
+        (_fake_record("reference-raises", ok[:1] + [_fake_gate("oracle", "error", details={"role": "reference"},
+                                                               message="the reference raised ValueError")]),
+         "the problem's own code"),
+    ]
+
+
+def _console_line(record):
+    import io
+
+    from rich.console import Console
+
+    from kgate.commands.audit import _ConsoleProgress
+
+    buffer = io.StringIO()
+    progress = _ConsoleProgress(Console(file=buffer, width=400, highlight=False), 1, quiet=False)
+    progress.finished({**record, "duration_s": 1.0})
+    return buffer.getvalue()
+
+
+def test_what_the_console_says_of_a_record_names_each_finding():
+    for record, text in _findings_records():
+        line = _console_line(record)
+        assert text in line or record["gates"][0]["gate"] in line, (record["id"], line)
+        assert not line.lstrip().startswith("pass"), line
+    assert "violated: tamper" in _console_line(_findings_records()[0][0])
+
+
+def test_the_junit_xml_holds_every_finding_the_console_shows():
+    """A candidate that replaced a torch function the reference uses was a violation on the console while its
+    JUnit XML showed every testcase passing."""
+    import xml.etree.ElementTree as ET
+
+    from kgate.audit.report import to_report
+    from kgate.reports import junit
+
+    records = _findings_records()
+    root = ET.fromstring(junit.to_xml(to_report([r for r, _ in records], "corpus")))
+    for record, text in records:
+        (suite,) = [s for s in root.iter("testsuite") if s.get("name") == record["id"]]
+        bad = [e for case in suite.iter("testcase") for e in case if e.tag in ("failure", "error")]
+        assert bad, f"{record['id']}: every testcase passes in the JUnit XML; the console says {text!r}"
+        said = " ".join(f"{e.get('message')} {e.text}" for e in bad)
+        assert text in said, (record["id"], text, said)
+    (tamper,) = [c for c in root.iter("testcase") if c.get("name") == "tamper"]
+    assert "reproduce: kgate audit -k tampers" in tamper.find("failure").text
+
+
+def test_the_json_report_holds_every_finding_the_console_shows(tmp_path):
+    from kgate.audit.report import summarize, write_json
+    from kgate.report import Report
+
+    records = [r for r, _ in _findings_records()]
+    path = tmp_path / "audit.json"
+    write_json(path, records, summarize(records, ["contract", "oracle"]), "corpus")
+    report = Report.read(path)
+    assert report.exit_code == 1
+    for record, text in _findings_records():
+        (kernel,) = [k for k in report.kernels if k.name == record["id"]]
+        assert kernel.verdict != "pass", (record["id"], [g.message for g in kernel.gates])
+        assert any(text in g.message for g in kernel.violated), (record["id"], text, [g.message for g in kernel.gates])
+
+
+def test_the_pr_comment_holds_every_finding_the_console_shows(tmp_path):
+    from kgate.audit.report import to_report
+    from kgate.reports.github import comment_markdown
+
+    records = _findings_records()
+    body = comment_markdown(to_report([r for r, _ in records], "corpus"), key="k", fail_on="violation",
+                            workspace=tmp_path, run_exit_code=1)
+    assert "❌" in body
+    for record, text in records:
+        assert record["id"] in body and text in body, (record["id"], text)

@@ -34,7 +34,7 @@ from typing import Any
 
 from kgate.audit.evaluate import GPU_OOM
 from kgate.gates import base_name
-from kgate.gates.base import GateResult
+from kgate.gates.base import ERROR, FAIL, GateResult
 from kgate.report import KernelResult, Report, environment, now
 from kgate.runner import MEMORY_LIMIT
 
@@ -243,11 +243,40 @@ TIMELINE_EVENTS = ("waiting", "loading", "loaded", "standard", "gate_start", "do
 
 # -- kgate's own report formats ---------------------------------------------------------------------
 
+# The ids of the record-level findings in kgate's own reports (beside the gates' ids)
+TAMPER, NOT_JUDGED = "tamper", "not_judged"
+
+
+def record_findings(record: dict[str, Any]) -> list[GateResult]:
+    """What the console says of a candidate beyond its gates' results, as results of their own, so that
+    every report derived from kgate's (JUnit XML, the JSON report's kernels, GitHub's annotations, job
+    summary and PR comment) shows it too: `tamper` fails when the candidate modified the problem module or
+    torch functions the reference uses (a violation, tolerance-free), `not_judged` is an error that says why
+    a candidate has no verdict (its problem, this machine, kgate's memory limits, the problem's own code),
+    unless every gate's own error already says so."""
+    out = []
+    repro = record.get("repro")
+    if record.get("tamper"):
+        out.append(GateResult(TAMPER, FAIL, f"the candidate modified what it is judged against: {record['tamper']}",
+                              True, expected="the problem module and torch's functions as they were before the "
+                              "candidate was imported", got=str(record["tamper"]), repro=repro, broken=True))
+    c = classify(record)
+    if not c["judged"]:
+        reason = not_judged_reason(record, c)
+        said = record["gates"] and all(g["verdict"] == ERROR and reason in g["message"] for g in record["gates"])
+        if not said:
+            out.append(GateResult(NOT_JUDGED, ERROR, f"not judged: {reason}", False, repro=repro,
+                                  details={k: record[k] for k in ("problem_error", "environment_error", "error")
+                                           if record.get(k)}))
+    return out
+
+
 def to_report(records: list[dict[str, Any]], label: str) -> Report:
     kernels = []
     for r in records:
+        gates = [GateResult.from_json(g) for g in r["gates"]] + record_findings(r)
         kernels.append(KernelResult(name=r["id"], kernel=r["candidate"], reference=r.get("problem") or "",
-                                    device=r.get("device", ""), gates=[GateResult.from_json(g) for g in r["gates"]],
+                                    device=r.get("device", ""), gates=gates,
                                     source_file=r["candidate"], error=r.get("error") or r.get("problem_error"),
                                     log=r.get("log"), duration_s=float(r.get("duration_s") or 0)))
     return Report(manifest=label, kernels=kernels, environment=environment(), finished=now())

@@ -434,8 +434,11 @@ class _ConsoleProgress(SchedulerProgress):
             self.bar.update(self.task, advance=1, description=text)
         elif not self.quiet:
             std = (record.get("standard") or {}).get("verdict", "-")
-            said = (f"violated: {','.join(c['violated_gates']) or '-'}" if c["judged"]
+            flagged = [f.gate for f in audit_report.record_findings(record) if f.verdict == "fail"]  # tamper
+            said = (f"violated: {','.join(c['violated_gates'] + flagged) or '-'}" if c["judged"]
                     else f"why: {audit_report.not_judged_reason(record, c)[:160]}")
+            if record.get("tamper"):
+                said += f"; {str(record['tamper'])[:160]}"
             self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; {escape(said)}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
 
