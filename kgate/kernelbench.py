@@ -691,8 +691,36 @@ class PairEntry:
         self.inputs = None
 
 
+# --dtypes: the precisions a candidate is judged at (KernelBench's fp32/fp16/bf16: floating inputs and both
+# models' parameters cast to it, integer inputs untouched), and the standard test's tolerances at each
+# (KernelBench's get_tolerance_for_precision; float32 keeps v0/v0.1's 1e-2 first, its later 1e-4 recorded).
+AUDIT_DTYPES = ("float32", "float16", "bfloat16")
+STANDARD_TOLERANCES = {"float32": (1e-2, 1e-4), "float16": (1e-2,), "bfloat16": (1e-2,)}
+
+
+def gate_ids(gates: list[str], dtypes: list[str]) -> list[str]:
+    """The result ids of an audit's gates: the gate names at the default float32 alone, else one id per
+    gate and precision, `oracle[float16]`, precision by precision."""
+    if list(dtypes) == ["float32"]:
+        return list(gates)
+    return [f"{g}[{d}]" for d in dtypes for g in gates]
+
+
+def dtype_of_id(gate_id: str) -> str:
+    """The precision a result id judged (`oracle[float16]` -> float16; a plain name: float32)."""
+    _, bracket, rest = gate_id.partition("[")
+    return rest.rstrip("]") if bracket else "float32"
+
+
 def repro_command(audit_args: list[str], pair_id: str, gate: str | None) -> str:
-    parts = ["kgate", "audit", *audit_args, "-k", pair_id]
+    args = list(audit_args)
+    if gate and "[" in gate and "--dtypes" in args:  # that one precision alone
+        at = args.index("--dtypes")
+        del args[at:at + 2]
+    parts = ["kgate", "audit", *args, "-k", pair_id]
     if gate:
-        parts += ["--gate", gate]
+        name = gate.partition("[")[0]
+        if name != gate:
+            parts += ["--dtypes", dtype_of_id(gate)]
+        parts += ["--gate", name]
     return shlex.join(parts)
