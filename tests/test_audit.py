@@ -1760,3 +1760,35 @@ def test_the_pr_comment_holds_every_finding_the_console_shows(tmp_path):
     assert "❌" in body
     for record, text in records:
         assert record["id"] in body and text in body, (record["id"], text)
+
+
+def test_dtypes_judge_each_precision_with_its_own_verdicts_and_standard_test(tmp_path):
+    """--dtypes float32,float16: each candidate is judged at both, with results per precision in the record,
+    the JUnit XML and the report, and KernelBench's standard test at each precision's tolerance. A kernel
+    that returns float32 for float16 input is right at float32 and violates the contract at float16."""
+    out, junit_path, report = tmp_path / "run", tmp_path / "junit.xml", tmp_path / "report"
+    assert kgate_main(["audit", "--problems", str(CORPUS / "problems"),
+                       "--candidates", str(CORPUS / "dtypes" / "candidates"), "--device", "cpu",
+                       "--gate", "contract,oracle", "--dtypes", "float32,float16", "--out", str(out),
+                       "--junit", str(junit_path), "--report", str(report), "-q"]) == 1
+    records = _records(out)
+    correct, upcast = records["level1/19_ReLU"], records["level1/19_ReLU__float32_out"]
+    ids = ["contract[float32]", "oracle[float32]", "contract[float16]", "oracle[float16]"]
+    assert [g["gate"] for g in correct["gates"]] == ids
+    assert all(g["verdict"] == "pass" for g in correct["gates"]), correct["gates"]
+    assert {d: s["verdict"] for d, s in correct["standards"].items()} == {"float32": "pass", "float16": "pass"}
+    assert correct["standards"]["float16"]["tolerance"] == 1e-2 and correct["standard"]["verdict"] == "pass"
+    assert _gate(upcast, "contract[float32]")["verdict"] == "pass"
+    bad = _gate(upcast, "contract[float16]")
+    assert bad["verdict"] == "fail", bad["message"]
+    assert "--dtypes float16 --gate contract" in bad["repro"] and "float32,float16" not in bad["repro"]
+    assert upcast["standards"]["float32"]["verdict"] == "pass"
+    assert upcast["standards"]["float16"]["verdict"] != "pass"
+    xml = junit_path.read_text()
+    assert 'name="contract[float16]"' in xml and 'name="oracle[float32]"' in xml
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["per_dtype"]["float16"] == {"candidates": 2, "standard_accepts": 1, "violation": 1}
+    assert summary["per_dtype"]["float32"] == {"candidates": 2, "standard_accepts": 2, "violation": 0}
+    assert "## By precision" in (report / "report.md").read_text()
+    assert kgate_main(["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
+                       "--dtypes", "float8", "--out", str(tmp_path / "x")]) == 2
