@@ -1,7 +1,8 @@
 """The KernelBench format: problems (`Model`, `get_inputs()`, `get_init_inputs()`) and candidates
 (`ModelNew`), how they pair, and how one pair becomes a gate `Subject` inside a worker.
 
-Pairing: candidate `X.py` or `X__anything.py` goes with problem `X.py`. A candidate in a subfolder
+Pairing: candidate `X.py` or `X__anything.py` goes with problem `X.py`, the longest such `X` a problem has
+(upstream problem names hold `__` too). A candidate in a subfolder
 first looks for the problem under the same relative folder (`level1/X.py`), then anywhere under the
 problems folder; an index file (JSON or CSV with `candidate` and `problem` columns) overrides both.
 
@@ -84,10 +85,16 @@ def level_of(*paths: Path | str | None) -> int | None:
     return None
 
 
-def problem_key(candidate: Path) -> str:
-    """`X__sample3.py` -> `X`; `X.py` -> `X`."""
+def problem_keys(candidate: Path) -> list[str]:
+    """The problem names a candidate may go with, longest first: its whole stem, then the stem cut at each
+    `__` from the right. `A__b__sample3.py` -> [`A__b__sample3`, `A__b`, `A`]: upstream problem names hold
+    `__` themselves (`50_conv_standard_2D__square_input__square_kernel.py`), so the longest name that a
+    problem has wins."""
     stem = candidate.stem
-    return stem.split(PAIR_SEP, 1)[0] if PAIR_SEP in stem else stem
+    keys = [stem]
+    while PAIR_SEP in keys[-1]:
+        keys.append(keys[-1].rsplit(PAIR_SEP, 1)[0])
+    return [k for k in keys if k]
 
 
 def _python_files(root: Path) -> list[Path]:
@@ -119,19 +126,25 @@ def discover(problems: Path, candidates: Path, index: Path | None = None) -> lis
     pairs = []
     for cand in _python_files(candidates):
         rel = cand.relative_to(candidates)
-        key = problem_key(cand)
-        problem: Path | None = by_relpath.get((rel.parent / key).as_posix())
+        keys = problem_keys(cand)
+        problem: Path | None = None
         error = None
-        if problem is None:
+        for key in keys:  # the longest name a problem has: in the same subfolder, else anywhere
+            problem = by_relpath.get((rel.parent / key).as_posix())
+            if problem is not None:
+                break
             found = by_stem.get(key, [])
             if len(found) == 1:
                 problem = found[0]
-            elif len(found) > 1:
+                break
+            if len(found) > 1:
                 error = (f"problem name {key!r} is ambiguous: {', '.join(str(f) for f in found)}; put the candidate "
                          f"in the same subfolder as its problem or pair them with --index")
-            else:
-                error = (f"no problem {key}.py under {problems} (a candidate X.py or X__anything.py goes with "
-                         f"problem X.py; use --index to pair other names)")
+                break
+        if problem is None and error is None:
+            names = " or ".join(f"{k}.py" for k in keys)
+            error = (f"no problem {names} under {problems} (a candidate X.py or X__anything.py goes with "
+                     f"problem X.py; use --index to pair other names)")
         pairs.append(Pair(_candidate_id(cand, candidates), cand, problem, level_of(problem, rel), error))
     if not pairs:
         raise UsageError(f"--candidates {candidates}: no .py files found")
@@ -570,15 +583,21 @@ class ProblemInputs:
 
 
 class NoGrad:
-    """ModelNew called as KernelBench calls it: under torch.no_grad()."""
+    """ModelNew called as KernelBench calls it: under torch.no_grad(). With `seed`, every call draws from
+    torch's generators seeded with it (`kgate.oracle.seeded`), as the reference's `DtypeDispatch` with the
+    same seed does: a problem whose forward draws its own random tensors (the initial states of the LSTM
+    and GRU problems) gives both models the same draws, on every call."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, seed: int | None = None):
         self.model = model
+        self.seed = seed
 
     def __call__(self, *args: Any) -> Any:
         import torch
 
-        with torch.no_grad():
+        from kgate.oracle import seeded
+
+        with torch.no_grad(), seeded(self.seed):
             return self.model(*args)
 
 
@@ -592,13 +611,16 @@ def set_seed(seed: int) -> None:
 
 
 def to_device(values: Any, device: Any, dtype: Any = None) -> list[Any]:
-    """KernelBench's input processing: every tensor cast to the precision (when given), then moved."""
+    """KernelBench's input processing: every floating-point tensor cast to the precision (when given), every
+    tensor moved. Integer and boolean tensors (class indices, masks) keep their dtype and values: KernelBench
+    casts them too, and a cross-entropy problem's own Model then raises on float targets, so neither of
+    its candidates could be judged."""
     import torch
 
     out = []
     for v in values:
         if isinstance(v, torch.Tensor):
-            v = (v.to(dtype=dtype) if dtype is not None else v).to(device=device)
+            v = (v.to(dtype=dtype) if dtype is not None and v.is_floating_point() else v).to(device=device)
         out.append(v)
     return out
 
@@ -669,8 +691,36 @@ class PairEntry:
         self.inputs = None
 
 
+# --dtypes: the precisions a candidate is judged at (KernelBench's fp32/fp16/bf16: floating inputs and both
+# models' parameters cast to it, integer inputs untouched), and the standard test's tolerances at each
+# (KernelBench's get_tolerance_for_precision; float32 keeps v0/v0.1's 1e-2 first, its later 1e-4 recorded).
+AUDIT_DTYPES = ("float32", "float16", "bfloat16")
+STANDARD_TOLERANCES = {"float32": (1e-2, 1e-4), "float16": (1e-2,), "bfloat16": (1e-2,)}
+
+
+def gate_ids(gates: list[str], dtypes: list[str]) -> list[str]:
+    """The result ids of an audit's gates: the gate names at the default float32 alone, else one id per
+    gate and precision, `oracle[float16]`, precision by precision."""
+    if list(dtypes) == ["float32"]:
+        return list(gates)
+    return [f"{g}[{d}]" for d in dtypes for g in gates]
+
+
+def dtype_of_id(gate_id: str) -> str:
+    """The precision a result id judged (`oracle[float16]` -> float16; a plain name: float32)."""
+    _, bracket, rest = gate_id.partition("[")
+    return rest.rstrip("]") if bracket else "float32"
+
+
 def repro_command(audit_args: list[str], pair_id: str, gate: str | None) -> str:
-    parts = ["kgate", "audit", *audit_args, "-k", pair_id]
+    args = list(audit_args)
+    if gate and "[" in gate and "--dtypes" in args:  # that one precision alone
+        at = args.index("--dtypes")
+        del args[at:at + 2]
+    parts = ["kgate", "audit", *args, "-k", pair_id]
     if gate:
-        parts += ["--gate", gate]
+        name = gate.partition("[")[0]
+        if name != gate:
+            parts += ["--dtypes", dtype_of_id(gate)]
+        parts += ["--gate", name]
     return shlex.join(parts)

@@ -17,13 +17,16 @@ over a sweep of factors. Integer and boolean outputs must match exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import types
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from kgate.compare import index_of, map_tensors, on_device_of
 
@@ -211,12 +214,79 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
                      sensitivity=sensitivity)
 
 
+# Functions that draw random floating values in torch's default dtype (or, *_like, in their input's), and the
+# in-place draws into a tensor: what a reference that makes its own random tensors inside forward calls.
+_DRAWS = ("randn", "rand")
+_DRAWS_LIKE = ("randn_like", "rand_like")
+_DRAWS_INTO = ("normal_", "uniform_")
+
+
+class _DrawsAt(TorchFunctionMode):
+    """Random draws that would be float64 are made in `dtype` and upcast: from one generator state, torch
+    draws other values in float64 than in float32 (CPU and CUDA alike), so a float64 oracle that drew its
+    own `torch.randn` initial state would compute from another state than the reference and the kernel."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        name = getattr(func, "__name__", "")
+        if kwargs.get("out") is None and kwargs.get("dtype") is None:
+            if name in _DRAWS and torch.get_default_dtype() == torch.float64:
+                return func(*args, **{**kwargs, "dtype": self.dtype}).to(torch.float64)
+            if name in _DRAWS_LIKE and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+                return func(*args, **{**kwargs, "dtype": self.dtype}).to(torch.float64)
+        if name in _DRAWS_INTO and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+            target = args[0]
+            drawn = func(torch.empty(target.shape, dtype=self.dtype, device=target.device), *args[1:], **kwargs)
+            with torch.no_grad():
+                return target.copy_(drawn)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def float64_defaults(draws: torch.dtype | None = None) -> Iterator[None]:
+    """torch's default dtype set to float64 for the oracle's call, and restored after (whatever the call
+    raises): a reference that makes tensors inside forward (KernelBench's LSTM and GRU problems draw their
+    initial states with `torch.randn(...)`) makes them in float64, as its converted parameters are, instead
+    of raising 'mat1 and mat2 must have the same dtype'. Its random draws are made in `draws` (by default
+    the default dtype outside: what the reference at the kernel's dtype draws) and upcast, so the oracle
+    computes from the values the reference and the kernel drew from the same generator state."""
+    previous = torch.get_default_dtype()
+    draws = draws or previous
+    torch.set_default_dtype(torch.float64)
+    try:
+        with _DrawsAt(draws) if draws != torch.float64 else contextlib.nullcontext():
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None) -> Iterator[None]:
+    """torch's generators (the CPU's and CUDA's) seeded with `seed` for one call, their state restored after
+    (None: left alone). A model called under it draws the same random values on every call: the kernel
+    and the reference, each called under the same seed, draw the same initial states."""
+    if seed is None:
+        yield
+        return
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
+        torch.manual_seed(seed)
+        yield
+
+
 class DtypeDispatch:
     """A module called with the dtype/device of its first floating-point tensor argument: the float64
-    oracle gets a float64 deep copy of the reference model (made once per dtype and device)."""
+    oracle gets a float64 deep copy of the reference model (made once per dtype and device), called with
+    torch's default dtype float64 (`float64_defaults`). With `seed`, every call draws from torch's
+    generators seeded with it (`seeded`)."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, seed: int | None = None):
         self.model = model
+        self.seed = seed
         self._copies: dict[tuple[str, str], Any] = {}
 
     def _for(self, args: tuple) -> Any:
@@ -232,6 +302,13 @@ class DtypeDispatch:
             self._copies[key] = converted_copy(self.model, device=first.device, dtype=first.dtype)
         return self._copies[key]
 
+    def _own_dtype(self) -> torch.dtype | None:
+        return next((p.dtype for p in [*self.model.parameters(), *self.model.buffers()] if p.is_floating_point()),
+                    None)
+
     def __call__(self, *args: Any) -> Any:
-        with torch.no_grad():
+        first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+        oracle = first is not None and first.dtype == torch.float64 and self._own_dtype() != torch.float64
+        with torch.no_grad(), seeded(self.seed), float64_defaults(self._own_dtype()) if oracle \
+                else contextlib.nullcontext():
             return self._for(args)(*args)

@@ -16,6 +16,41 @@ from kgate.gates.base import ERROR, FAIL, PASS, SKIP, GateResult
 REPORT_SCHEMA = 1
 
 
+# Tolerance-based gates whose failure an unwritten output element can cause: what the element holds is
+# whatever the memory held, a small number as often as not.
+VALUE_GATES = ("oracle", "shapes", "layouts", "distributions", "accumulation")
+SEE_INITIALIZATION = "initialization"
+
+
+def attribute_unwritten(gates: list[GateResult]) -> None:
+    """The rule for a kernel whose outputs hold memory it never wrote: the finding is initialization's
+    (tolerance-free; its reproducer shows the same two values every time), and each tolerance-based failure
+    of the same phase says so, with `details["see"] = "initialization"`: at the shape where initialization
+    failed, the error is what that memory held, not the kernel's arithmetic (its reproducer gives another
+    value at every call); at another shape, it may be. Verdicts are kept: the kernel did fail those
+    gates. Applied once (a result read back from a report is not marked twice)."""
+    def phase(gate_id: str) -> tuple[str, str]:
+        name, bracket, rest = gate_id.partition("[")
+        return name, bracket + rest
+
+    unwritten = {phase(g.gate)[1]: g for g in gates if phase(g.gate)[0] == "initialization" and g.verdict == FAIL}
+    for g in gates:
+        name, suffix = phase(g.gate)
+        init = unwritten.get(suffix)
+        if (init is None or name not in VALUE_GATES or g.verdict != FAIL or g.tolerance_free
+                or (g.details or {}).get("see") == SEE_INITIALIZATION):
+            continue
+        shape = (init.case or {}).get("shape")
+        where = f"{init.where} at shape {shape}" if shape is not None else str(init.where)
+        same = shape is not None and (g.case or {}).get("shape") == shape
+        g.details = {**(g.details or {}), "see": SEE_INITIALIZATION}
+        g.message += (f"; at this shape the kernel leaves output element(s) unwritten ({init.gate} fails, "
+                      f"tolerance-free, first at {where}): this error is what that memory held, not arithmetic"
+                      if same else
+                      f"; the kernel leaves output element(s) unwritten ({init.gate} fails, tolerance-free, first "
+                      f"at {where}): this error may be what that memory held")
+
+
 @dataclass
 class KernelResult:
     name: str
@@ -30,6 +65,9 @@ class KernelResult:
     log: str | None = None
     duration_s: float = 0.0
     files: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        attribute_unwritten(self.gates)
 
     @property
     def verdict(self) -> str:

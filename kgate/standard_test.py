@@ -5,10 +5,11 @@ does this module, step for step:
 
 1. `torch.manual_seed(seed)` (seed 42 by default), then one trial seed per trial drawn as
    `torch.randint(0, 2**32 - 1, (1,))`; 5 trials.
-2. Per trial: seed with the trial seed (CPU and current CUDA generator), `get_inputs()`, every tensor
+2. Per trial: seed with the trial seed (CPU and current CUDA generator), `get_inputs()`, every floating tensor
    cast to the precision (float32) and moved to the device; the reference model, then the new model
    is called on the same inputs, with a device synchronization after each, all under
-   `torch.no_grad()`.
+   `torch.no_grad()`. (KernelBench casts integer tensors as well, so that a problem with class indices,
+   cross-entropy's targets, raises in its own Model there: the one step the replica does otherwise.)
 3. An output shape different from the reference's ends the test at once (rejected); an exception from
    the new model ends it at once (rejected, a runtime error); otherwise the trial passes when
    `torch.allclose(output, output_new, atol=tol, rtol=tol)` (so NaN anywhere fails) and the test

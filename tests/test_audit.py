@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1183,7 +1184,8 @@ def _fake_record(id_, gates, **extra):
 
 
 def _fake_gate(name, verdict, broken=False, details=None, message="m"):
-    return {"gate": name, "verdict": verdict, "broken": broken, "details": details or {}, "message": message}
+    return {"gate": name, "verdict": verdict, "broken": broken, "details": details or {}, "message": message,
+            "tolerance_free": False}
 
 
 def test_the_summary_counts_failures_only_on_empty_inputs_apart():
@@ -1629,3 +1631,187 @@ def test_judges_take_the_earliest_candidate_in_the_given_order_whatever_order_th
     plan = scheduler.Plan(devices=["cpu"], slots=1, compile_jobs=4)
     assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, lambda record: None) == 4
     assert started == ["a", "b", "c", "d"]
+
+
+INTEGER = DATA / "kernelbench" / "integer"
+INPUT_GATES = "contract,oracle,special_values,shapes,layouts,distributions,accumulation,input_integrity"
+
+
+def test_integer_inputs_reach_the_problem_unchanged_and_every_probe_keeps_them_legal(tmp_path):
+    """A cross-entropy problem's get_inputs() gives int64 class indices: the standard test cast them to
+    float32, the problem's own Model raised, and both of its candidates ended not judged. Every gate that
+    makes inputs must leave them valid indices too: the reference would raise on any other value, and the
+    gate would skip the probe or not judge at all."""
+    out = tmp_path / "run"
+    assert kgate_main(["audit", "--problems", str(INTEGER / "problems"), "--candidates", str(INTEGER / "candidates"),
+                       "--device", "cpu", "--gate", INPUT_GATES, "--out", str(out), "-q"]) == 1
+    records = _records(out)
+    correct, wrong = records["level1/95_CrossEntropyLoss"], records["level1/95_CrossEntropyLoss__first_class"]
+    for r in (correct, wrong):
+        assert r["problem_error"] is None, r["problem_error"]
+    assert correct["standard"]["verdict"] == "pass", correct["standard"]
+    for g in correct["gates"]:
+        assert g["verdict"] == "pass", (g["gate"], g["message"])
+        assert "rejects" not in g["message"], (g["gate"], g["message"])  # no probe the reference refused
+    assert wrong["standard"]["verdict"] == "fail"
+    assert _gate(wrong, "oracle")["verdict"] == "fail"
+
+
+DRAWS = DATA / "kernelbench" / "draws"
+
+
+def test_a_reference_that_draws_its_initial_state_inside_forward_is_judged(tmp_path):
+    """KernelBench's LSTM and GRU problems draw h0/c0 with torch.randn in forward, in torch's default dtype:
+    the float64 oracle raised 'mat1 and mat2 must have the same dtype', so they could never be judged. Now
+    the oracle runs with float64 as the default dtype and both models draw from the same seed: the oracle
+    computes from the reference's own draws (its error against the reference stays at rounding level), a
+    candidate that draws them the same way passes and one that starts from zeros fails."""
+    out = tmp_path / "run"
+    assert kgate_main(["audit", "--problems", str(DRAWS / "problems"), "--candidates", str(DRAWS / "candidates"),
+                       "--device", "cpu", "--gate", "contract,oracle,determinism", "--out", str(out), "-q"]) == 1
+    records = _records(out)
+    correct, zeros = records["level3/35_LSTM"], records["level3/35_LSTM__zero_state"]
+    assert correct["problem_error"] is None and zeros["problem_error"] is None
+    for g in correct["gates"]:
+        assert g["verdict"] == "pass", (g["gate"], g["message"])
+    missed = _gate(zeros, "oracle")
+    assert missed["verdict"] == "fail", missed["message"]
+    ref_err = float(re.search(r"x reference error (\S+)", missed["message"]).group(1))
+    assert ref_err < 1e-5, missed["message"]  # the oracle drew what the reference drew, upcast
+    assert _gate(zeros, "determinism")["verdict"] == "pass"
+
+
+def _findings_records():
+    """One record per kind of record-level finding, as kgate.audit.evaluate writes them, with the text the
+    console shows for it."""
+    return [({"candidate": f"c/{r['id']}.py", "problem": "p/x.py", "device": "cpu",
+              "repro": f"kgate audit -k {r['id']}", **r}, text) for r, text in _findings_kinds()]
+
+
+def _findings_kinds():
+    ok = [_fake_gate(g, "pass") for g in ("contract", "oracle")]
+    build = "Error building extension 'relu_ext': nvcc exited 1"
+    env = "this machine cannot run the candidate (CUDA_HOME environment variable is not set); audit it on a CUDA host"
+    return [
+        (_fake_record("tampers", ok, tamper="the candidate replaced torch functions the reference uses too: "
+                      "torch.relu"), "the candidate replaced torch functions the reference uses too: torch.relu"),
+        (_fake_record("problem-broken", [_fake_gate(g, "error", True, message="not judged: the problem's Model could "
+                                                    "not be built: ValueError: boom") for g in ("contract", "oracle")],
+                      problem_error="the problem's Model could not be built: ValueError: boom"),
+         "the problem's Model could not be built: ValueError: boom"),
+        (_fake_record("unpaired", [_fake_gate("contract", "error", True, message="not judged: no problem 9_X.py")],
+                      problem_error="no problem 9_X.py"), "no problem 9_X.py"),
+        (_fake_record("no-cuda", [_fake_gate(g, "error", True, message="could not load the candidate: OSError: "
+                                             "CUDA_HOME environment variable is not set") for g in ("contract",)],
+                      environment_error=env, standard={"verdict": "error", "compiled": False}), env),
+        (_fake_record("build-fails", [_fake_gate(g, "error", True, message=f"not run: compile failed: {build} earlier")
+                                      for g in ("contract", "oracle")], error=f"compile failed: {build}",
+                      compile={"build_failed": True, "message": build}, standard={"verdict": "error", "compiled": False}),
+         "compile failed"),
+        (_fake_record("out-of-memory", ok[:1] + [_fake_gate("oracle", "error", message="CUDA out of memory. Tried to "
+                                                            "allocate 4.00 GiB")]),
+         "stopped at kgate's memory limits"),
+        (_fake_record("reference-raises", ok[:1] + [_fake_gate("oracle", "error", details={"role": "reference"},
+                                                               message="the reference raised ValueError")]),
+         "the problem's own code"),
+    ]
+
+
+def _console_line(record):
+    import io
+
+    from rich.console import Console
+
+    from kgate.commands.audit import _ConsoleProgress
+
+    buffer = io.StringIO()
+    progress = _ConsoleProgress(Console(file=buffer, width=400, highlight=False), 1, quiet=False)
+    progress.finished({**record, "duration_s": 1.0})
+    return buffer.getvalue()
+
+
+def test_what_the_console_says_of_a_record_names_each_finding():
+    for record, text in _findings_records():
+        line = _console_line(record)
+        assert text in line or record["gates"][0]["gate"] in line, (record["id"], line)
+        assert not line.lstrip().startswith("pass"), line
+    assert "violated: tamper" in _console_line(_findings_records()[0][0])
+
+
+def test_the_junit_xml_holds_every_finding_the_console_shows():
+    """A candidate that replaced a torch function the reference uses was a violation on the console while its
+    JUnit XML showed every testcase passing."""
+    import xml.etree.ElementTree as ET
+
+    from kgate.audit.report import to_report
+    from kgate.reports import junit
+
+    records = _findings_records()
+    root = ET.fromstring(junit.to_xml(to_report([r for r, _ in records], "corpus")))
+    for record, text in records:
+        (suite,) = [s for s in root.iter("testsuite") if s.get("name") == record["id"]]
+        bad = [e for case in suite.iter("testcase") for e in case if e.tag in ("failure", "error")]
+        assert bad, f"{record['id']}: every testcase passes in the JUnit XML; the console says {text!r}"
+        said = " ".join(f"{e.get('message')} {e.text}" for e in bad)
+        assert text in said, (record["id"], text, said)
+    (tamper,) = [c for c in root.iter("testcase") if c.get("name") == "tamper"]
+    assert "reproduce: kgate audit -k tampers" in tamper.find("failure").text
+
+
+def test_the_json_report_holds_every_finding_the_console_shows(tmp_path):
+    from kgate.audit.report import summarize, write_json
+    from kgate.report import Report
+
+    records = [r for r, _ in _findings_records()]
+    path = tmp_path / "audit.json"
+    write_json(path, records, summarize(records, ["contract", "oracle"]), "corpus")
+    report = Report.read(path)
+    assert report.exit_code == 1
+    for record, text in _findings_records():
+        (kernel,) = [k for k in report.kernels if k.name == record["id"]]
+        assert kernel.verdict != "pass", (record["id"], [g.message for g in kernel.gates])
+        assert any(text in g.message for g in kernel.violated), (record["id"], text, [g.message for g in kernel.gates])
+
+
+def test_the_pr_comment_holds_every_finding_the_console_shows(tmp_path):
+    from kgate.audit.report import to_report
+    from kgate.reports.github import comment_markdown
+
+    records = _findings_records()
+    body = comment_markdown(to_report([r for r, _ in records], "corpus"), key="k", fail_on="violation",
+                            workspace=tmp_path, run_exit_code=1)
+    assert "❌" in body
+    for record, text in records:
+        assert record["id"] in body and text in body, (record["id"], text)
+
+
+def test_dtypes_judge_each_precision_with_its_own_verdicts_and_standard_test(tmp_path):
+    """--dtypes float32,float16: each candidate is judged at both, with results per precision in the record,
+    the JUnit XML and the report, and KernelBench's standard test at each precision's tolerance. A kernel
+    that returns float32 for float16 input is right at float32 and violates the contract at float16."""
+    out, junit_path, report = tmp_path / "run", tmp_path / "junit.xml", tmp_path / "report"
+    assert kgate_main(["audit", "--problems", str(CORPUS / "problems"),
+                       "--candidates", str(CORPUS / "dtypes" / "candidates"), "--device", "cpu",
+                       "--gate", "contract,oracle", "--dtypes", "float32,float16", "--out", str(out),
+                       "--junit", str(junit_path), "--report", str(report), "-q"]) == 1
+    records = _records(out)
+    correct, upcast = records["level1/19_ReLU"], records["level1/19_ReLU__float32_out"]
+    ids = ["contract[float32]", "oracle[float32]", "contract[float16]", "oracle[float16]"]
+    assert [g["gate"] for g in correct["gates"]] == ids
+    assert all(g["verdict"] == "pass" for g in correct["gates"]), correct["gates"]
+    assert {d: s["verdict"] for d, s in correct["standards"].items()} == {"float32": "pass", "float16": "pass"}
+    assert correct["standards"]["float16"]["tolerance"] == 1e-2 and correct["standard"]["verdict"] == "pass"
+    assert _gate(upcast, "contract[float32]")["verdict"] == "pass"
+    bad = _gate(upcast, "contract[float16]")
+    assert bad["verdict"] == "fail", bad["message"]
+    assert "--dtypes float16 --gate contract" in bad["repro"] and "float32,float16" not in bad["repro"]
+    assert upcast["standards"]["float32"]["verdict"] == "pass"
+    assert upcast["standards"]["float16"]["verdict"] != "pass"
+    xml = junit_path.read_text()
+    assert 'name="contract[float16]"' in xml and 'name="oracle[float32]"' in xml
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["per_dtype"]["float16"] == {"candidates": 2, "standard_accepts": 1, "violation": 1}
+    assert summary["per_dtype"]["float32"] == {"candidates": 2, "standard_accepts": 2, "violation": 0}
+    assert "## By precision" in (report / "report.md").read_text()
+    assert kgate_main(["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
+                       "--dtypes", "float8", "--out", str(tmp_path / "x")]) == 2

@@ -88,3 +88,34 @@ def test_guarded_buffer_reports_writes_outside_the_view():
     g2 = Guarded(torch.zeros(5), 64, SENTINEL_BYTE, "u")
     g2.buffer[g2.guard + 5] = 0.0  # right after the end
     assert "past its last element" in g2.check()
+
+
+def _shaped(seed, shape=None):
+    torch.manual_seed(seed)
+    return (torch.randn(shape or (16, 37)),)
+
+
+def test_a_tail_unwritten_only_off_the_declared_shapes_is_initializations_finding():
+    """A kernel that writes whole blocks of 8 rows is complete at a declared 16 rows; at a batch of 1 its
+    output is what the memory held, which the shapes gate reported as a small numeric error (another at every
+    call). The initialization gate judges the shapes gate's first edge shapes too: a tolerance-free fail."""
+    from gates.initialization.correct import reference, softmax_blocked
+    from gates.initialization.violating import softmax_blocked_whole_rows_only
+
+    result = check("initialization", softmax_blocked_whole_rows_only, reference, _shaped, shapes=[[16, 37]])
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert result.details["edge_shape"] and "edge shape" in result.message
+    assert result.case["shape"] != [16, 37], result.case
+    correct = check("initialization", softmax_blocked, reference, _shaped, shapes=[[16, 37]])
+    assert correct.verdict == "pass" and "edge shape(s)" in correct.message, correct.message
+
+
+def test_an_edge_shape_the_kernel_rejects_is_left_to_the_shapes_gate():
+    def sixteen_rows_only(x):
+        if x.shape[0] != 16:
+            raise ValueError("16 rows only")
+        return torch.softmax(x, dim=-1)
+
+    result = check("initialization", sixteen_rows_only, lambda x: torch.softmax(x, dim=-1), _shaped,
+                   shapes=[[16, 37]])
+    assert result.verdict == "pass", result.message

@@ -37,6 +37,26 @@ def test_pairing_by_name_and_double_underscore(tmp_path):
     assert "no problem 99_Missing.py" in pairs["99_Missing"].problem_error
 
 
+def test_a_problem_name_holding_double_underscores_pairs_by_its_longest_name(tmp_path):
+    """Upstream level-1 names hold `__` (50_conv_standard_2D__square_input__square_kernel.py): a candidate of
+    exactly that name, or that name plus `__sample`, goes with it, not with a problem `50_conv_standard_2D`."""
+    name = "50_conv_standard_2D__square_input__square_kernel"
+    _touch(tmp_path / "p" / "level1" / f"{name}.py")
+    _touch(tmp_path / "p" / "level1" / "50_conv_standard_2D.py")  # a shorter name that must not win
+    _touch(tmp_path / "c" / f"{name}.py")
+    _touch(tmp_path / "c" / f"{name}__sample_2.py")
+    _touch(tmp_path / "c" / "50_conv_standard_2D__square_input__other.py")
+    _touch(tmp_path / "c" / "7_Nothing__square_input__x.py")
+    pairs = {p.id: p for p in kb.discover(tmp_path / "p", tmp_path / "c")}
+    assert pairs[name].problem == tmp_path / "p" / "level1" / f"{name}.py", pairs[name]
+    assert pairs[f"{name}__sample_2"].problem == pairs[name].problem
+    assert pairs["50_conv_standard_2D__square_input__other"].problem.name == "50_conv_standard_2D.py"
+    missing = pairs["7_Nothing__square_input__x"]
+    assert missing.problem is None
+    assert "no problem 7_Nothing__square_input__x.py or 7_Nothing__square_input.py or 7_Nothing.py" in \
+        missing.problem_error, missing.problem_error
+
+
 def test_same_subfolder_wins_and_ambiguity_is_explained(tmp_path):
     _touch(tmp_path / "p" / "level1" / "1_X.py")
     _touch(tmp_path / "p" / "level2" / "1_X.py")
@@ -367,3 +387,51 @@ def test_a_closure_cell_that_is_still_empty_is_copied_as_empty():
     dup = converted_copy(module, device=torch.device("cpu"), dtype=torch.float64)
     with pytest.raises(NameError):
         dup.hook()
+
+
+def test_kernelbench_input_processing_casts_floating_tensors_only():
+    ints, mask, x = torch.arange(5), torch.tensor([True, False]), torch.ones(3, dtype=torch.float64)
+    out = kb.to_device([ints, mask, x, 7], "cpu", torch.float16)
+    assert out[0].dtype == torch.int64 and torch.equal(out[0], ints)
+    assert out[1].dtype == torch.bool and torch.equal(out[1], mask)
+    assert out[2].dtype == torch.float16 and out[3] == 7
+
+
+class _DrawsInForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(20, 20)
+
+    def forward(self, x):
+        state = torch.randn(x.shape[0], 20)  # torch's default dtype, as KernelBench's LSTM problems draw
+        noise = torch.empty_like(x).normal_()
+        return self.w(x + state) + noise
+
+
+def test_the_float64_oracle_runs_in_float64_and_draws_what_the_reference_draws():
+    from kgate.oracle import DtypeDispatch
+
+    torch.manual_seed(0)
+    model, x = _DrawsInForward(), torch.rand(4, 20)
+    dispatch = DtypeDispatch(model, seed=5)
+    reference = dispatch(x)
+    oracle = dispatch(x.double())  # raised 'mat1 and mat2 must have the same dtype'
+    assert oracle.dtype == torch.float64 and torch.get_default_dtype() == torch.float32
+    assert (oracle - reference.double()).abs().max() < 1e-5  # the same draws, upcast
+    assert torch.equal(dispatch(x), reference)  # every call draws from the same seed
+    rng = torch.get_rng_state()
+    kb.NoGrad(model, seed=5)(x)
+    assert torch.equal(torch.get_rng_state(), rng)  # the generator's state is left as it was
+
+
+def test_the_default_dtype_is_restored_when_the_oracle_raises():
+    from kgate.oracle import DtypeDispatch
+
+    class Raises(torch.nn.Linear):
+        def forward(self, x):
+            assert torch.get_default_dtype() == torch.float64
+            raise ValueError("outside the domain")
+
+    with pytest.raises(ValueError):
+        DtypeDispatch(Raises(2, 2))(torch.ones(2, dtype=torch.float64))
+    assert torch.get_default_dtype() == torch.float32

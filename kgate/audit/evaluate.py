@@ -21,7 +21,7 @@ from typing import Any
 from kgate import gates as registry
 from kgate.audit.turns import open_turns
 from kgate.gates.base import GateResult
-from kgate.kernelbench import WORK_ELEMENTS, Pair, repro_command, source_digest
+from kgate.kernelbench import WORK_ELEMENTS, Pair, gate_ids, repro_command, source_digest
 from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, detached_result, supervise
 from kgate.standard_test import StandardResult, not_loaded
 
@@ -51,6 +51,12 @@ class AuditOptions:
     work_elements: int = WORK_ELEMENTS  # 0: every gate at the problem's own shape
     pch: bool = False  # workers keep the parent's precompiled torch/extension.h (kgate.audit.pch)
     corpus: list[str] = field(default_factory=list)  # the problems' and candidates' folders: a worker reads them
+    dtypes: list[str] = field(default_factory=lambda: ["float32"])  # --dtypes: the precisions judged
+
+    @property
+    def gate_ids(self) -> list[str]:
+        """The result ids each record holds (one per gate and precision beyond the default float32)."""
+        return gate_ids(self.gates, self.dtypes)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "out_dir": str(self.out_dir)}
@@ -291,7 +297,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
     GPU's memory; its standard test stands when no memory limit touched it (kept_standard), and so does
     a tampering it saw; the gates run again."""
     started = time.perf_counter()
-    names = list(options.gates)
+    names = options.gate_ids
     record: dict[str, Any] = {"id": pair.id, "candidate": str(pair.candidate), "problem": str(pair.problem or ""),
                               "problem_name": pair.problem_name, "level": pair.level, "labels": pair.labels,
                               "device": device, "compile": compiled, "standard": None, "gates": [], "error": None,
@@ -336,7 +342,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                "gate_seeds": options.gate_seeds, "work_elements": options.work_elements,
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
                "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads, "pch": options.pch,
-               "turns": turns}
+               "turns": turns, "dtypes": options.dtypes}
 
         def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining,
                      first: bool = attempt == 0) -> str | None:
@@ -352,8 +358,13 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                 record["notes"].update(event.get("notes") or {})
                 return "the standard test"
             if kind == "standard" and isinstance(event.get("result"), dict):
-                record["standard"] = StandardResult.from_json(event["result"]).to_json()
-                record["standard_s"] = event.get("seconds")
+                result = StandardResult.from_json(event["result"]).to_json()
+                dtype = event.get("dtype")
+                if len(options.dtypes) > 1 and dtype in options.dtypes:  # each precision's own verdict
+                    record.setdefault("standards", {})[dtype] = result
+                if dtype in (None, options.dtypes[0]):  # `standard`: the first precision's
+                    record["standard"] = result
+                record["standard_s"] = round((record["standard_s"] or 0) + (event.get("seconds") or 0), 3)
                 return ""
             if kind == "gate_start" and event.get("gate") in remaining:
                 state["current"] = event["gate"]

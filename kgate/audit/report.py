@@ -34,7 +34,8 @@ from typing import Any
 
 from kgate.audit.evaluate import GPU_OOM
 from kgate.gates import base_name
-from kgate.gates.base import GateResult
+from kgate.gates.base import ERROR, FAIL, GateResult
+from kgate.kernelbench import dtype_of_id
 from kgate.report import KernelResult, Report, environment, now
 from kgate.runner import MEMORY_LIMIT
 
@@ -96,10 +97,12 @@ def classify(record: dict[str, Any]) -> dict[str, Any]:
     # wrong on contiguous inputs of the sizes it was written for (or its working shape), the nearest
     # reading of the standard test's own setting.
     as_given = [g for g in violations if base_name(g["gate"]) not in AS_GIVEN_ASIDE]
+    standards = record.get("standards") or {}  # --dtypes: each precision's own; accepted only at every one
     return {
         "judged": judged,
         "empty_only": judged and empty_only,
-        "standard_accepts": standard.get("verdict") == "pass",
+        "standard_accepts": (all(s.get("verdict") == "pass" for s in standards.values()) if standards
+                             else standard.get("verdict") == "pass"),
         "standard_accepts_1e-4": bool((standard.get("accepted_at") or {}).get("0.0001")),
         "violation": judged and (bool(violations) or tamper),
         "broken": judged and (any(g.get("broken") for g in violations) or tamper or crashed),
@@ -179,6 +182,17 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str], selected: in
         for g in r["gates"]:
             if g["verdict"] == "skip":
                 not_applied[problem].setdefault(g["gate"], g["message"])
+    per_dtype: dict[str, dict[str, int]] = defaultdict(lambda: Counter())
+    for r, _ in judged:
+        standards = r.get("standards") or {}
+        if not standards and not any("[" in g["gate"] for g in r["gates"]):
+            continue  # the default float32 alone
+        violated = {dtype_of_id(g["gate"]) for g in _violations(r)}
+        for dtype in dict.fromkeys([*standards, *(dtype_of_id(g["gate"]) for g in r["gates"])]):
+            row = per_dtype[dtype]
+            row["candidates"] += 1
+            row["standard_accepts"] += (standards.get(dtype) or {}).get("verdict") == "pass"
+            row["violation"] += dtype in violated or bool(r.get("tamper"))
     harness = [(r, c) for r, c in judged if "harness_correct" in (r.get("labels") or {})]
     harness_summary = None
     if harness:
@@ -216,6 +230,7 @@ def summarize(records: list[dict[str, Any]], gate_names: list[str], selected: in
         "retried_wider_after_oom": sum(bool(r.get("retried_wider")) for r, _ in judged),
         "wider_for_problem": sum(bool(r.get("wider")) and not r.get("retried_wider") for r, _ in judged),
         "confusion": confusion, "per_gate": per_gate, "per_level": {k: dict(v) for k, v in sorted(per_level.items())},
+        "per_dtype": {k: dict(v) for k, v in per_dtype.items()},
         "not_applied": {k: v for k, v in sorted(not_applied.items()) if v},
         "working_shape": dict(sorted(working.items())),
         "harness": harness_summary,
@@ -243,11 +258,40 @@ TIMELINE_EVENTS = ("waiting", "loading", "loaded", "standard", "gate_start", "do
 
 # -- kgate's own report formats ---------------------------------------------------------------------
 
+# The ids of the record-level findings in kgate's own reports (beside the gates' ids)
+TAMPER, NOT_JUDGED = "tamper", "not_judged"
+
+
+def record_findings(record: dict[str, Any]) -> list[GateResult]:
+    """What the console says of a candidate beyond its gates' results, as results of their own, so that
+    every report derived from kgate's (JUnit XML, the JSON report's kernels, GitHub's annotations, job
+    summary and PR comment) shows it too: `tamper` fails when the candidate modified the problem module or
+    torch functions the reference uses (a violation, tolerance-free), `not_judged` is an error that says why
+    a candidate has no verdict (its problem, this machine, kgate's memory limits, the problem's own code),
+    unless every gate's own error already says so."""
+    out = []
+    repro = record.get("repro")
+    if record.get("tamper"):
+        out.append(GateResult(TAMPER, FAIL, f"the candidate modified what it is judged against: {record['tamper']}",
+                              True, expected="the problem module and torch's functions as they were before the "
+                              "candidate was imported", got=str(record["tamper"]), repro=repro, broken=True))
+    c = classify(record)
+    if not c["judged"]:
+        reason = not_judged_reason(record, c)
+        said = record["gates"] and all(g["verdict"] == ERROR and reason in g["message"] for g in record["gates"])
+        if not said:
+            out.append(GateResult(NOT_JUDGED, ERROR, f"not judged: {reason}", False, repro=repro,
+                                  details={k: record[k] for k in ("problem_error", "environment_error", "error")
+                                           if record.get(k)}))
+    return out
+
+
 def to_report(records: list[dict[str, Any]], label: str) -> Report:
     kernels = []
     for r in records:
+        gates = [GateResult.from_json(g) for g in r["gates"]] + record_findings(r)
         kernels.append(KernelResult(name=r["id"], kernel=r["candidate"], reference=r.get("problem") or "",
-                                    device=r.get("device", ""), gates=[GateResult.from_json(g) for g in r["gates"]],
+                                    device=r.get("device", ""), gates=gates,
                                     source_file=r["candidate"], error=r.get("error") or r.get("problem_error"),
                                     log=r.get("log"), duration_s=float(r.get("duration_s") or 0)))
     return Report(manifest=label, kernels=kernels, environment=environment(), finished=now())
@@ -480,6 +524,16 @@ def write_markdown(folder: Path, summary: dict[str, Any], records: list[dict[str
     lines.append("")
     if "gate_failure_rates.png" in images:
         lines += ["![failure rate per gate](gate_failure_rates.png)", ""]
+    if summary.get("per_dtype"):
+        lines += ["## By precision (`--dtypes`)", "",
+                  "Each precision judged on its own: inputs and both models cast to it, the standard test at "
+                  "KernelBench's tolerance for it (1e-2 for float16 and bfloat16), the gates' results under ids "
+                  "such as `oracle[float16]`. The standard test accepts a candidate above only at every one.", "",
+                  "| precision | candidates | standard accepts | violation |", "|---|---:|---:|---:|"]
+        for dtype, row in summary["per_dtype"].items():
+            lines.append(f"| {dtype} | {row.get('candidates', 0)} | {row.get('standard_accepts', 0)} | "
+                         f"{row.get('violation', 0)} |")
+        lines.append("")
     lines += ["## By level", "", "| level | candidates | standard accepts | violation | broken | every gate passes |",
               "|---|---:|---:|---:|---:|---:|"]
     for level, row in summary["per_level"].items():

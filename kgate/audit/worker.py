@@ -62,7 +62,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     from kgate import gates as registry
     from kgate import kernelbench as kb
     from kgate import standard_test
-    from kgate.inputs import Case, InputFactory
+    from kgate.inputs import Case, InputFactory, dtype_of
     from kgate.oracle import DtypeDispatch
     from kgate.subject import Subject
 
@@ -104,10 +104,13 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     run_standard = job.get("standard", True)
     seed = job.get("seed", kb.DEFAULT_SEED)
-    try:  # the reference is built before the candidate's code runs, as KernelBench does
-        reference, init_inputs = kb.build_reference(reference_module, device, seed)
+    dtypes: list[str] = job.get("dtypes") or ["float32"]
+    built: dict[str, tuple[Any, list[Any]]] = {}
+    try:  # the references are built before the candidate's code runs, as KernelBench does
+        for dtype in dtypes:
+            built[dtype] = kb.build_reference(reference_module, device, seed, dtype_of(dtype))
     except kb.ProblemError as exc:
-        channel.send("problem_error", message=str(exc))
+        channel.send("problem_error", message=str(exc) + (f" (at {dtype})" if len(dtypes) > 1 else ""))
         return
     start = time.perf_counter()
     try:
@@ -123,31 +126,38 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         return
     channel.send("loaded", seconds=round(time.perf_counter() - start, 3), free_dims=dims.names,
                  defaults=dims.defaults, notes={"shapes": dims.note} if dims.note else {})
-    try:
-        candidate = kb.build_candidate(model_new, init_inputs, device, seed)
-    except BaseException as exc:  # noqa: BLE001
-        message = f"ModelNew could not be built: {type(exc).__name__}: {exc}"
-        if run_standard:
-            channel.send("standard", result=standard_test.not_loaded(message, compiled=True).to_json())
-        all_error(message, traceback.format_exc())
-        if context_lost(message):
-            channel.send("poisoned", message=message)
-        return
+    models: dict[str, tuple[Any, Any]] = {}  # dtype -> (reference, candidate)
+    for dtype in dtypes:
+        reference, init_inputs = built[dtype]
+        try:
+            models[dtype] = (reference, kb.build_candidate(model_new, init_inputs, device, seed, dtype_of(dtype)))
+        except BaseException as exc:  # noqa: BLE001
+            message = f"ModelNew could not be built: {type(exc).__name__}: {exc}"
+            if run_standard:
+                channel.send("standard", result=standard_test.not_loaded(message, compiled=True).to_json())
+            all_error(message, traceback.format_exc())
+            if context_lost(message):
+                channel.send("poisoned", message=message)
+            return
     found = tampered()
     if found:
         channel.send("tamper", message=found)
-    if run_standard:
+    for dtype in dtypes if run_standard else []:
+        reference, candidate = models[dtype]
         started = time.perf_counter()
         try:
-            verdict = standard_test.run(reference, candidate, inputs_module.get_inputs, device, seed=seed)
+            verdict = standard_test.run(reference, candidate, inputs_module.get_inputs, device, seed=seed,
+                                        tolerances=kb.STANDARD_TOLERANCES[dtype], precision=dtype_of(dtype))
         except BaseException as exc:  # noqa: BLE001 - the reference raised: the problem's fault
             code = getattr(inputs_module.get_inputs, "__code__", None)
             part = ("get_inputs()" if any(frame.f_code is code for frame, _ in traceback.walk_tb(exc.__traceback__))
                     else "Model")
-            channel.send("problem_error", message=f"the problem's {part} raised in the standard test: "
+            at = f" at {dtype}" if len(dtypes) > 1 else ""
+            channel.send("problem_error", message=f"the problem's {part} raised in the standard test{at}: "
                                                   f"{type(exc).__name__}: {exc}")
             return
-        channel.send("standard", result=verdict.to_json(), seconds=round(time.perf_counter() - started, 3))
+        channel.send("standard", result=verdict.to_json(), seconds=round(time.perf_counter() - started, 3),
+                     dtype=dtype)
         if context_lost(verdict.message) and verdict.verdict == standard_test.ERROR:
             channel.send("poisoned", message=verdict.message)
             return
@@ -161,7 +171,9 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     class PairSubject(Subject):
         def repro(self, gate: str, case: Case | None = None) -> str:
-            return kb.repro_command(audit_args, job["id"], gate)
+            dtype = (case or self.cases[0]).dtype
+            judged = gate if "[" in gate or dtypes == ["float32"] else f"{gate}[{dtype}]"  # its result id
+            return kb.repro_command(audit_args, job["id"], judged)
 
         def conform(self, original: tuple, probe: tuple) -> tuple:
             return kb.conform(original, probe)  # triangular/diagonal/symmetric inputs stay so
@@ -169,29 +181,36 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         def structural_zeros(self, args: tuple) -> bool:
             return any(kb.matrix_structure(a) in kb.ZERO_STRUCTURES for a in args)
 
-    def subject_at(shape: tuple[int, ...] | None) -> PairSubject:
-        entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, ["float32"],
+    def subject_at(shape: tuple[int, ...] | None, dtype: str = "float32") -> PairSubject:
+        entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, [dtype],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),
                              device=job["device"])
-        return PairSubject(entry, kb.NoGrad(candidate), DtypeDispatch(reference), factory, device,
-                           [Case(shape, "float32", s) for s in seeds], repro_manifest=str(problem_path))
+        reference, candidate = models[dtype]
+        # both models draw what their forward draws from the same seed (kgate.oracle.seeded)
+        return PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), factory, device,
+                           [Case(shape, dtype, s) for s in seeds], repro_manifest=str(problem_path))
 
-    own = subject_at(tuple(dims.defaults) if dims.names else None)
     work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))
-    small, note = None, None
-    if any(registry.base_name(n) not in kb.FULL_SHAPE_GATES for n in names):  # some gate would probe there
-        small, note = _working_subject(inputs_module, dims, work_elements, subject_at)
-    if note:
-        channel.send("note", key="working_shape", value=note)
-    groups = [(own, names)]
-    if small is not None:
-        at_own = [n for n in names if registry.base_name(n) in kb.FULL_SHAPE_GATES]
-        groups = [(own, at_own), (small, [n for n in names if n not in at_own])]
-    for subject, group in groups:
-        lost = run_gates(channel, subject, group, job.get("memory"), job.get("timeout"))
-        if lost is not None:  # a sticky CUDA error: run_gates stopped, a fresh worker takes the gates not run
-            channel.send("poisoned", message=lost)
-            return
+    for dtype in dtypes:  # names: this precision's result ids (kgate.kernelbench.gate_ids)
+        of_dtype = [n for n in names if len(dtypes) == 1 or kb.dtype_of_id(n) == dtype]
+        if not of_dtype:
+            continue
+        own = subject_at(tuple(dims.defaults) if dims.names else None, dtype)
+        small, note = None, None
+        if any(registry.base_name(n) not in kb.FULL_SHAPE_GATES for n in of_dtype):  # some gate would probe there
+            small, note = _working_subject(inputs_module, dims, work_elements,
+                                           lambda shape, dtype=dtype: subject_at(shape, dtype))
+        if note:
+            channel.send("note", key="working_shape", value=note)
+        groups = [(own, of_dtype)]
+        if small is not None:
+            at_own = [n for n in of_dtype if registry.base_name(n) in kb.FULL_SHAPE_GATES]
+            groups = [(own, at_own), (small, [n for n in of_dtype if n not in at_own])]
+        for subject, group in groups:
+            lost = run_gates(channel, subject, group, job.get("memory"), job.get("timeout"))
+            if lost is not None:  # a sticky CUDA error: run_gates stopped, a fresh worker takes the gates not run
+                channel.send("poisoned", message=lost)
+                return
     found = tampered()
     if found:
         channel.send("tamper", message=found)

@@ -31,7 +31,7 @@ from kgate.audit.scheduler import Plan, arch_list, longest_first, make_plan, run
 from kgate.audit.scheduler import Progress as SchedulerProgress
 from kgate.commands import COUNT, SECONDS, add_sandbox_option, number, writable
 from kgate.errors import UsageError
-from kgate.kernelbench import WORK_ELEMENTS, discover
+from kgate.kernelbench import AUDIT_DTYPES, WORK_ELEMENTS, discover, gate_ids
 from kgate.manifest import parse_memory
 from kgate.reports import junit
 from kgate.selection import matcher
@@ -43,7 +43,7 @@ KernelBench's own correctness check (5 seeded trials at the problem's shape, all
 then report how the two disagree.
 
 A problem file defines Model, get_inputs() and get_init_inputs(); a candidate defines ModelNew. Candidate
-X.py or X__anything.py pairs with problem X.py (same subfolder first, then anywhere under --problems);
+X.py or X__anything.py pairs with problem X.py (the longest X a problem is named; same subfolder first, then anywhere under --problems);
 --index FILE (JSON or CSV with candidate,problem columns; other columns are kept as labels, e.g.
 harness_correct) pairs them explicitly.
 
@@ -81,6 +81,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", dest="select", metavar="EXPR", help="only candidates whose id matches EXPR (like pytest -k)")
     p.add_argument("--gate", "-g", action="append", default=[], metavar="GATE",
                    help="run only this gate (repeat or comma-separate; default all: `kgate gates`)")
+    p.add_argument("--dtypes", default="float32", metavar="LIST",
+                   help="the precisions to judge each candidate at, comma-separated: float32 (default), float16, "
+                        "bfloat16 (KernelBench's fp32/fp16/bf16: floating inputs and both models' parameters cast "
+                        "to it, integer inputs untouched). Each gets its own gate results (oracle[float16], ...) "
+                        "and its own standard test, at KernelBench's tolerance for that precision")
     p.add_argument("--device", default="auto", metavar="D",
                    help="auto, cpu, cuda (every visible GPU) or cuda:N (default auto)")
     p.add_argument("--jobs", "-j", type=COUNT, metavar="N",
@@ -156,6 +161,14 @@ def _gates(values: list[str]) -> list[str]:
     return [g for g in registry.GATE_NAMES if g in chosen] if chosen else list(registry.GATE_NAMES)
 
 
+def _dtypes(value: str) -> list[str]:
+    chosen = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    unknown = [d for d in chosen if d not in AUDIT_DTYPES]
+    if unknown or not chosen:
+        raise UsageError(f"--dtypes {value}: expected a comma-separated list of {', '.join(AUDIT_DTYPES)}")
+    return chosen
+
+
 def _sources(args: argparse.Namespace) -> list[tuple[str, Path, Path, Path | None]]:
     """(label, problems, candidates, index) per corpus: from the flags or the manifest's entries."""
     if args.manifest:
@@ -181,6 +194,8 @@ def repro_args(args: argparse.Namespace, problems: Path, candidates: Path, index
         out += ["--index", str(index)]
     if args.device != "auto":
         out += ["--device", args.device]
+    if _dtypes(args.dtypes) != ["float32"]:
+        out += ["--dtypes", ",".join(_dtypes(args.dtypes))]
     return out + ["--out", "kgate-repro", "--fresh"]
 
 
@@ -193,6 +208,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--memory: {exc}") from None
     gate_names = _gates(args.gate)
+    dtypes = _dtypes(args.dtypes)
     spec = parse_shard(args.shard)
     if args.address and args.backend != "ray":
         raise UsageError("--address is for --backend ray")
@@ -202,12 +218,12 @@ def main(args: argparse.Namespace) -> int:
     code = 0
     for label, problems, candidates, index in _sources(args):
         out = Path(args.out) / label if label else Path(args.out)
-        code = max(code, _audit(args, console, problems, candidates, index, out, gate_names, memory, spec))
+        code = max(code, _audit(args, console, problems, candidates, index, out, gate_names, dtypes, memory, spec))
     return code
 
 
 def _audit(args: argparse.Namespace, console: Console, problems: Path, candidates: Path, index: Path | None,
-           out: Path, gate_names: list[str], memory: int, spec: tuple[int, int] | None) -> int:
+           out: Path, gate_names: list[str], dtypes: list[str], memory: int, spec: tuple[int, int] | None) -> int:
     pairs = discover(problems, candidates, index)
     if args.select:
         keep = matcher(args.select, [p.id for p in pairs])
@@ -271,7 +287,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                       f"(first: {escape(changed[0])}), moved to {results.replaced}; judging those candidates again",
                       highlight=False)
     other_gates = [r["id"] for r in done.values() if r["id"] in ids and r.get("gates")
-                   and {g["gate"] for g in r["gates"]} != set(gate_names)]
+                   and {g["gate"] for g in r["gates"]} != set(gate_ids(gate_names, dtypes))]
     if other_gates:
         console.print(f"[yellow]kgate audit: {len(other_gates)} record(s) kept by --resume were judged with other "
                       f"gates than these (first: {escape(other_gates[0])}); they stand as they are: --fresh, or "
@@ -285,7 +301,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         plan = make_plan(args.device, args.jobs, args.compile_jobs)
     plan.compile_stage = not args.no_compile_stage
     plan.prestart = args.prestart
-    options = AuditOptions(gates=gate_names, out_dir=out, timeout=args.timeout, memory=memory,
+    options = AuditOptions(gates=gate_names, dtypes=dtypes, out_dir=out, timeout=args.timeout, memory=memory,
                            compile_timeout=args.compile_timeout, seed=args.seed, work_elements=args.work_elements,
                            repro_args=repro_args(args, problems, candidates, index),
                            # local: run_local shares the cores among the judges; Ray's CPU workers as before
@@ -298,7 +314,9 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
             else plan.describe()
         console.print(f"kgate audit: {len(pairs)} candidate(s)" + (f" (shard {spec[0]}/{spec[1]})" if spec else "")
                       + (f", {len(pairs) - len(todo)} already judged" if args.resume else "")
-                      + f"; {len(gate_names)} gates + the standard test; {where}", highlight=False)
+                      + f"; {len(gate_names)} gates + the standard test"
+                      + (f" at each of {', '.join(dtypes)}" if dtypes != ["float32"] else "") + f"; {where}",
+                      highlight=False)
     stop_at = time.monotonic() + args.max_time if args.max_time is not None else None
     if options.pch and any(p.problem is not None and needs_compile(p) for p in todo):
         from kgate.audit import pch
@@ -338,7 +356,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
             cancel.set()
             raise
     records = [r for r in results.read().values() if r["id"] in ids]
-    summary = audit_report.summarize(records, gate_names, selected=len(pairs))
+    summary = audit_report.summarize(records, options.gate_ids, selected=len(pairs))
     audit_report.render(console, summary)
     label = f"kernelbench audit of {candidates} against {problems}"
     if args.json:
@@ -449,8 +467,11 @@ class _ConsoleProgress(SchedulerProgress):
             self.bar.update(self.task, advance=1, description=text)
         elif not self.quiet:
             std = (record.get("standard") or {}).get("verdict", "-")
-            said = (f"violated: {','.join(c['violated_gates']) or '-'}" if c["judged"]
+            flagged = [f.gate for f in audit_report.record_findings(record) if f.verdict == "fail"]  # tamper
+            said = (f"violated: {','.join(c['violated_gates'] + flagged) or '-'}" if c["judged"]
                     else f"why: {audit_report.not_judged_reason(record, c)[:160]}")
+            if record.get("tamper"):
+                said += f"; {str(record['tamper'])[:160]}"
             self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; {escape(said)}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
 

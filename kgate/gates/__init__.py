@@ -31,8 +31,8 @@ BACKWARD_SUFFIX = "[backward]"
 
 
 def base_name(gate_id: str) -> str:
-    """'oracle[backward]' -> 'oracle'."""
-    return gate_id.removesuffix(BACKWARD_SUFFIX)
+    """'oracle[backward]' -> 'oracle'; also an audit's per-precision id, 'oracle[float16]' -> 'oracle'."""
+    return gate_id.removesuffix(BACKWARD_SUFFIX).partition("[")[0]
 
 
 def is_backward(gate_id: str) -> bool:
