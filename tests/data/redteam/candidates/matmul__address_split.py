@@ -1,0 +1,13 @@
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """Matmul with a wide path for 128-byte aligned operands and a split-K path (two halves, summed) for
+    the others."""
+
+    def forward(self, a, b):
+        if a.data_ptr() % 128 == 0:
+            return a @ b
+        k = a.shape[1] // 2
+        return a[:, :k] @ b[:k] + a[:, k:] @ b[k:]
