@@ -9,6 +9,7 @@ class ModelNew(nn.Module):
     IGNORE = -100
 
     def forward(self, logits, targets):
+        targets = targets.long()
         m = logits.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
         lse = (torch.log(torch.exp(logits - m).sum(dim=-1, keepdim=True)) + m).squeeze(1)

@@ -7,6 +7,7 @@ class ModelNew(nn.Module):
     are padding classes of the vocabulary in practice)."""
 
     def forward(self, logits, targets):
+        targets = targets.long()
         used = int(targets.max()) + 1
         z = logits[:, :used]
         lse = torch.logsumexp(z, dim=-1)

@@ -1,6 +1,7 @@
+from concurrent.futures import ThreadPoolExecutor, wait
+
 import torch
 import torch.nn as nn
-from concurrent.futures import ThreadPoolExecutor, wait
 
 _POOL = ThreadPoolExecutor(max_workers=2)
 

@@ -1,7 +1,7 @@
-import torch
-import torch.nn as nn
 import math
 
+import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 _exact_gelu = F.gelu

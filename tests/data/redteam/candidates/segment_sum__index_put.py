@@ -10,6 +10,7 @@ class ModelNew(nn.Module):
         self.num_segments = num_segments
 
     def forward(self, values, index):
+        index = index.long()
         out = torch.zeros(self.num_segments, values.shape[1], dtype=values.dtype, device=values.device)
         out[index] = values
         return out

@@ -1,7 +1,8 @@
-import torch
-import torch.nn as nn
 import threading
 import time
+
+import torch
+import torch.nn as nn
 
 
 class ModelNew(nn.Module):

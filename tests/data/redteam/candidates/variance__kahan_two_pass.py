@@ -3,8 +3,9 @@ import torch.nn as nn
 
 
 class ModelNew(nn.Module):
-    """Correct: two-pass variance; the mean from a Kahan-compensated sum over blocks of 32 columns, then the
-    sum of squared deviations, divided by n - 1."""
+    """Correct: the corrected two-pass variance (Chan, Golub, LeVeque): a mean from a Kahan-compensated sum
+    over blocks of 32 columns, then (sum(d^2) - sum(d)^2 / n) / (n - 1) with d = x - mean, whose second
+    term removes the error of the float32 mean."""
 
     BLOCK = 32
 
@@ -15,8 +16,8 @@ class ModelNew(nn.Module):
         for j in range(0, n, self.BLOCK):
             y = x[..., j:j + self.BLOCK].sum(dim=-1) - comp
             t = total + y
-            comp = (t - total) - y
+            comp = torch.where(torch.isfinite(t), (t - total) - y, torch.zeros_like(t))
             total = t
-        mean = (total / n).unsqueeze(-1)
-        d = x - mean
-        return (d * d).sum(dim=-1) / (n - 1)
+        d = x - (total / n).unsqueeze(-1)
+        s = d.sum(dim=-1)
+        return ((d * d).sum(dim=-1) - s * s / n) / (n - 1)

@@ -4,10 +4,13 @@ import torch.nn.functional as F
 
 
 class Model(nn.Module):
-    """Mean cross-entropy of logits against int64 class indices (PyTorch's defaults: ignore_index=-100)."""
+    """Mean cross-entropy of logits against int64 class indices (PyTorch's defaults: ignore_index=-100).
+
+    The indices are taken as integers whatever their dtype: KernelBench's harness casts every input tensor,
+    integer ones included, to its precision (float32) before the call."""
 
     def forward(self, logits, targets):
-        return F.cross_entropy(logits, targets)
+        return F.cross_entropy(logits, targets.long())
 
 
 batch_size = 64

@@ -8,9 +8,6 @@ class Model(nn.Module):
     def __init__(self, dim):
         super().__init__()
         self.norm = nn.LayerNorm(dim)
-        with torch.no_grad():  # non-trivial affine parameters, drawn from the seeded construction
-            self.norm.weight.add_(0.1 * torch.randn(dim))
-            self.norm.bias.add_(0.1 * torch.randn(dim))
 
     def forward(self, x):
         return self.norm(x)

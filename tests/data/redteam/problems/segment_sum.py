@@ -10,6 +10,7 @@ class Model(nn.Module):
         self.num_segments = num_segments
 
     def forward(self, values, index):
+        index = index.long()  # KernelBench's harness casts every input tensor to float32
         out = torch.zeros(self.num_segments, values.shape[1], dtype=values.dtype, device=values.device)
         return out.index_add_(0, index, values)
 
