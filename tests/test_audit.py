@@ -1815,3 +1815,17 @@ def test_dtypes_judge_each_precision_with_its_own_verdicts_and_standard_test(tmp
     assert "## By precision" in (report / "report.md").read_text()
     assert kgate_main(["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
                        "--dtypes", "float8", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_the_console_keeps_a_precisions_gate_ids_whole():
+    """The per-gate table is rich markup: an id such as oracle[float16] read as a style tag came out as a second
+    'oracle' row."""
+    from rich.console import Console
+
+    from kgate.audit.report import render
+
+    records = [_fake_record("a", [_fake_gate("oracle", "pass"), _fake_gate("oracle[float16]", "fail")])]
+    console = Console(width=200, record=True)
+    render(console, summarize(records, ["oracle", "oracle[float16]"]))
+    rows = [line for line in console.export_text().splitlines() if "oracle" in line]
+    assert any("oracle[float16]" in line and " 1 " in line for line in rows), rows

@@ -338,7 +338,7 @@ def render(console: Any, summary: dict[str, Any]) -> None:
                 "on non-empty inputs %"):
         g.add_column(col, justify="left" if col == "gate" else "right")
     for name, row in summary["per_gate"].items():
-        g.add_row(name, str(row["fail"]), str(row["empty_only"]), str(row["error"]), str(row["not_run"]),
+        g.add_row(escape(name), str(row["fail"]), str(row["empty_only"]), str(row["error"]), str(row["not_run"]),
                   str(row["skip"]), f"{row['failure_rate']:.1f}", f"{row['failure_rate_on_data']:.1f}")
     console.print(g)
     if summary["not_judged"]:
