@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kgate import standard_test
 from kgate.audit.results import ResultsFile
 from kgate.cli import main as kgate_main
-from kgate.kernelbench import build_candidate, build_reference, exec_candidate, exec_problem, problem_key
+from kgate.kernelbench import build_candidate, build_reference, exec_candidate, exec_problem, problem_keys
 from tests.conftest import DATA
 
 CORPUS = DATA / "redteam"
@@ -69,7 +69,8 @@ def demo_inputs(name: str, seed: int = 0) -> list:
 
 
 def problem_of(name: str) -> Path:
-    return CORPUS / "problems" / f"{problem_key(Path(name + '.py'))}.py"
+    """The problem a candidate pairs with: the longest of its problem keys that names a problem file."""
+    return next(path for key in problem_keys(Path(name + ".py")) if (path := CORPUS / "problems" / f"{key}.py").exists())
 
 
 def load_reference(name: str):
