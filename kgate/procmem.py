@@ -1,10 +1,12 @@
-"""A process's memory as Linux reports it in /proc/PID/statm: its address space and its resident set,
-in bytes (0 where it cannot be read, e.g. a process that has just exited, or not Linux). Torch-free: a
-worker reads it before its memory limit applies."""
+"""Processes as Linux reports them in /proc: a process's memory (its address space and resident set from
+/proc/PID/statm, in bytes; 0 where it cannot be read, e.g. a process that has just exited, or not Linux), the
+process tree below a worker and its memory, a session's members, and what a sandboxed worker left detached.
+Torch-free: a worker reads it before its memory limit applies."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 
 def _statm(pid: int | str, field: int) -> int:
@@ -33,23 +35,38 @@ def _stat(pid: int | str) -> tuple[str, list[bytes]] | None:
     return stat[stat.find(b"(") + 1:stat.rfind(b")")].decode(errors="replace"), stat[stat.rfind(b")") + 2:].split()
 
 
-def _parents() -> dict[int, list[int]]:
-    """ppid -> pids, for every process /proc lists."""
-    children: dict[int, list[int]] = {}
+def processes() -> Iterator[tuple[int, str, list[bytes]]]:
+    """(pid, name, the fields of /proc/PID/stat after the name: state, ppid, pgrp, session, ...) of every
+    process /proc lists (none where there is no /proc)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return children
+        return
     for entry in entries:
-        if not entry.isdigit():
-            continue
-        found = _stat(entry)
-        try:
-            ppid = int(found[1][1])  # type: ignore[index]  # state ppid ...
-        except (TypeError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
+        if entry.isdigit() and (found := _stat(entry)) is not None:
+            yield int(entry), found[0], found[1]
+
+
+def _field(fields: list[bytes], index: int) -> int | None:
+    try:
+        return int(fields[index])
+    except (ValueError, IndexError):
+        return None
+
+
+def _parents() -> dict[int, list[int]]:
+    """ppid -> pids, for every process /proc lists."""
+    children: dict[int, list[int]] = {}
+    for pid, _, fields in processes():
+        ppid = _field(fields, 1)
+        if ppid is not None:
+            children.setdefault(ppid, []).append(pid)
     return children
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids whose session is `sid`."""
+    return [pid for pid, _, fields in processes() if _field(fields, 3) == sid]
 
 
 def descendants(pid: int) -> list[int]:

@@ -710,32 +710,11 @@ def _kill(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    for pid in {*_session_members(proc.pid), *procmem.descendants(proc.pid)}:
+    for pid in {*procmem.session_members(proc.pid), *procmem.descendants(proc.pid)}:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _session_members(sid: int) -> list[int]:
-    """Pids whose session is `sid` (Linux /proc; elsewhere none are found)."""
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state ppid pgrp session ...
-        if len(fields) > 3 and int(fields[3]) == sid:
-            members.append(int(entry))
-    return members
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
