@@ -1,6 +1,7 @@
 """Processes as Linux reports them in /proc: a process's memory (its address space and resident set from
 /proc/PID/statm, in bytes; 0 where it cannot be read, e.g. a process that has just exited, or not Linux), the
-process tree below a worker and its memory, a session's members, and what a sandboxed worker left detached.
+process tree below a worker and its memory, the members of a process session, and what a sandboxed worker
+left detached.
 Torch-free: a worker reads it before its memory limit applies."""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _stat(pid: int | str) -> tuple[str, list[bytes]] | None:
 
 
 def processes() -> Iterator[tuple[int, str, list[bytes]]]:
-    """(pid, name, the fields of /proc/PID/stat after the name: state, ppid, pgrp, session, ...) of every
+    """(pid, name, the fields of /proc/PID/stat after the name: state, ppid, pgrp, process session, ...) of every
     process /proc lists (none where there is no /proc)."""
     try:
         entries = os.listdir("/proc")
@@ -65,7 +66,7 @@ def _parents() -> dict[int, list[int]]:
 
 
 def session_members(sid: int) -> list[int]:
-    """Pids whose session is `sid`."""
+    """Pids whose process session (setsid) is `sid`."""
     return [pid for pid, _, fields in processes() if _field(fields, 3) == sid]
 
 
