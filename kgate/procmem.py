@@ -37,8 +37,8 @@ def _stat(pid: int | str) -> tuple[str, list[bytes]] | None:
 
 
 def processes() -> Iterator[tuple[int, str, list[bytes]]]:
-    """(pid, name, the fields of /proc/PID/stat after the name: state, ppid, pgrp, process session, ...) of every
-    process /proc lists (none where there is no /proc)."""
+    """(pid, name, the fields of /proc/PID/stat after the name: state, ppid, pgrp, process session, ...) of
+    every process /proc lists (none where there is no /proc)."""
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -55,8 +55,9 @@ def _field(fields: list[bytes], index: int) -> int | None:
         return None
 
 
-def _parents() -> dict[int, list[int]]:
-    """ppid -> pids, for every process /proc lists."""
+def parents() -> dict[int, list[int]]:
+    """ppid -> pids, for every process /proc lists (one walk: give it to the functions below that take
+    `children`, to ask several questions of one moment's process tree)."""
     children: dict[int, list[int]] = {}
     for pid, _, fields in processes():
         ppid = _field(fields, 1)
@@ -70,9 +71,9 @@ def session_members(sid: int) -> list[int]:
     return [pid for pid, _, fields in processes() if _field(fields, 3) == sid]
 
 
-def descendants(pid: int) -> list[int]:
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
     """Every process below `pid` in the process tree (its children, theirs, ...)."""
-    children = _parents()
+    children = parents() if children is None else children
     out: list[int] = []
     todo = list(children.get(pid, []))
     while todo:
@@ -95,23 +96,23 @@ def proportional(pid: int | str) -> int:
     return 0
 
 
-def tree_memory(pid: int, limit: int | None = None) -> int:
+def tree_memory(pid: int, limit: int | None = None, children: dict[int, list[int]] | None = None) -> int:
     """The memory of `pid` and every process below it: their resident sets summed, or, where that sum passes
     `limit`, their proportional set sizes summed instead (processes forked from one parent share its pages,
     which the plain sum would count once per process)."""
-    tree = [pid, *descendants(pid)]
+    tree = [pid, *descendants(pid, children)]
     total = sum(resident(p) for p in tree)
     if limit is not None and total > limit and len(tree) > 1:
         total = sum(proportional(p) or resident(p) for p in tree)
     return total
 
 
-def detached(sandbox_pid: int) -> list[str]:
+def detached(sandbox_pid: int, children: dict[int, list[int]] | None = None) -> list[str]:
     """In a bubblewrap sandbox whose outer process is `sandbox_pid` (its child is the PID namespace's init,
     whose first child is the worker): the processes that init reaped as orphans, i.e. that something in the
     worker started and left running detached from it (a double fork, `setsid`), as "PID (name)". kgate sees
     this from outside, where the code under judgment cannot forge it."""
-    children = _parents()
+    children = parents() if children is None else children
     found = []
     for init in children.get(sandbox_pid, []):
         started = []

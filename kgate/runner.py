@@ -586,9 +586,10 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
             now = time.monotonic()
             if now >= next_tree:
                 next_tree = now + TREE_POLL_S
+                children = procmem.parents()  # one walk over /proc for both questions
                 if box.active:
-                    detached.update(dict.fromkeys(procmem.detached(proc.pid)))
-                used = procmem.tree_memory(proc.pid, memory)
+                    detached.update(dict.fromkeys(procmem.detached(proc.pid, children)))
+                used = procmem.tree_memory(proc.pid, memory, children)
                 if used > memory:
                     error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)})"
                     _kill(proc)
