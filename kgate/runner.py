@@ -207,7 +207,7 @@ class Runner:
             if self.options.resume:
                 text = self.results_path.read_text(encoding="utf-8", errors="replace") \
                     if self.results_path.exists() else ""
-                self._judged, self.stale = read_judged(text, {k.name: self._digests[k.name] for k in self.kernels})
+                self._judged, self.stale = read_judged(text, self._digests)
                 if text and not text.endswith("\n"):  # a line torn by a kill: new lines start after it
                     with open(self.results_path, "a", encoding="utf-8") as f:
                         f.write("\n")

@@ -10,7 +10,7 @@ Ubuntu package `bubblewrap`), as root or as an unprivileged user. A sandboxed wo
   folders, `/tmp`, `/run` (the sockets of docker, containerd, dbus), the caller's credentials (`~/.ssh`,
   `~/.docker`, a git checkout's `.git` with the token `actions/checkout` may leave in it, the runner's own
   files) are hidden;
-- runs without capabilities (as root too) and in a session of its own (no terminal to type into);
+- runs without capabilities (as root too) and in a process session of its own (no terminal to type into);
 - dies with everything it started: when its main process ends, however it ends, bubblewrap's init is
   killed and with it every process of the namespace (a double-forked, `setsid` daemon too); when kgate
   itself dies, even by `kill -9`, so do they (`--die-with-parent`).
