@@ -100,6 +100,7 @@ class LeafError:
     got: float | None = None
     rel_err: float = 0.0
     exact: bool = False
+    sensitivity: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -116,6 +117,8 @@ class LeafError:
         if self.exact:
             return f"{self.path}: exact match required; differs{where}: expected {self.expected}, got {self.got}"
         ref = "unknown" if self.ref_err is None else f"{self.ref_err:.3g}"
+        if self.sensitivity and self.ref_err is not None and self.ref_err <= self.sensitivity:
+            ref += " (the input sensitivity: at least the oracle's change when every input moves by an ulp)"
         return (f"max abs error {self.err:.3g}{where} (expected {self.expected:.6g}, got {self.got:.6g}); "
                 f"bound {self.bound:.3g} = {self.factor:g} x reference error {ref} + floor {self.floor:.3g}; "
                 f"max rel error {self.rel_err:.3g}")
@@ -140,13 +143,17 @@ def _max_abs(diff: torch.Tensor) -> tuple[float, int]:
 
 
 def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.Tensor, *, path: str,
-            factor: float, ulps: float, atol: float, scale_at_least: float = 0.0) -> LeafError:
+            factor: float, ulps: float, atol: float, scale_at_least: float = 0.0,
+            sensitivity: float = 0.0) -> LeafError:
     """Error of one kernel output against the oracle and the bound calibrated from the reference.
 
     Computed where the oracle lives (the GPU for a GPU kernel): outputs of KernelBench problems reach
     10^9 elements, and float64 temporaries of that size on the host cost minutes and tens of GiB.
     `scale_at_least` raises the magnitude the floor is taken of (a caller's typical output magnitude, for
-    inputs whose exact outputs are all zero)."""
+    inputs whose exact outputs are all zero). `sensitivity` (how far the oracle moves when every input
+    moves by an ulp of its dtype: `input_sensitivity`) is the least reference error the bound assumes: a
+    reference that computes in a wider dtype inside (torch's reductions of float32 on the CPU) is nearly
+    exact even on ill-conditioned inputs, where any computation in the kernel's dtype is not."""
     # on the oracle's device: it is on the CPU only where the device refused it, so the comparison
     # must not go back there either
     o = oracle.detach()
@@ -187,9 +194,11 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
             del rdiff
             if math.isinf(ref_err):
                 ref_err = None  # the reference itself leaves the finite range: calibrate from the floor only
+    if sensitivity > 0 and (ref_err is not None or reference is None):
+        ref_err = max(ref_err or 0.0, sensitivity)
     bound = factor * (ref_err or 0.0) + floor
     if k.shape != o64.shape or not has_finite:
-        return LeafError(path, 0.0, ref_err, scale, floor, bound, factor)
+        return LeafError(path, 0.0, ref_err, scale, floor, bound, factor, sensitivity=sensitivity)
     kd = k.to(torch.float64)
     kernel_finite = torch.isfinite(kd)
     diff = kd.sub(o64).abs_()
@@ -201,7 +210,8 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     rel_err = float(rel.max()) if rel.numel() else 0.0
     index = list(index_of(pos, tuple(k.shape)))
     return LeafError(path, err, ref_err, scale, floor, bound, factor, index=index,
-                     expected=float(o64.reshape(-1)[pos]), got=float(kd.reshape(-1)[pos]), rel_err=rel_err)
+                     expected=float(o64.reshape(-1)[pos]), got=float(kd.reshape(-1)[pos]), rel_err=rel_err,
+                     sensitivity=sensitivity)
 
 
 # Functions that draw random floating values in torch's default dtype (or, *_like, in their input's), and the

@@ -160,7 +160,8 @@ class Finding:
 
 
 def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
-                scales: dict[str, float] | None = None) -> tuple[Finding | None, list[LeafError]]:
+                scales: dict[str, float] | None = None,
+                sensitivity: dict[str, float] | None = None) -> tuple[Finding | None, list[LeafError]]:
     """Run the kernel on a copy of `args` and judge it against the reference's metadata and the oracle.
 
     A crash of the kernel is a finding (the reference accepted these inputs); the reference's and the
@@ -173,7 +174,7 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
             raise
         return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc}",
                        details={"traceback": exc.trace}), []
-    leaves = measure_outputs(out, reference, oracle, subject.tolerance, scales)
+    leaves = measure_outputs(out, reference, oracle, subject.tolerance, scales, sensitivity)
     if isinstance(leaves, Incomparable):
         return Finding(CONTRACT, leaves.message, expected=leaves.expected, got=leaves.got), []
     refs = dict(flatten(reference))

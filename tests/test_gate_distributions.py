@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from kgate import gates as registry
+from kgate import search
 from kgate.gates.distributions import DISTRIBUTIONS, FRESH_SEEDS, transform
 from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
 from tests.gate_harness import check, subject_for
@@ -98,9 +100,15 @@ def test_distribution_rejected_on_all_arguments_is_judged_one_argument_at_a_time
     # domain; zeros, all-negative, huge, tiny and subnormal values of g alone are inside.
     result = check("distributions", decayed_keys, decayed_keys_reference, keys_and_gates)
     assert result.verdict == "pass", result.message
-    assert f"oracle bound held on {len(FRESH_SEEDS) + 1 + 5} probe(s)" in result.message
+    # every probe is counted once: judged (the factory's inputs, fresh seeds, one-argument families the
+    # reference accepts, search transforms inside the domain) or skipped
+    counts = re.search(r"oracle bound held on (\d+) probe.*affine search: (\d+) transform\(s\) \((\d+) outside the "
+                       r"reference domain\).*skipped (\d+) the reference rejects", result.message)
+    assert counts, result.message
+    judged, tries, outside, skipped = map(int, counts.groups())
+    assert judged == 1 + len(FRESH_SEEDS) + (2 * len(DISTRIBUTIONS) - skipped) + (tries - outside)
     assert "one argument at a time where the reference rejects all at once: zeros, constant" in result.message
-    assert "skipped 11 the reference rejects: zeros on argument 0 (" in result.message
+    assert "zeros on argument 0 (" in result.message and "zeros on argument 1 (" not in result.message
 
 
 def test_failure_on_a_per_argument_probe_names_the_argument_and_shrinks_within_it():
@@ -169,3 +177,63 @@ def test_on_zeros_a_real_error_still_fails(monkeypatch):
     monkeypatch.setattr(distributions, "FLOOR_FROM_FACTORY", ())
     result = run(residual_when_zero(1e-7), tripled, dtypes=["float32"])
     assert result.verdict == "fail" and "distribution 'zeros'" in result.message, result.message
+
+
+# --- offsets and the affine search ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("kernel", [correct.variance_two_pass, correct.variance_welford])
+def test_stable_variances_pass_under_a_large_common_offset(kernel):
+    result = run(kernel, correct.variance_reference)
+    assert result.verdict == "pass", result.message
+    assert "affine search: 10 transform(s)" in result.message
+
+
+def test_one_pass_variance_fails_on_the_common_offset():
+    assert check("oracle", violating.variance_one_pass, correct.variance_reference,
+                 correct.make_inputs).verdict == "pass"
+    result = run(violating.variance_one_pass, correct.variance_reference)
+    assert result.verdict == "fail" and result.message.startswith("distribution 'offset above zero'"), result.message
+    assert result.details["ratio"] > 2
+
+
+def test_running_max_from_zero_fails_on_rows_far_below_zero():
+    assert run(correct.logsumexp_online, correct.logsumexp_reference).verdict == "pass"
+    result = run(violating.logsumexp_max_from_zero, correct.logsumexp_reference)
+    assert result.verdict == "fail" and result.message.startswith("distribution 'offset below zero'"), result.message
+    assert "got -inf" in result.message and result.broken
+
+
+def logsumexp_sentinel(x, block=64):
+    """A running maximum started at the finite sentinel -1e4: wrong only on rows below about -1e4, which
+    no fixed family reaches (the offset family lies about 2000 below zero)."""
+    m = torch.full(x.shape[:-1], -1e4, dtype=x.dtype)
+    s = torch.zeros_like(m)
+    for k0 in range(0, x.shape[-1], block):
+        chunk = x[..., k0:k0 + block]
+        m_new = torch.maximum(m, chunk.amax(dim=-1))
+        s = s * torch.exp(m - m_new) + torch.exp(chunk - m_new.unsqueeze(-1)).sum(dim=-1)
+        m = m_new
+    return m + torch.log(s)
+
+
+def test_the_affine_search_finds_what_no_family_reaches_and_names_the_transform():
+    result = run(logsumexp_sentinel, correct.logsumexp_reference)
+    assert result.verdict == "fail" and result.message.startswith("search: argument 0 scaled by 10^"), result.message
+    assert "x its spread (the seeded affine search's try" in result.message and result.broken
+    # the transform the message names reproduces the failure
+    match = re.match(r"search: argument 0 scaled by 10\^(\S+) and shifted by (\S+) x its spread", result.message)
+    (x,) = search.apply(correct.make_inputs(0), search.Transform(((0, search.Affine(float(match[1]),
+                                                                                     float(match[2]))),)))
+    assert torch.isneginf(logsumexp_sentinel(x)).any() and torch.isfinite(correct.logsumexp_reference(x)).all()
+
+
+def test_the_search_is_seeded_and_stops_at_the_first_failure():
+    args = (torch.randn(4, 8), torch.randn(4, 8))
+    seen: list[list[tuple]] = [[], []]
+    for record in seen:
+        search.search(args, [0, 1], 7, lambda inputs, r=record: r.append(tuple(inputs)) or (0.0, None, False),
+                      seconds=60)
+    assert len(seen[0]) == search.RANDOM_TRIES + search.CLIMB_TRIES
+    assert all(torch.equal(a, b) for p, q in zip(*seen) for a, b in zip(p, q))
+    found = search.search(args, [0, 1], 7, lambda inputs: (1.0, "bad", True), seconds=60)
+    assert found.tries == 1 and found.failure is not None and found.failure[2] == "bad"

@@ -107,17 +107,25 @@ def test_probes_inject_one_special_value_each():
     gate = registry.get("special_values")
     (x,) = rows(0)
     probes = list(gate.probes((x,), 0)) + list(gate.probes((x,), 0, later=True))
-    injected = [(label, probe) for label, probe, value, _ in probes if value is not None]
+    injected = [(label, probe) for label, probe, value, _ in probes if value is not None and "injected" in label]
     assert len(injected) == 3 * len(positions(tuple(x.shape), torch.Generator().manual_seed(0)))
     for label, (probe,) in injected:
         assert int((~torch.isfinite(probe)).sum()) == 1, label
         assert torch.equal(torch.where(torch.isfinite(probe), probe, x), x)
-    assert sum(value is None for _, _, value, _ in probes) == 1  # the overflow probe, in the first round
-    assert [v for _, _, v, _ in gate.probes((x,), 0)] == ["NaN", "+Inf", "-Inf", None]
+    # whole lines: the last row, the last column and all of x, each value filling exactly that line
+    lines = [(label, probe, site) for label, probe, value, site in probes if value is not None and "filling" in label]
+    assert [label.split(" (")[0] for label, _, _ in lines[::3]] == [
+        "NaN filling argument 0 at [:, 32]", "NaN filling argument 0 at [4, :]", "NaN filling argument 0 at [:, :]"]
+    for label, (probe,), (_, index) in lines:
+        assert int((~torch.isfinite(probe)).sum()) == x[index].numel(), label
+        assert torch.equal(torch.where(torch.isfinite(probe), probe, x), x)
+    # the overflow probe and the two subnormal probes, in the first round
+    assert [v for _, _, v, _ in gate.probes((x,), 0)] == ["NaN", "+Inf", "-Inf", None, None, None]
 
 
 def test_a_spent_search_budget_ends_the_later_rounds_only_and_says_so():
-    """The first round (the last element of every input, the overflow probe) always runs; the other positions
+    """The first round (the last element of every input, the overflow and subnormal probes) always runs; the
+    whole lines and the other positions
     only while the search budget lasts, and the pass message names the probe it stopped before."""
     def spent(kernel):
         subject = subject_for(kernel, _row_sum, rows, shapes=[SHAPE], seeds=[SEED])
@@ -126,9 +134,9 @@ def test_a_spent_search_budget_ends_the_later_rounds_only_and_says_so():
 
     assert spent(nansum_on_the_tail).verdict == "fail"
     cut = spent(nansum_on_the_first_block)
-    assert cut.verdict == "pass" and "NaN/Inf pattern matched the oracle in 4 probe(s)" in cut.message
-    assert "ran out before the probe NaN injected into argument 0 at [0, 0] (first element)" in cut.message
-    assert cut.details["cut"].startswith("NaN injected into argument 0 at [0, 0]")
+    assert cut.verdict == "pass" and "NaN/Inf pattern matched the oracle in 6 probe(s)" in cut.message
+    assert "ran out before the probe NaN filling argument 0 at [:, 32] (the whole line" in cut.message
+    assert cut.details["cut"].startswith("NaN filling argument 0 at [:, 32]")
 
 
 def test_nan_and_inf_reaching_every_row_through_a_matmul_still_match():
@@ -141,3 +149,85 @@ def test_nan_and_inf_reaching_every_row_through_a_matmul_still_match():
     assert result.verdict == "pass", result.message
     masked = check("special_values", lambda a, b: torch.nan_to_num(a @ b, nan=0.0), lambda a, b: a @ b, mats)
     assert masked.verdict == "fail" and masked.expected == "NaN" and masked.got.startswith("finite")
+
+
+# --- whole lines of special values; subnormal results --------------------------------------------------
+
+def _catalogue(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "gates" / "special_values" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"catalogue_special_values_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+sv_correct, sv_violating = _catalogue("correct"), _catalogue("violating")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_mean_that_gives_zero_for_an_all_nan_row_fails_on_the_whole_row(dtype):
+    result = check("special_values", sv_violating.row_mean_empty_rows_zero, sv_correct.reference_row_mean,
+                   sv_correct.make_inputs, dtypes=[dtype])
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert "the oracle gives NaN, the kernel gives 0.0" in result.message
+    assert "NaN filling argument 0 at [5, :] (the whole line along dimension 1" in result.message
+    assert result.where == "out[5]" and "--gate special_values" in result.repro
+
+
+def test_a_column_reduction_meets_its_all_nan_line_along_dimension_0():
+    def column_max_ignoring_empty(x):  # a max over dim 0 that writes -inf for a column with no number
+        out = torch.where(torch.isnan(x), -torch.inf, x).amax(dim=0)
+        return torch.where(torch.isnan(x).any(dim=0) & ~torch.isnan(x).all(dim=0), torch.nan, out)
+
+    result = check("special_values", column_max_ignoring_empty, lambda x: x.amax(dim=0), sv_correct.make_inputs)
+    assert result.verdict == "fail" and "at [:, 39] (the whole line along dimension 0" in result.message, \
+        result.message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_correct_row_mean_and_scaling_pass_lines_and_subnormals(dtype):
+    for kernel, reference in ((sv_correct.row_mean_blocked, sv_correct.reference_row_mean),
+                              (sv_correct.scale, sv_correct.reference_scale)):
+        result = check("special_values", kernel, reference, sv_correct.make_inputs, dtypes=[dtype])
+        assert result.verdict == "pass", result.message
+        assert "subnormal results kept where the reference keeps them" in result.message
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_flushing_subnormal_results_fails_tolerance_free(dtype):
+    assert check("oracle", sv_violating.scale_flush_subnormals, sv_correct.reference_scale,
+                 sv_correct.make_inputs, dtypes=[dtype]).verdict == "pass"
+    result = check("special_values", sv_violating.scale_flush_subnormals, sv_correct.reference_scale,
+                   sv_correct.make_inputs, dtypes=[dtype])
+    assert result.verdict == "fail" and result.tolerance_free and result.details["subnormal"], result.message
+    assert "the kernel flushes it to zero" in result.message and "inputs scaled to subnormal magnitudes" in result.message
+    assert float(result.got) == 0.0 and "the subnormal the reference keeps" in result.expected
+
+
+def test_a_kernel_that_keeps_subnormals_the_reference_flushes_fails():
+    def flushing_reference(x):  # a reference built with FTZ: subnormal results are 0
+        out = x * 0.75
+        return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)
+
+    result = check("special_values", sv_correct.scale, flushing_reference, sv_correct.make_inputs)
+    assert result.verdict == "fail" and "the kernel keeps a subnormal" in result.message, result.message
+
+
+def test_subnormal_products_are_judged_too():
+    def product(x, y):
+        return x * y
+
+    def product_ftz(x, y):
+        out = x * y
+        return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)
+
+    def pair(seed, shape=None, dtype=torch.float32):
+        gen = torch.Generator().manual_seed(seed)
+        return tuple(torch.randn(4, 16, generator=gen, dtype=torch.float64).to(dtype) for _ in range(2))
+
+    assert check("special_values", product, product, pair).verdict == "pass"
+    result = check("special_values", product_ftz, product, pair)
+    assert result.verdict == "fail" and "products are subnormal" in result.message, result.message

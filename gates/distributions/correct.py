@@ -28,3 +28,55 @@ def silu(x):
 def softplus(x):
     """log(1 + exp(x)) without overflow: x + log1p(exp(-|x|)) for positive x, log1p(exp(x)) otherwise."""
     return torch.clamp_min(x, 0) + torch.log1p(torch.exp(-x.abs()))
+
+
+def variance_reference(x):
+    return torch.var(x, dim=-1, correction=0)
+
+
+def logsumexp_reference(x):
+    return torch.logsumexp(x, dim=-1)
+
+
+def variance_two_pass(x):
+    """The mean first, then the mean of squared deviations from it (in float32 inside, as a kernel's
+    registers hold it): no cancellation whatever the offset."""
+    xf = x.float()
+    mean = xf.mean(dim=-1, keepdim=True)
+    return ((xf - mean) ** 2).mean(dim=-1).to(x.dtype)
+
+
+def variance_welford(x, block=64):
+    """Welford's running mean and M2 in float32, block by block (Chan's combination of block statistics)."""
+    xf = x.float()
+    count = torch.zeros(x.shape[:-1], dtype=torch.float32, device=x.device)
+    mean = torch.zeros_like(count)
+    m2 = torch.zeros_like(count)
+    for k0 in range(0, x.shape[-1], block):
+        chunk = xf[..., k0:k0 + block]
+        n_b = chunk.shape[-1]
+        mean_b = chunk.mean(dim=-1)
+        m2_b = ((chunk - mean_b.unsqueeze(-1)) ** 2).sum(dim=-1)
+        total = count + n_b
+        delta = mean_b - mean
+        mean = mean + delta * (n_b / total)
+        m2 = m2 + m2_b + delta * delta * (count * n_b / total)
+        count = total
+    return (m2 / count).to(x.dtype)
+
+
+def logsumexp_online(x, block=64):
+    """Blocked online logsumexp in float32: a running maximum that starts at -inf, the running sum rescaled
+    whenever the maximum grows."""
+    xf = x.float()
+    m = torch.full(x.shape[:-1], -torch.inf, dtype=torch.float32, device=x.device)
+    s = torch.zeros_like(m)
+    for k0 in range(0, x.shape[-1], block):
+        chunk = xf[..., k0:k0 + block]
+        m_new = torch.maximum(m, chunk.amax(dim=-1))
+        # an infinite maximum (an Inf in the row, or a row of -Inf so far) must not meet itself: inf - inf
+        alpha = torch.where(m == m_new, torch.ones_like(m), torch.exp(m - m_new))
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        s = s * alpha + torch.exp(chunk - shift.unsqueeze(-1)).sum(dim=-1)
+        m = m_new
+    return (m + torch.log(s)).to(x.dtype)

@@ -16,3 +16,30 @@ def softplus_clamped(x):
     """Softplus that clamps its input "to avoid overflow in exp": exact for ordinary inputs, but every
     input above 80 comes out as 80, where the truth is the input itself."""
     return torch.log1p(torch.exp(x.clamp(max=80.0)))
+
+
+def variance_one_pass(x):
+    """Variance in one pass as E[x^2] - E[x]^2 in float32 (one read of the row, two running sums): exact
+    enough on zero-mean inputs, but it cancels catastrophically once the values share an offset that is
+    large against their spread."""
+    xf = x.float()
+    mean = xf.mean(dim=-1)
+    return ((xf * xf).mean(dim=-1) - mean * mean).to(x.dtype)
+
+
+def logsumexp_max_from_zero(x, block=64):
+    """Blocked online logsumexp in float32 whose running maximum starts at 0 instead of -inf: right while
+    some value of the row is above about -80, but on a row that lies entirely far below zero every
+    exp(x - 0) underflows, the sum is 0 and the result log(0) = -inf."""
+    xf = x.float()
+    m = torch.zeros(x.shape[:-1], dtype=torch.float32, device=x.device)
+    s = torch.zeros_like(m)
+    for k0 in range(0, x.shape[-1], block):
+        chunk = xf[..., k0:k0 + block]
+        m_new = torch.maximum(m, chunk.amax(dim=-1))
+        # an infinite maximum (an Inf in the row, or a row of -Inf so far) must not meet itself: inf - inf
+        alpha = torch.where(m == m_new, torch.ones_like(m), torch.exp(m - m_new))
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        s = s * alpha + torch.exp(chunk - shift.unsqueeze(-1)).sum(dim=-1)
+        m = m_new
+    return (m + torch.log(s)).to(x.dtype)

@@ -50,3 +50,26 @@ def reference_relu(x):
 
 def reference_row_sum(x):
     return x.sum(dim=-1)
+
+
+# --- whole rows of NaN, and subnormal results ---------------------------------------------------------
+
+def reference_row_mean(x):
+    return x.mean(dim=-1)
+
+
+def row_mean_blocked(x, block=16):
+    """Row mean: float32 block sums added into a running total, divided by the row's length."""
+    total = torch.zeros(x.shape[:-1], dtype=torch.float32, device=x.device)
+    for k0 in range(0, x.shape[-1], block):
+        total += x[..., k0:k0 + block].float().sum(dim=-1)
+    return (total / x.shape[-1]).to(x.dtype)
+
+
+def reference_scale(x):
+    return x * 0.75
+
+
+def scale(x):
+    """x * 0.75 in the input's dtype: subnormal inputs give subnormal results, as in the reference."""
+    return x * 0.75

@@ -37,3 +37,24 @@ def row_sum_tail_nansum(x):
     output, NaN in its tail silently vanishes. Only a probe that puts a NaN in the tail catches it."""
     half = x.shape[-1] // 2
     return x[..., :half].sum(dim=-1) + torch.nansum(x[..., half:], dim=-1)
+
+
+def row_mean_empty_rows_zero(x, block=16):
+    """Row mean that treats a row with no valid value as empty and writes 0 for it (a guard against 0/0
+    for fully masked rows): a NaN among other values still gives NaN, but a row that is all NaN gives 0
+    where the reference says NaN. A NaN injected one element at a time never shows it."""
+    total = torch.zeros(x.shape[:-1], dtype=torch.float32, device=x.device)
+    for k0 in range(0, x.shape[-1], block):
+        total += x[..., k0:k0 + block].float().sum(dim=-1)
+    empty = torch.isnan(x).all(dim=-1)
+    return torch.where(empty, torch.zeros_like(total), total / x.shape[-1]).to(x.dtype)
+
+
+def scale_flush_subnormals(x):
+    """x * 0.75 as a fast-math (FTZ/DAZ) build computes it: subnormal inputs are read as 0 and subnormal
+    results written as 0, where the reference keeps them. Within the oracle bound of normal inputs, and
+    off by less than the smallest normal: only the zero-vs-subnormal class shows it."""
+    tiny = torch.finfo(x.dtype).tiny
+    x = torch.where(x.abs() < tiny, torch.zeros_like(x), x)
+    out = x * 0.75
+    return torch.where(out.abs() < tiny, torch.zeros_like(out), out)

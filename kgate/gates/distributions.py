@@ -4,7 +4,13 @@ that random normal inputs never produce.
 Each distribution in turn replaces every floating-point input at once: zeros; a constant;
 all-negative values; huge magnitudes (peak min(1e6, max/16) of the dtype); tiny magnitudes (peak
 sqrt of the smallest normal); subnormals (every magnitude below the smallest normal); heavy tails
-(Cauchy, lognormal with sigma 2, clipped to the huge magnitude). Before them, the factory's inputs at
+(Cauchy, lognormal with sigma 2, clipped to the huge magnitude); all positive; a common offset of
+`OFFSET` spreads above zero (where a one-pass variance cancels) and below it (rows that lie entirely far
+below zero: a running maximum started at 0 underflows there); constant rows; mixed signs over 8
+decades; near-overflow (a sixteenth of the dtype's largest value) and near-underflow (8 x its smallest
+normal) magnitudes. After them, a short seeded search over affine transforms of the factory's inputs
+(scale and offset, per argument and jointly: `kgate.search`), time-boxed (`SEARCH_SECONDS`, at most
+`SEARCH_SHARE` of the gate's time limit, and the worker's search deadline). Before them, the factory's inputs at
 fresh seeds that the manifest does not list (the factory's own inputs are judged first: a kernel that
 fails there is not failing because of a distribution). Integer inputs are left alone. Judged like the
 oracle gate (bound calibrated from the reference's own error on the same inputs); a kernel that
@@ -23,9 +29,19 @@ rounding in the kernel, amplified by a normalization's 1/sqrt(eps), a failure. T
 (`FLOOR_FROM_FACTORY`): an error below a few ulps of the output's usual size is not a finding; a
 non-finite output, or a wrong one, still is.
 
+On the drawn distributions and the search's transforms the bound takes the input sensitivity
+(`input_sensitivity`: how far the oracle moves when every input moves by an ulp of its dtype) as the
+least reference error: a reference that computes wider inside (torch's CPU reductions) stays nearly exact
+on values that share a large offset, where any computation in the kernel's dtype rounds at the offset's
+magnitude; so the bound scales with the transform as the problem's conditioning does. Outputs the
+reference itself gives as NaN/Inf where the oracle is finite (it overflows in its dtype) are not judged
+on these probes (`where_reference_finite`).
+
 A failure is shrunk to the fewest values drawn from the failing distribution (the others keep the
 factory's values; within the one argument, for a per-argument probe) that still fail, and reported
-with their positions and, for a per-argument probe, the argument.
+with their positions and, for a per-argument probe, the argument; a smaller set counts only while it
+misses the bound by at least half as much (up to `BROKEN_FACTOR`), so that the shrink does not drift to a
+marginal miss of its own. A failure names the family or the transform.
 """
 
 from __future__ import annotations
@@ -38,12 +54,17 @@ import torch
 from kgate.compare import clone_tree, flatten, index_of
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
+from kgate.oracle import BROKEN_FACTOR
+from kgate.search import Searched, search, spread
 from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, shrink_subset
 from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 FRESH_SEEDS = (104729, 1299709)
-FLOOR_FROM_FACTORY = ("zeros", "constant")
+FLOOR_FROM_FACTORY = ("zeros", "constant", "constant rows")
+OFFSET = 1000.0  # a common offset this many spreads from zero is large against the spread
 SHRINK_MAX_ELEMENTS = 1 << 18
+SEARCH_SECONDS = 10.0  # the affine search's time box per case (at most SEARCH_SHARE of the gate's time limit)
+SEARCH_SHARE = 0.1
 
 
 def huge(dtype: torch.dtype) -> float:
@@ -71,6 +92,23 @@ def _clip(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return values.clamp(-huge(dtype), huge(dtype))
 
 
+def _offset(t: torch.Tensor, sign: float, dtype: torch.dtype) -> torch.Tensor:
+    """`t` shifted by OFFSET spreads (its standard deviation; 1 where it has none), within the dtype."""
+    shift = min(OFFSET * spread(t), torch.finfo(dtype).max / 16)
+    return t + sign * shift
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """Every row (along the last dimension) constant, equal to its first element."""
+    return t[..., :1].expand(t.shape).clone() if t.dim() else t.clone()
+
+
+def _decades(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Mixed signs and magnitudes spread over 8 decades in one tensor."""
+    sign = torch.where(_uniform(t, g) < 0.5, -1.0, 1.0)
+    return sign * 10.0 ** (8 * _uniform(t, g) - 4)
+
+
 # name -> (description, values in float64 from the original tensor (float64) and a generator)
 DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, torch.dtype], torch.Tensor]]] = {
     "zeros": ("all zeros", lambda t, g, d: torch.zeros_like(t)),
@@ -84,6 +122,16 @@ DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, tor
                lambda t, g, d: _clip(torch.tan(math.pi * (_uniform(t, g) - 0.5)), d)),
     "lognormal": ("lognormal, sigma 2 (heavy right tail)",
                   lambda t, g, d: _clip(torch.exp(2 * _normal(t, g)), d)),
+    "all-positive": ("|x| + 0.5", lambda t, g, d: t.abs() + 0.5),
+    "offset above zero": (f"x + {OFFSET:g} x its spread (a common offset large against the spread)",
+                          lambda t, g, d: _offset(t, 1.0, d)),
+    "offset below zero": (f"x - {OFFSET:g} x its spread (rows that lie entirely far below zero)",
+                          lambda t, g, d: _offset(t, -1.0, d)),
+    "constant rows": ("every row (last dimension) equal to its first value", lambda t, g, d: _rows(t)),
+    "decades": ("mixed signs, magnitudes spread over 8 decades", lambda t, g, d: _clip(_decades(t, g), d)),
+    "near-overflow": ("magnitudes up to a sixteenth of the dtype's largest value",
+                      lambda t, g, d: _peak(t, torch.finfo(d).max / 16)),
+    "near-underflow": ("magnitudes up to 8 x the smallest normal", lambda t, g, d: _peak(t, 8 * torch.finfo(d).tiny)),
 }
 
 
@@ -119,7 +167,8 @@ def _magnitudes(oracle) -> dict[str, float]:
 
 class Distributions(Gate):
     name = "distributions"
-    summary = "oracle bound holds on zeros, constants, negatives, huge/tiny/subnormal values, heavy tails, fresh seeds"
+    summary = ("oracle bound holds on zeros, constants, offsets, huge/tiny/subnormal values, heavy tails, fresh seeds and "
+               "a seeded affine search")
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
@@ -166,12 +215,44 @@ class Distributions(Gate):
                         continue
                     probes += 1
                     if outcome is not False:
-                        return self._fail(subject, case, name, base.args, inputs, outcome, evidence, argument,
-                                          scales)
+                        return self._fail(subject, case, _family(name, argument), base.args, inputs, outcome,
+                                          evidence, argument, scales)
+        searched: list[Searched] = []
+        for case in cases:
+            base = subject.baseline(case)
+            floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                      and a.numel() > 0]
+            if not floats or subject.out_of_time():
+                continue
+
+            def objective(inputs: tuple, case: Case = case) -> tuple[float, Finding | bool, bool] | None:
+                ratios: list[float] = []
+                outcome = self._judge(subject, inputs, case, evidence, ratios=ratios)
+                if outcome is None:
+                    return None
+                return ratios[-1], outcome, outcome is not False
+
+            found = search(base.args, floats, case.seed, objective, out_of_time=subject.out_of_time,
+                           seconds=min(SEARCH_SECONDS, subject.entry.limits.timeout * SEARCH_SHARE))
+            searched.append(found)
+            probes += found.judged
+            if found.failure is not None:
+                affine, inputs, finding = found.failure
+                label = (f"search: {affine.describe()} (the seeded affine search's try {found.tries}"
+                         f"{', the others as the factory made them' if len(affine.parts) < len(floats) else ''})")
+                return self._fail(subject, case, label, base.args, inputs, finding, evidence, affine.argument)
         if probes == 0:
             return self.skipped("no floating-point inputs to draw from other distributions, and no cases")
         message = f"oracle bound held on {probes} probe(s): {len(DISTRIBUTIONS)} distributions and " \
                   f"{len(FRESH_SEEDS)} fresh seeds x {len(cases)} case(s)"
+        if searched:
+            worst = max(searched, key=lambda f: f.worst_value)
+            rejected_tries = sum(f.tries - f.judged for f in searched)
+            message += (f"; affine search: {sum(f.tries for f in searched)} transform(s)"
+                        f"{f' ({rejected_tries} outside the reference domain)' if rejected_tries else ''}"
+                        f"{'' if all(f.complete for f in searched) else ' (time box spent in some case)'}")
+            if worst.worst is not None:
+                message += f", the worst {worst.worst_value:.2g} x bound ({worst.worst.describe()})"
         if per_argument:
             message += (f"; one argument at a time where the reference rejects all at once: "
                         f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
@@ -179,19 +260,24 @@ class Distributions(Gate):
 
     @staticmethod
     def _judge(subject: Subject, probe: tuple, case: Case, evidence: list | None,
-               scales: dict[str, float] | None = None) -> Finding | bool | None:
+               scales: dict[str, float] | None = None, ratios: list[float] | None = None) -> Finding | bool | None:
         """A Finding if the kernel fails on `probe`, False if it passes, None if the reference rejects it
-        (`scales`: the output magnitudes each leaf's floor is at least taken of)."""
+        (`scales`: the output magnitudes each leaf's floor is at least taken of; `ratios` gets the worst
+        error / bound). Outputs the reference itself gives as NaN/Inf where the oracle is finite (it
+        overflows in its dtype on these values) are not judged: such inputs say nothing about a kernel."""
         outputs = unless_rejected(lambda: (subject.run_reference(clone_tree(probe)), subject.oracle(probe)))
         if outputs is None:
             return None
         reference, oracle = outputs
-        finding, leaves = judge_probe(subject, probe, reference, oracle, scales)
+        finding, leaves = judge_probe(subject, probe, reference, where_reference_finite(reference, oracle), scales,
+                                      input_sensitivity(subject, probe, oracle))
         if evidence is not None:
             evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
+        if ratios is not None:
+            ratios.append(max((leaf.ratio for leaf in leaves), default=0.0))
         return finding if finding is not None else False
 
-    def _fail(self, subject: Subject, case: Case, name: str, original: tuple, probe: tuple, finding: Finding,
+    def _fail(self, subject: Subject, case: Case, label: str, original: tuple, probe: tuple, finding: Finding,
               evidence: list, argument: int | None = None, scales: dict[str, float] | None = None) -> GateResult:
         """Shrink to the fewest values drawn from the distribution, the rest as the factory made them (within
         `argument` when only that one was drawn from it)."""
@@ -208,9 +294,14 @@ class Distributions(Gate):
                 args[i] = view.reshape(args[i].shape)
             return subject.conform(original, tuple(args))
 
+        # a smaller set must fail about as badly: mixing drawn and factory values in one row can miss the bound
+        # marginally for reasons of its own (a row of offset and plain values has a huge variance)
+        strength = min(finding.details.get("ratio", 0.0), BROKEN_FACTOR) / 2
+
         def fails(chosen: list[tuple[int, int]]) -> bool:
             result = self._judge(subject, mixed(chosen), case, None, scales)
-            if isinstance(result, Finding) and result.kind == finding.kind:
+            if isinstance(result, Finding) and result.kind == finding.kind \
+                    and result.details.get("ratio", 0.0) >= strength:
                 found[len(chosen)] = (result, chosen)
                 return True
             return False
@@ -228,10 +319,6 @@ class Distributions(Gate):
             elif shrunk.complete:
                 note = f"; all {len(positions)} values needed (no smaller set of them fails; {shrunk.note()})"
             finding = final
-        label = f"distribution {name!r} ({DISTRIBUTIONS[name][0]})"
-        if argument is not None:
-            label += (f" on argument {argument} alone, the others as the factory made them (the reference rejects "
-                      f"it on all arguments at once)")
         return self._report(subject, case, label, finding, evidence, note, argument)
 
     def _report(self, subject: Subject, case: Case, label: str, finding: Finding, evidence: list,
@@ -244,6 +331,61 @@ class Distributions(Gate):
                              details=details)
         result.tolerance_free = finding.tolerance_free
         return result
+
+
+def _family(name: str, argument: int | None) -> str:
+    label = f"distribution {name!r} ({DISTRIBUTIONS[name][0]})"
+    if argument is not None:
+        label += (f" on argument {argument} alone, the others as the factory made them (the reference rejects "
+                  f"it on all arguments at once)")
+    return label
+
+
+def input_sensitivity(subject: Subject, probe: tuple, oracle) -> dict[str, float]:
+    """Per floating output leaf, how far the float64 oracle moves when every floating-point input moves by
+    an ulp of its dtype (x * (1 +- eps), signs drawn at random): the error a computation in the kernel's dtype
+    incurs by rounding once at the inputs' magnitude (the mean of values that share a large offset, say),
+    which a reference that computes wider inside does not show in its own error. Empty where the reference
+    rejects the moved inputs."""
+    gen = torch.Generator().manual_seed(0)
+
+    def moved(a):
+        if not (isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 0):
+            return a.clone() if isinstance(a, torch.Tensor) else a
+        sign = torch.where(torch.rand(a.shape, generator=gen) < 0.5, -1.0, 1.0).to(dtype=torch.float64, device=a.device)
+        return a.double() * (1 + torch.finfo(a.dtype).eps * sign)
+
+    nudged = subject.conform(probe, tuple(moved(a) for a in probe))
+    out = unless_rejected(lambda: subject.oracle(nudged))
+    if out is None:
+        return {}
+    outs = dict(flatten(out))
+    found = {}
+    for path, want in flatten(oracle):
+        got = outs.get(path)
+        if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.is_floating_point() \
+                and got.shape == want.shape and want.numel():
+            diff = (got.double() - want.double().to(got.device)).abs()
+            diff = diff[torch.isfinite(diff)]
+            found[path] = float(diff.max()) if diff.numel() else 0.0
+    return found
+
+
+def where_reference_finite(reference, oracle):
+    """`oracle` with NaN wherever the reference (in the kernel's dtype) is NaN/Inf and the oracle is not: the
+    reference overflows there in its own dtype, so those outputs are not judged (the bound's comparison
+    skips the oracle's non-finite elements). Trees of another structure are left to the comparison."""
+    if isinstance(oracle, torch.Tensor):
+        if not (isinstance(reference, torch.Tensor) and oracle.is_floating_point()
+                and reference.is_floating_point() and reference.shape == oracle.shape):
+            return oracle
+        bad = ~torch.isfinite(reference.to(oracle.device)) & torch.isfinite(oracle)
+        return oracle.masked_fill(bad, math.nan) if bad.any() else oracle
+    if isinstance(oracle, (tuple, list)) and isinstance(reference, (tuple, list)) and len(oracle) == len(reference):
+        return type(oracle)(where_reference_finite(r, o) for r, o in zip(reference, oracle))
+    if isinstance(oracle, dict) and isinstance(reference, dict):
+        return {k: where_reference_finite(reference.get(k), v) for k, v in oracle.items()}
+    return oracle
 
 
 GATE = Distributions

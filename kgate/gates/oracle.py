@@ -25,11 +25,13 @@ class Incomparable:
 
 
 def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
-                    scales: dict[str, float] | None = None) -> Incomparable | list[LeafError]:
+                    scales: dict[str, float] | None = None,
+                    sensitivity: dict[str, float] | None = None) -> Incomparable | list[LeafError]:
     """The oracle gate's judgement of one output tree: one LeafError per tensor leaf, or why none.
 
     Shared by every gate that judges against the oracle bound (shapes, layouts, distributions, ...).
-    `scales` (output path -> magnitude) raises the magnitude each leaf's floor is taken of."""
+    `scales` (output path -> magnitude) raises the magnitude each leaf's floor is taken of; `sensitivity`
+    (output path -> the oracle's change when the inputs move by an ulp) the least reference error."""
     if structure(out) != structure(oracle):
         return Incomparable("output structure differs from the reference's: cannot compare",
                             expected=structure(oracle), got=structure(out))
@@ -46,7 +48,8 @@ def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
         ref = refs.get(path)
         leaves.append(measure(got, ref if isinstance(ref, torch.Tensor) else None, want, path=path,
                               factor=tol.factor, ulps=tol.ulps, atol=tol.atol,
-                              scale_at_least=(scales or {}).get(path, 0.0)))
+                              scale_at_least=(scales or {}).get(path, 0.0),
+                              sensitivity=(sensitivity or {}).get(path, 0.0)))
     return leaves
 
 

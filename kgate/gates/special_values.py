@@ -9,8 +9,18 @@ value: two in one reduction would let one hide the other's mishandling. Toleranc
 class of each element (NaN, +Inf, -Inf, finite) is compared, against the oracle rounded to the
 output's dtype.
 
-The probes run in rounds: first, for every case, the last element of each input and the overflow
-probe; then the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
+Whole lines of special values too: NaN, +Inf and -Inf filling, one probe each, the line through an
+input's last element along each of its dimensions (a row that is all NaN, whichever dimension a kernel
+reduces: a guard that writes 0 for an "empty" row shows only there) and the whole input.
+
+Subnormal semantics, tolerance-free: all inputs scaled to subnormal magnitudes (peak half the smallest
+normal) and so that their products are subnormal (peak 0.9 x sqrt(smallest normal)). Where the oracle,
+rounded to the output's dtype, is clearly subnormal (at least `CLEARLY_SUBNORMAL` of the smallest normal,
+above what another summation order's rounding can move to zero), the kernel may not flush to zero a
+result the reference keeps (FTZ/DAZ builds), nor keep one the reference flushes.
+
+The probes run in rounds: first, for every case, the last element of each input, the overflow probe and
+the two subnormal probes; then the whole lines and the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
 only, and the pass message names the probe it stopped before.
 
 `special_values_match` relaxes the comparison for kernels that need it:
@@ -52,6 +62,11 @@ _NAMES = {0: "finite", 1: "NaN", 2: "+Inf", 3: "-Inf"}
 _NONFINITE_NAMES = {0: "finite", 1: "non-finite"}
 _INJECTED = ((math.nan, "NaN"), (math.inf, "+Inf"), (-math.inf, "-Inf"))
 OVERFLOW = "inputs scaled to overflow-prone magnitudes"
+SUBNORMAL = "inputs scaled to subnormal magnitudes"
+UNDERFLOW = "inputs scaled so that their products are subnormal"
+# Where the oracle's magnitude is at least this share of the smallest normal, a result is clearly subnormal: a
+# rounding of another summation order cannot make it zero, a flush to zero (FTZ/DAZ) does.
+CLEARLY_SUBNORMAL = 1 / 16
 # Seeded positions injected beside the last, first and centre elements (rows or tiles other than those).
 RANDOM_POSITIONS = 2
 
@@ -111,6 +126,8 @@ class SpecialValues(Gate):
         floats = self.floats(args)
         sites = {i: positions(tuple(args[i].shape), gen) for i in floats}
         rounds = range(1, max((len(s) for s in sites.values()), default=0)) if later else range(1)
+        if later:
+            yield from self.lines(args, floats)
         for r in rounds:
             for i in floats:
                 if r >= len(sites[i]):
@@ -128,6 +145,33 @@ class SpecialValues(Gate):
                 if peak > 0:
                     probe[i].copy_(t / peak * overflow_scale(t.dtype))
             yield OVERFLOW, probe, None, None
+            for label, peak in ((SUBNORMAL, lambda d: torch.finfo(d).tiny / 2),
+                                (UNDERFLOW, lambda d: math.sqrt(torch.finfo(d).tiny) * 0.9)):
+                probe = clone_tree(args)
+                for i in floats:
+                    t = probe[i]
+                    top = t.abs().max()
+                    if top > 0:
+                        probe[i].copy_(t.double() / float(top) * peak(t.dtype))
+                yield label, probe, None, None
+
+    @staticmethod
+    def lines(args: tuple, floats: list[int]) -> Iterator[tuple[str, tuple, str, tuple]]:
+        """NaN, +Inf and -Inf filling a whole line of each input: along each dimension, the line through its
+        last element (a row whose every value is NaN: a reduction that treats it as empty), then the whole
+        input."""
+        for i in floats:
+            shape = tuple(args[i].shape)
+            lines = [(f"the whole line along dimension {d} through the last element",
+                      tuple(slice(None) if k == d else n - 1 for k, n in enumerate(shape)))
+                     for d in range(len(shape)) if shape[d] > 1]
+            lines.append(("all of it", tuple(slice(None) for _ in shape)))
+            for where, index in lines:
+                shown = "[" + ", ".join(":" if isinstance(k, slice) else str(k) for k in index) + "]"
+                for value, label in _INJECTED:
+                    probe = clone_tree(args)
+                    probe[i][index] = value
+                    yield f"{label} filling argument {i} at {shown} ({where})", probe, label, (i, index)
 
     def check(self, subject: Subject) -> GateResult:
         tried, rejected = 0, []
@@ -158,7 +202,11 @@ class SpecialValues(Gate):
                     # the declared-zero masks cost two more oracle calls: made only if a class differs
                     skipped = functools.cache(functools.partial(self.skipped_zeros, subject, inputs, oracle, site)) \
                         if skippable and site else None
-                    result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural)
+                    reference = None
+                    if label in (SUBNORMAL, UNDERFLOW):
+                        reference = unless_rejected(lambda inputs=inputs: subject.run_reference(clone_tree(inputs)))
+                    result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural,
+                                        reference)
                     if result is not None:
                         return result
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before the probe "
@@ -170,8 +218,10 @@ class SpecialValues(Gate):
                                     f"judge{stopped}")
             return self.skipped("no floating-point inputs to inject special values into")
         message = (f"NaN/Inf pattern matched the oracle in {tried} probe(s) (NaN, +Inf and -Inf at the last, first "
-                   f"and centre elements and {RANDOM_POSITIONS} seeded positions of each floating-point input; "
-                   f"inputs scaled to overflow-prone magnitudes)")
+                   f"and centre elements and {RANDOM_POSITIONS} seeded positions of each floating-point input and "
+                   f"filling its last line along each dimension and all of it; inputs scaled to overflow-prone "
+                   f"magnitudes); subnormal results kept where the reference keeps them (inputs scaled to subnormal "
+                   f"magnitudes and to products in the subnormal range)")
         message += stopped
         details: dict = {"cut": cut} if cut is not None else {}
         if spread:
@@ -216,7 +266,7 @@ class SpecialValues(Gate):
 
     def judge(self, subject: Subject, case: Case, label: str, probe: tuple, oracle, injected: str | None = None,
               spread: list | None = None, skipped: Callable[[], dict | None] | None = None,
-              structural: list | None = None) -> GateResult | None:
+              structural: list | None = None, reference=None) -> GateResult | None:
         """A failure, or None. Under `spread`, outputs that only the injected value made non-finite are
         appended to `spread` ({"probe", "injected", "path", "outputs"}). `skipped` (`skipped_zeros`, called
         only where some class differs) names the outputs the injected value reaches only through declared
@@ -227,6 +277,7 @@ class SpecialValues(Gate):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
                                expected=structure(oracle), got=structure(out))
         oracles = dict(flatten(oracle))
+        references = dict(flatten(reference)) if reference is not None else {}
         found: list[dict] = []
         for path, got in flatten(out):
             want = oracles[path]
@@ -264,8 +315,39 @@ class SpecialValues(Gate):
                     subject, f"{path}{index}: the oracle gives {e}, the kernel gives {value!r} "
                     f"({int(diff.sum())} of {diff.numel()} elements differ in class) after {label}",
                     case=case, expected=e, got=f"{a} ({value!r})", where=f"{path}{index}", details={"probe": label})
+            ref = references.get(path)
+            if isinstance(ref, torch.Tensor) and ref.shape == got.shape and got.is_floating_point():
+                failure = self.subnormals(subject, case, label, path, got.detach(), ref, want)
+                if failure is not None:
+                    return failure
         if spread is not None:
             spread.extend(found)
+        return None
+
+
+    def subnormals(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor, ref: torch.Tensor,
+                   want: torch.Tensor) -> GateResult | None:
+        """Where the oracle, rounded to the output's dtype, is clearly subnormal (`CLEARLY_SUBNORMAL`): the kernel
+        flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes."""
+        tiny = torch.finfo(got.dtype).tiny
+        o = want.to(device=got.device, dtype=got.dtype)
+        clearly = (o.abs() >= tiny * CLEARLY_SUBNORMAL) & (o.abs() < tiny)
+        r = ref.to(got.device)
+        kept = clearly & (r != 0) & (r.abs() < tiny)
+        flushed = clearly & (r == 0)
+        for mask, expected, what, bad in (
+                (kept, "the subnormal the reference keeps", "the kernel flushes it to zero", got == 0),
+                (flushed, "0, as the reference flushes it", "the kernel keeps a subnormal", (got != 0) & (got.abs() < tiny))):
+            diff = mask & bad
+            if diff.any():
+                flat = int(diff.reshape(-1).nonzero()[0, 0])
+                index = list(index_of(flat, tuple(got.shape)))
+                e, g = float(r.reshape(-1)[flat]), float(got.reshape(-1)[flat])
+                return self.failed(
+                    subject, f"{path}{index}: the reference gives {e!r} (the oracle {float(o.reshape(-1)[flat])!r}), "
+                    f"the kernel {g!r}: {what} ({int(diff.sum())} of {int(mask.sum())} clearly subnormal outputs) after "
+                    f"{label}", case=case, expected=f"{expected} ({e!r})", got=repr(g),
+                    where=f"{path}{index}", details={"probe": label, "subnormal": True})
         return None
 
 
