@@ -114,8 +114,9 @@ def test_probes_inject_one_special_value_each():
         assert torch.equal(torch.where(torch.isfinite(probe), probe, x), x)
     # whole lines: the last row, the last column and all of x, each value filling exactly that line
     lines = [(label, probe, site) for label, probe, value, site in probes if value is not None and "filling" in label]
-    assert [label.split(" (")[0] for label, _, _ in lines[::3]] == [
-        "NaN filling argument 0 at [:, 32]", "NaN filling argument 0 at [4, :]", "NaN filling argument 0 at [:, :]"]
+    assert [label.split(" (")[0] for label, _, _ in lines] == [
+        "NaN filling argument 0 at [:, 32]", "NaN filling argument 0 at [4, :]", "+Inf filling argument 0 at [4, :]",
+        "-Inf filling argument 0 at [4, :]", "NaN filling argument 0 at [:, :]"]
     for label, (probe,), (_, index) in lines:
         assert int((~torch.isfinite(probe)).sum()) == x[index].numel(), label
         assert torch.equal(torch.where(torch.isfinite(probe), probe, x), x)
