@@ -105,10 +105,13 @@ class Searched(Generic[R]):
 
 def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], tuple[float, R, bool] | None],
            *, seconds: float, out_of_time: Callable[[], bool] = lambda: False,
-           tries: tuple[int, int] = (RANDOM_TRIES, CLIMB_TRIES)) -> Searched[R]:
+           tries: tuple[int, int] = (RANDOM_TRIES, CLIMB_TRIES),
+           conform: Callable[[tuple, tuple], tuple] | None = None) -> Searched[R]:
     """Search the affine transforms of `args` (changing only the arguments in `floats`). `judge(inputs)`
     returns (objective, result, failed), or None where the reference rejects the inputs (outside its
-    domain: the transform says nothing). Stops at the first failure."""
+    domain: the transform says nothing). `conform(args, inputs)` brings each transform's inputs back into
+    the structure the inputs are known to have (a Subject's `conform`: an offset fills a triangular
+    matrix's zeros). Stops at the first failure."""
     gen = torch.Generator().manual_seed(seed)
     deadline = time.monotonic() + seconds
 
@@ -145,6 +148,8 @@ def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], t
             return Searched(worst, worst_value, done, None, False, judged_count)
         transform = draw() if step < n_random or worst is None else nudge(worst)
         inputs = apply(args, transform)
+        if conform is not None:
+            inputs = conform(args, inputs)
         judged = judge(inputs)
         done += 1
         if judged is None:

@@ -265,9 +265,12 @@ def test_special_values_skips_probes_the_reference_rejects_and_still_judges_the_
     # +-Inf keys and a +Inf gate are outside the domain; so are scaled keys (the overflow probe is
     # then retried one argument at a time: the gate alone is inside). The keys get 5 positions, the gates 4
     # (their two seeded draws coincide): NaN keys and NaN and -Inf gates are judged, 5 + 4 + 4 probes, and
-    # the gate scaled alone.
-    assert "NaN/Inf pattern matched the oracle in 14 probe(s)" in result.message
-    assert "skipped 15 the reference rejects: +Inf injected into argument 0 at [3, 15, 7] (last element)" \
+    # the gate scaled alone. The whole lines: the keys' NaN lines along each of 3 dimensions and NaN in all
+    # of them are judged (4), their +-Inf lines rejected (2); the gates' NaN lines (2), all NaN and the -Inf
+    # line judged (4), the +Inf line rejected. The two subnormal probes, like the overflow probe, judge the
+    # gate scaled alone and skip the keys scaled: 14 + 8 + 2 judged, 15 + 3 + 2 skipped.
+    assert "NaN/Inf pattern matched the oracle in 24 probe(s)" in result.message
+    assert "skipped 20 the reference rejects: +Inf injected into argument 0 at [3, 15, 7] (last element)" \
         in result.message
     assert "argument 0 scaled to overflow-prone magnitudes" in result.message
 
@@ -291,13 +294,15 @@ def test_special_values_kernel_raising_on_a_probe_the_reference_accepts_is_not_s
 
 def test_special_values_skipped_when_the_reference_rejects_every_probe():
     def bounded(x):
-        if not (x.abs() <= 10).all():  # NaN and Inf fail the comparison too
-            raise ValueError("inputs must be finite and within [-10, 10]")
+        # NaN and Inf fail the comparisons too; a row must reach magnitude 1 (subnormal rows do not)
+        if not ((x.abs() <= 10).all() and (x.abs().amax(-1) >= 1).all()):
+            raise ValueError("inputs must be finite and within [-10, 10], each row reaching magnitude 1")
         return torch.softmax(x, -1)
 
     result = check("special_values", good_softmax, bounded, rows)
-    # 4 positions (the first seeded draw is the last element) x NaN, +Inf, -Inf, and the overflow probe
-    assert result.verdict == "skip" and "the reference rejects every probe (13:" in result.message
+    # 4 positions (the first seeded draw is the last element) x NaN, +Inf, -Inf, the overflow probe, the
+    # whole lines (NaN along both dimensions, +-Inf along the last, NaN in all: 5) and the two subnormal probes
+    assert result.verdict == "skip" and "the reference rejects every probe (20:" in result.message
 
 
 # --- special_values_match: spread ----------------------------------------------------------------------

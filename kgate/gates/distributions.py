@@ -233,7 +233,8 @@ class Distributions(Gate):
                 return ratios[-1], outcome, outcome is not False
 
             found = search(base.args, floats, case.seed, objective, out_of_time=subject.out_of_time,
-                           seconds=min(SEARCH_SECONDS, subject.entry.limits.timeout * SEARCH_SHARE))
+                           seconds=min(SEARCH_SECONDS, subject.entry.limits.timeout * SEARCH_SHARE),
+                           conform=subject.conform)
             searched.append(found)
             probes += found.judged
             if found.failure is not None:
