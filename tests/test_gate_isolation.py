@@ -245,6 +245,29 @@ def test_process_numerics_state_changed_and_restored_passes():
     assert run(scoped).verdict == "pass"
 
 
+def test_state_set_from_the_inputs_dtype_fails_through_the_float64_call():
+    def follows_input(x):  # a no-op at float32: only inputs of another dtype leave the default changed
+        torch.set_default_dtype(x.dtype)
+        return good(x)
+
+    try:
+        result = run(follows_input)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert result.verdict == "fail", result.message
+    assert "torch.get_default_dtype() changed from torch.float32 to torch.float64" in result.message
+
+
+def test_kernel_refusing_float64_passes():
+    def float32_only(x):
+        if x.dtype != torch.float32:
+            raise TypeError("float32 only")
+        return good(x)
+
+    result = run(float32_only)
+    assert result.verdict == "pass", result.message
+
+
 def test_floating_point_environment_reads_both_modes():
     from kgate.gates.isolation import floating_point_environment
 

@@ -112,6 +112,11 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     except kb.ProblemError as exc:
         channel.send("problem_error", message=str(exc) + (f" (at {dtype})" if len(dtypes) > 1 else ""))
         return
+    # What torch, kgate and the process's numerics look like before any candidate code runs (the isolation
+    # gate compares with it: a patch or a switch the candidate sets at import or construction shows too)
+    from kgate.gates.isolation import Snapshot
+
+    pristine = Snapshot.take()
     start = time.perf_counter()
     try:
         candidate_module = kb.exec_candidate(candidate_path, problem_path)
@@ -187,8 +192,10 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
                              device=job["device"])
         reference, candidate = models[dtype]
         # both models draw what their forward draws from the same seed (kgate.oracle.seeded)
-        return PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), factory, device,
-                           [Case(shape, dtype, s) for s in seeds], repro_manifest=str(problem_path))
+        subject = PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), factory, device,
+                              [Case(shape, dtype, s) for s in seeds], repro_manifest=str(problem_path))
+        subject.pristine_state = pristine
+        return subject
 
     work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))
     for dtype in dtypes:  # names: this precision's result ids (kgate.kernelbench.gate_ids)

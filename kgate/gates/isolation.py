@@ -21,7 +21,8 @@ Tolerance-free. Seven probes:
   kernel's module was imported (or, in-process, before this gate's calls);
 - process state unchanged: torch's numerics switches, grad/autocast modes, default dtype and device,
   thread count and the floating-point environment's flush-to-zero/denormals-are-zero modes (`_flags`)
-  are as they were at the same moment.
+  are as they were at the same moment, after this gate's calls and one more on the inputs in float64
+  (state set from the inputs' dtype changes only on another dtype's inputs).
 """
 
 from __future__ import annotations
@@ -182,7 +183,10 @@ class Snapshot:
         return objects
 
     def changes(self, later: Snapshot) -> list[str]:
-        found = []
+        """What differs in `later`: the numerics settings first (one switch can replace many objects:
+        torch.set_default_dtype swaps torch.Storage), then the replaced or deleted objects."""
+        found = [f"{name} changed from {value!r} to {later.flags.get(name)!r}"
+                 for name, value in self.flags.items() if later.flags.get(name) != value]
         for (where, key), value in self.objects.items():
             now = later.objects.get((where, key), _MISSING)
             if now is _MISSING:
@@ -192,9 +196,6 @@ class Snapshot:
             elif now is not value and not (isinstance(now, types.MethodType) and now == value) \
                     and not _torch_rewrap(now, value):
                 found.append(f"{where}.{key} was replaced (by {_describe(now)})")
-        for name, value in self.flags.items():
-            if later.flags.get(name) != value:
-                found.append(f"{name} changed from {value!r} to {later.flags.get(name)!r}")
         return found
 
 
@@ -404,10 +405,11 @@ class Isolation(Gate):
                 result, parameters = self.parameters(subject, cases[0])
                 if result is not None:
                     return result
+                self.call_in_float64(subject, cases[0])
         finally:
             patched = before.changes(Snapshot.take(subject.raw_reference_fn))
         if patched:
-            return self.failed(subject, f"the kernel patched what it must not touch: {patched[0]}"
+            return self.failed(subject, f"the kernel changed what it must not touch: {patched[0]}"
                                + (f" (and {len(patched) - 1} more)" if len(patched) > 1 else ""),
                                case=cases[0] if cases else None, expected=f"unchanged since {since}",
                                got=patched[0], where=patched[0].split(" ")[0], details={"patched": patched})
@@ -470,6 +472,20 @@ class Isolation(Gate):
                         where=f"{path}{list(mismatch.index)}",
                         details={"threads": running, "processes": processes, "held_s": HOLD_S if probe == 0 else 0})
         return None
+
+    @staticmethod
+    def call_in_float64(subject: Subject, case: Case) -> None:
+        """One call on the case's inputs in float64, the oracle's dtype, which the reference accepts by
+        construction, whatever the kernel makes of it (it may raise): a kernel that sets process-wide state
+        from its inputs (`torch.set_default_dtype(x.dtype)`) leaves it changed only on inputs of another
+        dtype, and the process-state comparison after this gate's calls sees it then. float64 alone: its
+        buffers are larger than any other dtype's, so a kernel that reads them as float32 stays inside them."""
+        if case.dtype == "float64" or subject.out_of_time():
+            return
+        args = tuple(a.to(torch.float64) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                     for a in clone_tree(subject.baseline(case).args))
+        with contextlib.suppress(UserCodeError):
+            subject.run_kernel(args)
 
     def outputs_owned(self, subject: Subject, case: Case) -> GateResult | None:
         """OWNED_CALLS calls on other inputs (other seeds), every output kept: after each call, every earlier

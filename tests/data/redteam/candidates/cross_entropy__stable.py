@@ -3,8 +3,9 @@ import torch.nn as nn
 
 
 class ModelNew(nn.Module):
-    """Correct: max-shifted logsumexp minus the target logit, averaged over the targets that are not
-    ignore_index (-100), as F.cross_entropy does; a batch of ignored targets gives NaN (0 / 0) like it."""
+    """Max-shifted logsumexp minus the target logit, averaged over the targets that are not ignore_index
+    (-100), as F.cross_entropy does; the shift is zeroed where a row's max is infinite (torch.logsumexp's
+    guard) and a batch of ignored targets gives NaN (0 / 0)."""
 
     IGNORE = -100
 

@@ -3,8 +3,8 @@ import torch.nn as nn
 
 
 class ModelNew(nn.Module):
-    """Correct: two-pass log-softmax, x - m - log(sum(exp(x - m))), with the shift zeroed where the row max is
-    infinite (as torch.logsumexp does), so +-inf rows give the reference's inf/NaN."""
+    """Two-pass log-softmax, x - m - log(sum(exp(x - m))), with the shift zeroed where the row max is
+    infinite (the guard torch.logsumexp uses), so that x - m never computes inf - inf."""
 
     def forward(self, x):
         m = x.amax(dim=-1, keepdim=True)

@@ -3,9 +3,8 @@ import torch.nn as nn
 
 
 class ModelNew(nn.Module):
-    """Correct: online logsumexp over blocks of 16 columns with the running max started at -inf, and the
-    shift zeroed where the max is infinite (as torch.logsumexp does): all -inf rows give -inf, +inf rows
-    +inf, NaN stays NaN."""
+    """Online logsumexp over blocks of 16 columns with the running max started at -inf; where the running
+    max is infinite the shift is zeroed and the carried sum dropped (exp(m - shift) would be inf * 0)."""
 
     BLOCK = 16
 
