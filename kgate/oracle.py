@@ -18,6 +18,7 @@ over a sweep of factors. Integer and boolean outputs must match exactly.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import math
 import types
@@ -268,14 +269,33 @@ def float64_defaults(draws: torch.dtype | None = None) -> Iterator[None]:
 def seeded(seed: int | None) -> Iterator[None]:
     """torch's generators (the CPU's and CUDA's) seeded with `seed` for one call, their state restored after
     (None: left alone). A model called under it draws the same random values on every call: the kernel
-    and the reference, each called under the same seed, draw the same initial states."""
+    and the reference, each called under the same seed, draw the same initial states. Inside `rng_state`
+    the seed is shifted by its `shift` (the determinism gate's calls at other generator states)."""
     if seed is None:
         yield
         return
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
-        torch.manual_seed(seed)
+        torch.manual_seed(seed + _SEED_SHIFT.get())
         yield
+
+
+_SEED_SHIFT: contextvars.ContextVar[int] = contextvars.ContextVar("kgate_seed_shift", default=0)
+
+
+@contextlib.contextmanager
+def rng_state(shift: int) -> Iterator[None]:
+    """torch's generators at another state for what runs inside, restored after: seeded with `shift`, and
+    every `seeded` call inside shifted by it. A computation whose result depends on the generators'
+    state (a random completion order, stochastic rounding) gives another result here."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    token = _SEED_SHIFT.set(shift)
+    try:
+        with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
+            torch.manual_seed(shift)
+            yield
+    finally:
+        _SEED_SHIFT.reset(token)
 
 
 class DtypeDispatch:

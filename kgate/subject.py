@@ -112,6 +112,62 @@ def with_inplace(fn: Callable, inplace: Iterable[int]) -> Callable:
     return call
 
 
+FIRST_CALL_BYTES = 256 * 2**20  # a first call whose inputs and outputs hold more is not kept
+
+
+class FirstCall:
+    """Copies of the inputs and the outputs of the first call of a kernel or reference in this process (or
+    nothing, where they hold more than FIRST_CALL_BYTES, the call raised or some leaf is not a plain
+    tensor): the determinism gate calls again on the same inputs and compares bitwise. A kernel that
+    autotunes, warms a cache or initialises state on its first calls (and computes otherwise there) shows
+    only against that first call, which the gates never see otherwise: the audit's standard test makes it."""
+
+    def __init__(self) -> None:
+        self.args: tuple | None = None
+        self.out: list[tuple[str, torch.Tensor]] = []  # (output path, a copy of the output)
+        self.seen = False  # a first call was made (kept or not)
+        self._pending: tuple | None = None
+
+    @property
+    def kept(self) -> bool:
+        return self.args is not None
+
+    def before(self, args: tuple) -> None:
+        if self.seen or self._pending is not None:
+            return
+        tensors = [t for _, t in flatten(args) if isinstance(t, torch.Tensor)]
+        if sum(t.numel() * t.element_size() for t in tensors) <= FIRST_CALL_BYTES:
+            self._pending = clone_tree(args)
+        else:
+            self.seen = True
+
+    def after(self, out: Any) -> None:
+        if self.seen:
+            return
+        self.seen = True
+        pending, self._pending = self._pending, None
+        leaves = list(flatten(out))
+        if pending is None or not leaves or not all(type(t) is torch.Tensor for _, t in leaves) or \
+                sum(t.numel() * t.element_size() for _, t in leaves) > FIRST_CALL_BYTES:
+            return
+        self.args, self.out = pending, [(path, t.detach().clone()) for path, t in leaves]
+
+    def watch(self, module: torch.nn.Module) -> None:
+        """Record `module`'s first forward call (hooks, removed after it: a model called directly, as the
+        audit's standard test calls it, before any Subject exists)."""
+        handles: list[Any] = []
+
+        def pre(_module: Any, args: tuple) -> None:
+            self.before(args)
+
+        def post(_module: Any, _args: tuple, out: Any) -> None:
+            self.after(out)
+            for handle in handles:
+                handle.remove()
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+
 class Subject:
     def __init__(self, kernel: ResolvedKernel, kernel_fn: Callable, reference_fn: Callable,
                  factory: InputFactory, device: torch.device, cases: list[Case], *,
@@ -142,6 +198,9 @@ class Subject:
         # Set by the worker at each gate's start (`kgate.worker.run_gates`): the monotonic time after
         # which a searching gate starts no new probe and reports what it judged (None: no limit).
         self.deadline: float | None = None
+        # the first calls of the kernel and of the reference (set by the audit's worker, where the standard test
+        # makes them; else recorded by run_kernel / run_reference)
+        self.first_calls: dict[str, FirstCall] = {"kernel": FirstCall(), "reference": FirstCall()}
         self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
         # elements of the reference's outputs per input shapes: what a float64 oracle on the CPU would hold
         self._output_elements: dict[tuple, int] = {}
@@ -193,10 +252,15 @@ class Subject:
             raise UserCodeError("inputs factory", exc) from exc
 
     def run_kernel(self, args: tuple, *, sync: bool = True) -> Any:
+        first = self.first_calls["kernel"]
+        if not first.seen:
+            first.before(args)
         try:
             out = self.kernel_fn(*args)
             if sync:
                 synchronize(self.device)
+            if not first.seen:
+                first.after(out)
             raise_pending_launch_error(self.device)  # no sync: a launch that failed at once, raised here
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             try:  # a launch error the kernel left pending before it raised is part of this failure
@@ -209,10 +273,15 @@ class Subject:
     def run_reference(self, args: tuple, *, grad: bool = False) -> Any:
         """The reference on `args`, under torch.no_grad() unless `grad` (then under the grad mode the kernel
         runs in: outputs require grad as autograd would make them)."""
+        first = self.first_calls["reference"]
+        if not first.seen and not grad:
+            first.before(args)
         try:
             with torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
                 out = self.reference_fn(*args)
             synchronize(self.device)
+            if not first.seen and not grad:
+                first.after(out)
         except (Exception, SystemExit) as exc:
             raise UserCodeError("reference", exc) from exc
         self._output_elements[_shapes_key(args)] = sum(t.numel() for t in tensors(out))

@@ -183,6 +183,81 @@ def test_determinism_fails_only_what_the_reference_holds():
     assert blamed.verdict == "fail" and "the reference called the same way is bitwise equal" in blamed.message
 
 
+def test_determinism_fails_a_result_that_follows_generators_seeded_alike_on_every_call():
+    """As a KernelBench pair's models are called (kgate.oracle.seeded: the same seed on every call), a random
+    completion order repeats from call to call; at other generator states it does not, and the reference's
+    result never depended on them."""
+    from kgate.oracle import seeded
+
+    def pinned(fn):
+        def call(x):
+            with seeded(0):
+                return fn(x)
+        return call
+
+    result = check("determinism", pinned(racy_sum), pinned(lambda x: x.sum(-1)), rows, shapes=[[3, 4097]])
+    assert result.verdict == "fail", result.message
+    assert "with torch's random generators at another state" in result.message
+
+
+def test_determinism_passes_a_kernel_drawing_what_the_reference_draws():
+    from kgate.oracle import seeded
+
+    def noisy(x):  # draws from the generators, as the reference does: kernel and reference agree on every seed
+        with seeded(0):
+            return x + torch.randn(x.shape, dtype=x.dtype)
+
+    result = check("determinism", noisy, noisy, rows)
+    assert result.verdict == "pass", result.message
+    assert "where the reference's result depends on them too" in result.message
+
+
+class _Autotuned:
+    """A softmax whose first call runs another block size (another summation order) than every later one, as
+    an autotuner that returns the result of whichever config it timed first."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        block = 7 if self.calls == 1 else 32
+        z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+        total = sum(z[..., j:j + block].sum(dim=-1, keepdim=True) for j in range(0, z.shape[-1], block))
+        return z / total
+
+
+def _after_a_first_call(kernel):
+    """The determinism gate on `kernel` after one call of kernel and reference before any gate (as the audit's
+    standard test makes them), on inputs of another seed than the gate's."""
+    from kgate import gates as registry
+    from kgate.inputs import Case
+    from tests.gate_harness import subject_for
+
+    subject = subject_for(kernel, ref_softmax, rows)
+    first = subject.inputs(Case(None, "float32", 12345))
+    subject.run_reference(first)
+    subject.run_kernel(first)
+    return registry.get("determinism").check(subject)
+
+
+def test_determinism_fails_a_first_call_that_computes_otherwise():
+    result = _after_a_first_call(_Autotuned())
+    assert result.verdict == "fail", result.message
+    assert "first call in the process differs from the same call made later" in result.message
+
+
+def test_determinism_passes_a_first_call_that_only_warms_up():
+    cache = {}
+
+    def warmed(x):  # the first call fills a cache of the same values every later call computes
+        cache.setdefault("shift", None)
+        return good_softmax(x)
+
+    result = _after_a_first_call(warmed)
+    assert result.verdict == "pass" and "the first call in the process made again: bitwise equal" in result.message
+
+
 def test_determinism_skips_when_declared():
     assert check("determinism", racy_sum, lambda x: x.sum(-1), rows, nondeterministic=True).verdict == "skip"
 

@@ -59,17 +59,18 @@ def _sizes(channel: Channel, job: dict[str, Any]) -> None:
 
 def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
+    import torch
+
     from kgate import gates as registry
     from kgate import kernelbench as kb
     from kgate import standard_test
     from kgate.inputs import Case, InputFactory, dtype_of
     from kgate.oracle import DtypeDispatch
-    from kgate.subject import Subject
+    from kgate.subject import FirstCall, Subject
 
     names: list[str] = job["gates"]
     device = prepare_device(job["device"], job.get("gpu_memory_fraction"))
     if job.get("turns"):  # --prestart: started while others judge; the candidate waits for a turn
-        import torch
 
         from kgate.audit import turns
 
@@ -147,6 +148,14 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     found = tampered()
     if found:
         channel.send("tamper", message=found)
+    # the models' first calls (the standard test's first trial, else the first gate's): the determinism gate
+    # makes them again
+    first_calls: dict[str, dict[str, FirstCall]] = {}
+    for dtype, (reference, candidate) in models.items():
+        first_calls[dtype] = {"kernel": FirstCall(), "reference": FirstCall()}
+        for role, model in (("kernel", candidate), ("reference", reference)):
+            if isinstance(model, torch.nn.Module):
+                first_calls[dtype][role].watch(model)
     for dtype in dtypes if run_standard else []:
         reference, candidate = models[dtype]
         started = time.perf_counter()
@@ -195,6 +204,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         subject = PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), factory, device,
                               [Case(shape, dtype, s) for s in seeds], repro_manifest=str(problem_path))
         subject.pristine_state = pristine
+        subject.first_calls = first_calls[dtype]
         return subject
 
     work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))

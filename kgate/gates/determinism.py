@@ -4,7 +4,17 @@ outputs (unless the manifest declares `nondeterministic: true`). Tolerance-free.
 The contract is the reference's: where the kernel's calls differ, the reference is called the same
 way, and if its own calls differ too (e.g. a KernelBench model whose cuDNN convolution picks an
 algorithm with atomics, which a candidate calling the same convolution inherits), there is no
-bitwise behaviour to hold the kernel to and the gate is skipped, naming both differences."""
+bitwise behaviour to hold the kernel to and the gate is skipped, naming both differences.
+
+Then the same calls once more, each with torch's random generators at another state (`rng_state`: a
+KernelBench pair's models, which draw from generators seeded alike on every call, get other seeds): a
+kernel whose result depends on the generators' state (a completion order drawn at random, stochastic
+rounding) where the reference's does not fails; where the reference's depends on it too, the kernel's may.
+
+And the kernel's very first call in the process (`Subject.first_calls`: in an audit the standard test's first
+trial, before any gate) is made again on copies of its inputs: a kernel that autotunes or warms up on its
+first calls and computes otherwise there must give the same bits, where the reference's first call, made
+again the same way, does."""
 
 from __future__ import annotations
 
@@ -15,14 +25,18 @@ import torch
 
 from kgate.compare import bitwise_mismatch, clone_tree, flatten
 from kgate.gates.base import Gate, GateResult
+from kgate.oracle import rng_state
 from kgate.subject import Subject
 
 CALLS = 3
+RNG_SHIFT = 7919  # call k of the second round runs with torch's generators seeded with k * RNG_SHIFT
 
 
-def first_difference(run: Callable[[Any], Any], args: Any, device: torch.device) -> tuple[int, str, Any] | None:
+def first_difference(run: Callable[[Any], Any], args: Any, device: torch.device, *,
+                     other_rng: bool = False) -> tuple[int, str, Any] | None:
     """(call number, output path, mismatch) of the first of CALLS calls of `run` on copies of `args`
-    whose outputs are not bitwise equal to the first call's; None when all are."""
+    whose outputs are not bitwise equal to the first call's; None when all are. `other_rng`: each call with
+    torch's generators at another state (`rng_state`)."""
     first = None
     keep = []
     for call in range(CALLS):
@@ -31,7 +45,11 @@ def first_difference(run: Callable[[Any], Any], args: Any, device: torch.device)
         # Earlier calls' inputs stay alive, so no allocator can hand their addresses out again.
         copy = clone_tree(args)
         keep.append(copy)
-        out = run(copy)
+        if other_rng:
+            with rng_state((call + 1) * RNG_SHIFT):
+                out = run(copy)
+        else:
+            out = run(copy)
         leaves = [(p, t.detach().clone()) for p, t in flatten(out) if isinstance(t, torch.Tensor)]
         if first is None:
             first = leaves
@@ -52,23 +70,59 @@ class Determinism(Gate):
         if subject.nondeterministic:
             return self.skipped("declared nondeterministic in the manifest")
         cases = subject.first_seed_cases()
+        rng_free = 0  # cases where the reference's result does not depend on the generators either
         for case in cases:
             base = subject.baseline(case)
-            found = first_difference(subject.run_kernel, base.args, subject.device)
-            if found is None:
+            for other_rng in (False, True):
+                found = first_difference(subject.run_kernel, base.args, subject.device, other_rng=other_rng)
+                if found is None:
+                    rng_free += other_rng
+                    continue
+                call, path, mismatch = found
+                told = (f"call {call} differs from call 1 in {path}"
+                        + (" (each call with torch's random generators at another state)" if other_rng else "")
+                        + f": {mismatch.describe()}")
+                own = first_difference(subject.run_reference, base.args, subject.device, other_rng=other_rng)
+                if own is not None:
+                    if other_rng:  # the reference draws from the generators: so may the kernel
+                        continue
+                    r_call, r_path, r_mismatch = own
+                    return self.skipped(f"the kernel's {told}; but the reference called the same way differs too "
+                                        f"(call {r_call} in {r_path}: {r_mismatch.describe()}): it sets no bitwise "
+                                        f"contract on these inputs ({case.label()})")
+                return self.failed(subject, told + "; the reference called the same way is bitwise equal",
+                                   case=case, expected=repr(mismatch.expected), got=repr(mismatch.got),
+                                   where=f"{path}{list(mismatch.index)}",
+                                   details={"differing": mismatch.count, "other_rng_state": other_rng})
+        first = self.first_call(subject)
+        if isinstance(first, GateResult):
+            return first
+        return self.passed(f"{CALLS} calls bitwise equal in {len(cases)} case(s), and again with torch's random "
+                           f"generators at {CALLS} other states"
+                           + ("" if rng_free == len(cases) else " (where the reference's result depends on them "
+                              "too, the kernel's may)") + first)
+
+    def first_call(self, subject: Subject) -> GateResult | str:
+        """The kernel's first call made again (see the module's docstring): a failure, or what the pass
+        message says of it."""
+        kernel, reference = subject.first_calls["kernel"], subject.first_calls["reference"]
+        if not (kernel.kept and reference.kept):
+            return "; the first call not kept (too large, or not made on plain tensors)"
+        again = [t for _, t in flatten(subject.run_kernel(clone_tree(kernel.args)))]
+        for (path, was), now in zip(kernel.out, again):
+            mismatch = bitwise_mismatch(was, now) if isinstance(now, torch.Tensor) else None
+            if mismatch is None:
                 continue
-            call, path, mismatch = found
-            told = f"call {call} differs from call 1 in {path}: {mismatch.describe()}"
-            own = first_difference(subject.run_reference, base.args, subject.device)
-            if own is not None:
-                r_call, r_path, r_mismatch = own
-                return self.skipped(f"the kernel's {told}; but the reference called the same way differs too "
-                                    f"(call {r_call} in {r_path}: {r_mismatch.describe()}): it sets no bitwise "
-                                    f"contract on these inputs ({case.label()})")
-            return self.failed(subject, told + "; the reference called the same way is bitwise equal", case=case,
-                               expected=repr(mismatch.expected), got=repr(mismatch.got),
-                               where=f"{path}{list(mismatch.index)}", details={"differing": mismatch.count})
-        return self.passed(f"{CALLS} calls bitwise equal in {len(cases)} case(s)")
+            own = [t for _, t in flatten(subject.run_reference(clone_tree(reference.args)))]
+            if any(isinstance(b, torch.Tensor) and bitwise_mismatch(a, b) for (_, a), b in zip(reference.out, own)):
+                return "; the first call differs from a later one, as the reference's first call does"
+            return self.failed(subject, f"the kernel's first call in the process differs from the same call made "
+                               f"later, in {path}: {mismatch.describe()}; the "
+                               f"reference's first call, made again, is bitwise equal (warm-up or autotuning "
+                               f"that computes otherwise on the first calls)", case=None, expected=repr(mismatch.got),
+                               got=repr(mismatch.expected), where=f"{path}{list(mismatch.index)}",
+                               details={"differing": mismatch.count, "first_call": True})
+        return "; the first call in the process made again: bitwise equal"
 
 
 GATE = Determinism
