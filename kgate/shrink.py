@@ -13,7 +13,8 @@ Each call costs a kernel run, so both stop after `budget` calls or `seconds` and
 finished.
 
 `judge_probe` is what the gates' predicates re-run: one kernel call on given inputs, judged like the
-contract and oracle gates (a crash, a wrong shape or dtype, a miss of the oracle bound), returning a
+contract and oracle gates (a crash, a wrong shape, dtype, layout or aliasing, a miss of the oracle bound:
+the contract holds at every probe, not at the declared shape only), returning a
 `Finding` whose `kind` lets a shrinker keep to the same failure instead of drifting to another.
 """
 
@@ -27,6 +28,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from kgate.compare import clone_tree, flatten
+from kgate.gates.contract import aliased_inputs, layout_problem
 from kgate.gates.oracle import Incomparable, measure_outputs
 from kgate.oracle import BROKEN_FACTOR, LeafError
 from kgate.subject import Subject, UserCodeError
@@ -167,8 +169,9 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
     A crash of the kernel is a finding (the reference accepted these inputs); the reference's and the
     factory's exceptions are left to the caller, which usually skips such a probe.
     """
+    given = clone_tree(args)
     try:
-        out = subject.run_kernel(clone_tree(args))
+        out = subject.run_kernel(given)
     except UserCodeError as exc:
         if exc.role != "kernel":
             raise
@@ -186,6 +189,20 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
                     return Finding(CONTRACT, f"{path} has {attr} {getattr(got, attr)}, the reference's has "
                                    f"{getattr(want, attr)}", where=path, expected=str(getattr(want, attr)),
                                    got=str(getattr(got, attr))), leaves
+            problem = layout_problem(got, want)
+            if problem:
+                message, expected, found = problem
+                return Finding(CONTRACT, f"{path} {message}", where=path, expected=expected, got=found), leaves
+    aliased = aliased_inputs(out, given, subject.inplace)
+    if aliased:  # as the contract gate: only where the reference's output, on its own copy, aliases it too
+        ref_args = clone_tree(args)
+        allowed = aliased_inputs(subject.run_reference(ref_args), ref_args, subject.inplace)
+        for path, hits in aliased.items():
+            extra = sorted(hits - allowed.get(path, set()))
+            if extra:
+                return Finding(CONTRACT, f"{path} aliases input argument {extra[0]} (shares its memory); the "
+                               f"reference's {path} does not alias it", where=path, expected="a fresh tensor",
+                               got=f"a view of argument {extra[0]}"), leaves
     worst = max(leaves, key=lambda leaf: leaf.ratio, default=None)
     if worst is None or worst.passed:
         return None, leaves
