@@ -179,9 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         factory_source = resolve(kernel.inputs, "inputs", manifest.base) if isinstance(kernel.inputs, Ref) \
             else kernel.inputs
         # What torch, kgate and the reference look like before any kernel code runs (isolation gate).
-        from kgate.gates.isolation import Snapshot
+        from kgate.gates.isolation import Snapshot, install_thread_gate
 
         pristine = Snapshot.take(reference_fn)
+        install_thread_gate()  # the kernel's threads, from its first call on, can be held (isolation)
         kernel_fn = resolve(kernel.kernel, "kernel", manifest.base)
     except BaseException as exc:  # noqa: BLE001 - user code at import time may raise anything, SystemExit too
         trace = traceback.format_exc()

@@ -221,6 +221,16 @@ def test_padded_rows_keep_the_order_and_pass():
     assert contract(padded, lambda x: x * 2).verdict == "pass"
 
 
+def test_padded_rows_one_element_wide_pass():
+    """Rows of width 1 padded to a tile (strides (16, 1) for shape (n, 1)): the padded allocation's order, its
+    only dimension of size > 1 strided by the tile."""
+    from kgate.gates.contract import layout_problem
+
+    assert layout_problem(torch.zeros(6, 16)[:, :1], torch.zeros(6, 1)) is None
+    spread = torch.zeros(6, 2)[:, :1].t()  # shape (1, 6) with its elements 2 apart: not a padded row
+    assert layout_problem(spread, torch.zeros(1, 6)) is not None
+
+
 def test_elements_spread_apart_fail():
     def every_other(x):  # the innermost dimension no longer has unit stride
         buf = torch.zeros(x.shape[0], 2 * x.shape[1], dtype=x.dtype)

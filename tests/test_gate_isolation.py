@@ -142,6 +142,45 @@ def test_thread_waited_for_without_bound_passes():
     assert run(_head_start_kernel(None)).verdict == "pass"
 
 
+def _pooled_kernel(wait_s):
+    """A softmax handed to a thread pool whose worker an earlier call started (idle between calls), waited for
+    at most `wait_s` (None: until done)."""
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool")
+
+    def kernel(x):
+        out = torch.zeros_like(x)
+
+        def work():
+            out.copy_(good(x))
+
+        wait([pool.submit(work)], timeout=wait_s)
+        return out
+
+    return kernel
+
+
+def test_bounded_wait_on_a_pool_an_earlier_call_started_fails():
+    from kgate.gates.isolation import install_thread_gate
+
+    install_thread_gate()  # as the workers do before loading the kernel's code
+    kernel = _pooled_kernel(0.05)
+    kernel(torch.zeros(2, 3))  # the pool's worker starts here, before the gate's calls
+    result = run(kernel)
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert "started by an earlier call, held in this one" in result.message
+
+
+def test_unbounded_wait_on_a_pool_an_earlier_call_started_passes():
+    from kgate.gates.isolation import install_thread_gate
+
+    install_thread_gate()
+    kernel = _pooled_kernel(None)
+    kernel(torch.zeros(2, 3))
+    assert run(kernel).verdict == "pass"
+
+
 def test_child_processes_lists_a_running_child():
     import subprocess
     import sys

@@ -115,9 +115,10 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         return
     # What torch, kgate and the process's numerics look like before any candidate code runs (the isolation
     # gate compares with it: a patch or a switch the candidate sets at import or construction shows too)
-    from kgate.gates.isolation import Snapshot
+    from kgate.gates.isolation import Snapshot, install_thread_gate
 
     pristine = Snapshot.take()
+    install_thread_gate()  # the candidate's threads, from its first call on, can be held (isolation)
     start = time.perf_counter()
     try:
         candidate_module = kb.exec_candidate(candidate_path, problem_path)

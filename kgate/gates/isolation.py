@@ -49,6 +49,7 @@ from kgate.subject import ModuleState, Subject, UserCodeError, synchronize
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
 HOLD_S = 0.5  # how long a thread the kernel starts is held before it runs (first call of each case)
+SETTLE_S = 0.2  # how long a held thread an earlier call started gets to run before the outputs are re-read
 PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
 OWNED_CALLS = 8  # outputs-stay-owned probe: calls whose outputs are kept (a buffer reused every k < 8 calls shows)
@@ -217,6 +218,39 @@ def _describe(obj: Any) -> str:
     return f"{module}.{name}" if module else name
 
 
+class _ThreadGate:
+    """Holds the Python threads started after `install_thread_gate` (the kernel's thread pools, created on any
+    of its calls) while a hold is on: each such thread carries a trace hook (`threading.settrace`) that, on
+    each Python function call it makes, waits while the hold lasts. kgate's own threads (named `kgate...`)
+    and the main thread are never held."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.release = threading.Event()
+        self.release.set()
+        self.until = 0.0
+        self.held: set[str] = set()  # names of the threads held since the hold began
+
+    def hook(self, frame: Any, event: str, arg: Any) -> None:
+        if not self.release.is_set():
+            thread = threading.current_thread()
+            if not thread.name.startswith("kgate"):
+                self.held.add(thread.name)
+                self.release.wait(max(0.0, self.until - _monotonic()))
+        return None
+
+
+_GATE = _ThreadGate()
+
+
+def install_thread_gate() -> None:
+    """Make the threads started from now on holdable (`held_threads` holds them even when they were started
+    by an earlier call, a thread pool's idle workers); the workers call it before loading the user's code."""
+    if not _GATE.installed:
+        threading.settrace(_GATE.hook)
+        _GATE.installed = True
+
+
 @contextlib.contextmanager
 def held_threads(hold_s: float) -> Any:
     """Threads started by `threading` inside the block run only once `release` (yielded) is called or
@@ -224,7 +258,13 @@ def held_threads(hold_s: float) -> Any:
     threads (join, a future's result) waits `hold_s` longer and is right; one that gives its thread a
     bounded head start (a sleep, a join with a timeout, shorter than the hold) returns before the thread has
     begun, so its unfinished output shows whatever the size and the machine. Done with `threading.settrace`
-    (each new thread calls the hook once, on its first Python call), the previous hook put back after."""
+    (each new thread calls the hook once, on its first Python call), the previous hook put back after.
+    Where `install_thread_gate` ran first, the threads started since are held too (a pool whose workers
+    an earlier call started): on their next Python call."""
+    if hold_s > 0 and _GATE.installed:
+        _GATE.until = _monotonic() + hold_s
+        _GATE.held.clear()
+        _GATE.release.clear()
     release = threading.Event()
     previous = threading.gettrace()
 
@@ -233,12 +273,16 @@ def held_threads(hold_s: float) -> Any:
         sys.settrace(previous)
         return None
 
+    def release_all() -> None:
+        release.set()
+        _GATE.release.set()
+
     threading.settrace(hold)
     try:
-        yield release.set
+        yield release_all
     finally:
         threading.settrace(previous)
-        release.set()
+        release_all()
 
 
 def child_processes() -> set[int]:
@@ -449,6 +493,12 @@ class Isolation(Gate):
             deadline = _monotonic() + JOIN_S
             for thread in started:
                 thread.join(max(0.0, deadline - _monotonic()))
+            # threads that existed before the call (a pool an earlier call started) and were held in it: they
+            # cannot be joined; they get SETTLE_S to run what the call handed them before the outputs are re-read
+            pooled = sorted(n for n in _GATE.held if n not in {t.name for t in started}) if probe == 0 else []
+            if pooled:
+                time.sleep(SETTLE_S)
+                running += [f"{name} (started by an earlier call, held in this one)" for name in pooled]
             try:
                 synchronize(subject.device)
             except Exception as exc:  # noqa: BLE001 - an asynchronous kernel fault surfaces here
