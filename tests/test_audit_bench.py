@@ -106,7 +106,7 @@ def test_a_throughput_run_cut_short_keeps_the_passes_it_finished(tmp_path, monke
 
     def second_pass_dies(*args, **kwargs):
         if passes:
-            raise KeyboardInterrupt  # the lease ends in the second pass
+            raise KeyboardInterrupt  # the run is cut short in the second pass
         passes.append(1)
         return real(*args, **kwargs)
 
@@ -176,7 +176,7 @@ def test_the_standard_test_cost_is_fitted_against_the_problems_input_size(tmp_pa
 
 
 def test_each_pass_is_ordered_by_what_it_runs_and_the_sizes_are_counted_once(monkeypatch, tmp_path):
-    """Session 16's H200 run ordered the full gates as the standard test alone (input elements only): the
+    """An H200 run (2026-12-04) ordered the full gates as the standard test alone (input elements only): the
     DenseNet of level 3 problem 16, small inputs and 103 weighted layers (82 s of the accumulation gate),
     went last, and its 129 s held the wall. Every pass with gates must weigh the layers; the standard test
     must not."""
