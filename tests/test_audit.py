@@ -1138,7 +1138,7 @@ def test_compile_only_fills_the_cache_and_judges_nothing(tmp_path):
 
 def test_compile_only_leaves_the_results_alone_and_skips_judged_candidates_on_resume(tmp_path, capsys):
     """A build pass before (or beside) a resumed audit must not truncate its results.jsonl: on the H200 the
-    carried records would have been lost, and every candidate built and judged again."""
+    records of earlier slices would have been lost, and every candidate built and judged again."""
     out = tmp_path / "run"
     judged = [*BASE[:-1], "contract", "-k", PLAIN, "--jobs", "1", "--out", str(out), "-q"]
     assert kgate_main(judged) == 0
