@@ -109,3 +109,23 @@ def test_the_cli_page_walks_any_parser_tree():
     assert "| `-n`, `--names` | `[NAME ...]` |" in text and "| `--flag` |  | a flag |" in text
     assert "--hidden" not in text
     assert "```text\nexamples:\n  tool outer inner x\n```" in text
+
+
+# Work periods are no part of the product. The word checked here (spelt in two parts, so that this file
+# passes its own check) may appear only as the kernel's process grouping (setsid, bwrap's flag) or as
+# pytest's fixture scope.
+_WORD = "sess" "ion"
+ALLOWED = (f"process {_WORD}", f"process group/{_WORD}", f"--new-{_WORD}", f'scope="{_WORD}"', f"item.{_WORD}.")
+
+
+def test_the_repository_names_no_work_periods():
+    import subprocess
+
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    found = subprocess.run(["git", "grep", "-n", "-i", "-w", "-e", _WORD, "-e", "lea" "se"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert found.returncode in (0, 1), found.stderr
+    other = [line for line in found.stdout.splitlines() if not any(word in line for word in ALLOWED)]
+    assert other == [], ("these lines name a work period, not a process grouping (reword them; "
+                         "see docs/records/README.md for dated records):\n" + "\n".join(other))
