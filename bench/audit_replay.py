@@ -4,7 +4,8 @@ given, and a candidate that outgrew its share (`retried_alone` or `retried_wider
 loses `--lost` seconds of one judge (its try in the share, whose record is not kept), then is judged
 again:
 
-- `alone-at-end`: with the whole device once every shared candidate is done (kgate before session 16);
+- `alone-at-end`: with the whole device once every shared candidate is done (what kgate did until commit
+  80aef69);
 - `wider`: at once in half the judges' slots, as soon as they free up, the others going on beside it;
 - `wider+kept`: the same, the try keeping the standard test of the try before (kgate.audit.evaluate's
   kept_standard), so it lasts its duration less its standard test (the record's timeline).
@@ -13,12 +14,13 @@ Orders: `given` (id order), `longest` (kgate audit's default with gates: kgate.a
 counted from the problem files the records name, which must be readable from here) and `best` (each
 candidate's own measured duration, longest first: the best a size estimate could do).
 
-    python bench/audit_replay.py docs/audit/throughput-session16.records.jsonl --where call=2 \
-        --as-run docs/audit/throughput-session16.json --run 0 --lost 90
+    R=docs/records/2026-12-04-h200-7eb28d4/audit-throughput
+    python bench/audit_replay.py $R.records.jsonl --where call=2 --as-run $R.json --run 0 --lost 90
 
 `--as-run` adds the order the pass was judged in (a benchmark JSON's `ids`, or with --run N those of its
-N-th entry of `runs`). Session 16's call 3 (id order, 4 judges) replays to its measured 332.05 s with any
---lost (its candidate that outgrew its share went last); call 2, as run, to its 328.69 s with --lost 90.
+N-th entry of `runs`). On that record (H200, 4 judges) the id-order pass (`call=3`) replays to its measured
+332.05 s with any --lost (its candidate that outgrew its share went last); the other (`call=2`), as run, to
+its 328.69 s with --lost 90.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lost", type=float, default=90.0,
                         help="seconds a candidate that outgrew its share ran in it before it failed (default 90)")
     parser.add_argument("--as-run", type=Path, metavar="JSON", help="a benchmark JSON: its `ids` are one more order")
-    parser.add_argument("--run", type=int, help="with --as-run: the ids of its `runs` entry N (session 16's file)")
+    parser.add_argument("--run", type=int, help="with --as-run: the ids of its `runs` entry N (the record above)")
     args = parser.parse_args(argv)
     records = [json.loads(line) for line in args.records.read_text().splitlines() if line.strip()]
     for cond in args.where:

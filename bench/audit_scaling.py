@@ -1,4 +1,4 @@
-"""Multi-GPU scaling of `kgate audit` (issue 8): the same fixed set of candidates judged on 1 GPU and on
+"""Multi-GPU scaling of `kgate audit`: the same fixed set of candidates judged on 1 GPU and on
 N GPUs of one machine, in one process, and the verdicts of the runs compared.
 
 Stages, in order:

@@ -8,7 +8,7 @@ Stages, in order, on the same candidates and the same worker pool:
 3. gates: the standard test and every registered gate, extensions already built.
 Reported per mode: wall seconds, seconds per kernel (wall / kernels: what the pool delivers) and
 worker seconds per kernel (mean time one candidate holds a worker), kernels per hour, and the same
-with the compile stage's wall time added. The goal in issue 7: gates <= 5x the standard test per
+with the compile stage's wall time added. The goal: gates <= 5x the standard test per
 kernel, >= 3,000 kernels/hour on one H200. Then, each when asked, in this order: `--triton-emulation`
 (the full gates with the accumulation gate's Triton emulation, and any verdict that changed), `--other-order`
 (the full gates in the other `--order`: id order after the default, the longest problems first),
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def keep(row: dict[str, Any], records: list[dict[str, Any]]) -> None:
         """One pass done: its row, and (with --json) the figures so far and its records, written at once, so
-        that a benchmark cut short (a device lease ending) still leaves every pass it finished."""
+        that a benchmark cut short (a machine taken away, a time limit) still leaves every pass it finished."""
         if args.keep_cache:  # no compile time was measured: nothing to add
             row.update(with_compile_wall_s=None, with_compile_s_per_kernel=None, with_compile_kernels_per_hour=None)
         else:

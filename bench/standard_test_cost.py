@@ -3,8 +3,9 @@ of the problem's inputs: a least-squares line, seconds = a + b x (input elements
 audit, and the CPU generator's speed that most of `b` is (KernelBench draws every trial's inputs with
 torch.rand/randn on the CPU, serially).
 
-    .venv/bin/python bench/standard_test_cost.py docs/audit/results.jsonl --problems .third_party/kb-corpus/problems
-    ... --since 294     # only the records from line 295 on (e.g. one session's, judged alone)
+    python bench/standard_test_cost.py docs/records/2026-12-04-h200-7d83342/audit/results.jsonl \
+        --problems .third_party/kb-corpus/problems
+    ... --since 294     # only the records from line 295 on (e.g. the candidates one run judged alone)
 
 Input elements come from each problem's own get_inputs() shapes, worked out on meta tensors (nothing is
 allocated), as kgate's audit does for its working shape. Runs on the CPU in seconds.

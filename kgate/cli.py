@@ -67,7 +67,7 @@ def _terminated(signum: int, frame: object) -> None:
 
 def entry() -> int:
     """The `kgate` console script and `python -m kgate`: main() with SIGTERM (a cancelled CI job, a
-    killed slice) handled like Ctrl-C, so the workers, each in a session of its own, are killed with
+    killed slice) handled like Ctrl-C, so the workers, each in a process session of its own, are killed with
     kgate instead of running on, and what was judged is kept."""
     signal.signal(signal.SIGTERM, _terminated)
     return main()

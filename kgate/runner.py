@@ -609,7 +609,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                     continue
                 break  # exited, and no event is left to read (a leaked child may still hold the pipes)
     except BaseException:
-        _kill(proc)  # interrupted: the worker is in its own session and would outlive us
+        _kill(proc)  # interrupted: the worker is in its own process session and would outlive us
         raise
     finally:
         selector.close()
@@ -704,7 +704,7 @@ class EventLines:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """Kill the worker's process group and every other process of its session: build tools put their
+    """Kill the worker's process group and every other process of its process session: build tools put their
     children in groups of their own (ninja runs each compiler in a new process group), and those would
     otherwise compile on, orphaned, after the worker is gone."""
     try:

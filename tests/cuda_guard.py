@@ -1,11 +1,11 @@
 """pytest plugin (tests/conftest.py loads it): a test that destroys the process's CUDA context.
 
 After an illegal address (or another sticky CUDA error) every later launch in that process fails, so one
-faulting test used to fail every test after it in the same pytest process: the session-5 H200 run had
+faulting test used to fail every test after it in the same pytest process: an H200 run had
 69 failures from two faults. When a failed test's error is such a fault (`kgate.faults.context_lost`),
 the process ends right after that test: under pytest-xdist the worker exits and xdist starts a fresh
 one for the tests left (the faulting test is reported as the worker's crash); without xdist the
-session stops, saying why. Only failures other than assertions are looked at.
+run stops, saying why. Only failures other than assertions are looked at.
 """
 
 from __future__ import annotations

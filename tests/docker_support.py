@@ -1,7 +1,7 @@
 """A real Docker daemon for the tests, and a base image made without any registry.
 
 The daemon is Debian's `dockerd` (installed with apt when missing and we are root), started in its
-own session on a private socket under a temporary folder, and stopped by the pid in its pidfile.
+own process session on a private socket under a temporary folder, and stopped by the pid in its pidfile.
 No image can be pulled here, so the base image is imported from a root filesystem built out of the
 host's own Python: the interpreter tree, the installed distributions kgate needs (torch included,
 found through their RECORD files), /bin/sh and a few tools, and every shared library they link.

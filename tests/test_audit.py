@@ -415,20 +415,20 @@ def test_the_worker_judging_on_a_second_gpu_is_given_that_gpu_as_cuda_0(monkeypa
 
 
 def test_device_lease_gives_one_candidate_the_whole_device():
-    lease = DeviceLease(2)
-    lease.acquire()
+    slots = DeviceLease(2)
+    slots.acquire()
     got = threading.Event()
 
     def alone():
-        lease.acquire(2)
+        slots.acquire(2)
         got.set()
-        lease.release(2)
+        slots.release(2)
 
     t = threading.Thread(target=alone)
     t.start()
     time.sleep(0.1)
     assert not got.is_set(), "exclusive must wait for the shared slot"
-    lease.release()
+    slots.release()
     t.join(timeout=5)
     assert got.is_set()
 
@@ -454,13 +454,13 @@ def test_what_a_problem_outgrew_only_grows():
 def test_a_wider_request_waits_first_and_the_slots_go_to_it_as_they_free_up():
     """No single candidate starts while a wider one waits (else the stream of single ones would starve it),
     and it starts once enough slots are free, with the others still in flight."""
-    lease = DeviceLease(4)
+    slots = DeviceLease(4)
     for _ in range(3):
-        lease.acquire()
+        slots.acquire()
     order = []
 
     def take(name, width):
-        lease.acquire(width)
+        slots.acquire(width)
         order.append(name)
 
     wide = threading.Thread(target=take, args=("wide", 2))
@@ -470,13 +470,13 @@ def test_a_wider_request_waits_first_and_the_slots_go_to_it_as_they_free_up():
     single.start()
     time.sleep(0.1)
     assert order == [], "one slot is free, but the wider request waits for two and goes first"
-    lease.release()  # two free: the wider one, not the single one that came later
+    slots.release()  # two free: the wider one, not the single one that came later
     wide.join(timeout=5)
     time.sleep(0.1)
-    assert order == ["wide"] and lease.used == 4
-    lease.release(2)
+    assert order == ["wide"] and slots.used == 4
+    slots.release(2)
     single.join(timeout=5)
-    assert order == ["wide", "single"] and lease.used == 3
+    assert order == ["wide", "single"] and slots.used == 3
 
 
 def test_manifest_entry_drives_the_audit(tmp_path, write_manifest):
@@ -812,7 +812,7 @@ def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_p
 
 def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_half_the_memory_at_once(
         monkeypatch, tmp_path):
-    """Session 16 on the H200: a 2 G-element reduction outgrew a quarter of the memory, was judged alone at
+    """On the H200 (throughput benchmark of 2026-12-04): a 2 G-element reduction outgrew a quarter of the memory, was judged alone at
     the end and held the GPU for 100 s with three judges idle; it fits in half. The second try takes half the
     slots as soon as they free up while the others go on; the problem's other candidates go straight there;
     what outgrows half too is judged alone at the end."""
@@ -1138,7 +1138,7 @@ def test_compile_only_fills_the_cache_and_judges_nothing(tmp_path):
 
 def test_compile_only_leaves_the_results_alone_and_skips_judged_candidates_on_resume(tmp_path, capsys):
     """A build pass before (or beside) a resumed audit must not truncate its results.jsonl: on the H200 the
-    carried records would have been lost, and every candidate built and judged again."""
+    records of earlier slices would have been lost, and every candidate built and judged again."""
     out = tmp_path / "run"
     judged = [*BASE[:-1], "contract", "-k", PLAIN, "--jobs", "1", "--out", str(out), "-q"]
     assert kgate_main(judged) == 0

@@ -106,7 +106,7 @@ def test_a_throughput_run_cut_short_keeps_the_passes_it_finished(tmp_path, monke
 
     def second_pass_dies(*args, **kwargs):
         if passes:
-            raise KeyboardInterrupt  # the lease ends in the second pass
+            raise KeyboardInterrupt  # the run is cut short in the second pass
         passes.append(1)
         return real(*args, **kwargs)
 
@@ -157,114 +157,6 @@ def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_curr
     assert len(chunked) == 4 and all(r[:2] == ["chunk", "2^6"] and int(r[-1]) == 0 for r in chunked)
 
 
-@pytest.mark.parametrize("carried, committed, work, source", [
-    (3, 5, 0, "committed"),  # a new checkout: the committed records, more than an old carried copy
-    (7, 5, 0, "carried"),    # the last call's records, not yet committed
-    (7, 5, 9, "work"),       # a warm machine that already holds more keeps its own
-    (0, 0, 2, "work"),       # nothing carried: nothing replaced
-])
-def test_the_device_scripts_resume_from_whichever_results_hold_more(tmp_path, carried, committed, work, source):
-    """bench/audit_carried.sh (sourced by audit_bg.sh and audit_h200.sh): session 9 lost 222 records that
-    lived only in the ignored .third_party/audit-run; the committed docs/audit/results.jsonl now counts too."""
-    import subprocess
-
-    def lines(path, n, tag):
-        if n:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(f'{{"id": "{tag}{i}"}}\n' for i in range(n)))
-
-    lines(tmp_path / ".third_party/audit-run/results.jsonl", carried, "carried")
-    lines(tmp_path / "docs/audit/results.jsonl", committed, "committed")
-    (tmp_path / "work").mkdir()
-    lines(tmp_path / "work/results.jsonl", work, "work")
-    subprocess.run(["bash", "-c", f'. "{ROOT / "bench/audit_carried.sh"}" && take_carried work'], cwd=tmp_path,
-                   check=True, capture_output=True)
-    got = [json.loads(line)["id"] for line in (tmp_path / "work/results.jsonl").read_text().splitlines()]
-    assert got == [f"{source}{i}" for i in range(dict(carried=carried, committed=committed, work=work)[source])]
-
-
-def test_the_background_audit_judges_with_the_kgate_it_is_given_then_runs_the_follow_up(tmp_path):
-    """bench/audit_bg.sh, the device sessions' driver, end to end on the CPU: `start` runs FIRST with this
-    checkout's kgate, then judges in the background with the kgate of KGATE_FROM (an audit joined across
-    sessions stays one kgate's), resumes from the carried records, runs THEN with this checkout's kgate
-    once the audit ends, and `collect` brings back the records and FIRST's and THEN's files."""
-    import os
-    import shutil
-    import subprocess
-
-    from kgate.audit.evaluate import kgate_stamp
-    from kgate.kernelbench import source_digest
-
-    repo, old = tmp_path / "repo", tmp_path / "old"
-    shutil.copytree(ROOT / "bench", repo / "bench")
-    (repo / "kgate").symlink_to(ROOT / "kgate")
-    shutil.copytree(ROOT / "kgate", old / "kgate", ignore=shutil.ignore_patterns("__pycache__"))
-    with (old / "kgate" / "faults.py").open("a") as f:
-        f.write("# another kgate\n")
-    old_digest = source_digest(*sorted((old / "kgate").rglob("*.py")))
-    assert old_digest != kgate_stamp()["source"]
-    carried = repo / ".third_party/audit-run/results.jsonl"
-    carried.parent.mkdir(parents=True)
-    carried.write_text(json.dumps({"id": "level1/19_ReLU__wrong", "complete": True, "kgate": {"source": "carried"}}) + "\n")
-    python = tmp_path / "bin" / "python3"  # the scripts call python3: this one, with kgate's dependencies
-    python.parent.mkdir()
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    python.chmod(0o755)
-    env = {**os.environ, "PATH": f"{python.parent}{os.pathsep}{os.environ['PATH']}",
-           "KGATE_AUDIT_WORK": str(tmp_path / "work"), "KGATE_AUDIT_SRC": str(tmp_path / "src"),
-           "KGATE_SITE": str(tmp_path / "site"),
-           "KGATE_FROM": str(old), "CORPUS_FROM": str(CORPUS), "DEVICE": "cpu", "NO_PREBUILD": "1", "JOBS": "1",
-           "BUILD_JOBS": "1", "PCH": "", "SELECT": "level1/19_ReLU and (wrong or not __)",
-           "THEN": 'python3 -c "import kgate.audit.evaluate as e; print(e.kgate_stamp()[\'source\'])" > $OUT/source.txt'}
-    env["FIRST"] = env["THEN"]
-    out = tmp_path / "out"
-    out.mkdir()
-    script = ["bash", "bench/audit_bg.sh"]
-    try:
-        started = subprocess.run([*script, "start"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
-        assert started.returncode == 0 and "resuming from .third_party/audit-run/results.jsonl (1 record(s))" in \
-            started.stdout, started.stdout + started.stderr
-        collected = subprocess.run([*script, "collect", "300"], cwd=repo, env={**env, "OUT": str(out)},
-                                   capture_output=True, text=True, timeout=400)
-    finally:
-        subprocess.run([*script, "stop"], cwd=repo, env=env, capture_output=True, timeout=120)
-    assert "audit: 2 record(s); done" in collected.stdout, collected.stdout
-    records = {r["id"]: r for r in map(json.loads, (out / "audit-results.jsonl").read_text().splitlines())}
-    assert records["level1/19_ReLU__wrong"]["kgate"]["source"] == "carried"  # resumed, not judged again
-    assert records["level1/19_ReLU"]["kgate"]["source"] == old_digest
-    assert all(g["verdict"] in ("pass", "skip") for g in records["level1/19_ReLU"]["gates"])
-    for side in ("first", "then"):
-        assert (out / f"{side}-source.txt").read_text().strip() == kgate_stamp()["source"]
-    log = (out / "audit-driver.log").read_text()
-    assert log.index("first: rc=0") < log.index("audit: start") < log.index("then: rc=0"), log
-
-
-def test_collecting_where_no_audit_runs_does_not_wait(tmp_path):
-    """Session 13 lost 235 s of a 1,800 s lease: the warm machine was given back between two calls, and
-    `collect 235` on the fresh one waited its whole time for an audit that was not there. It now says so at
-    once (exit 3, fresh machine), and does not wait on a driver that died before finishing either."""
-    import os
-    import subprocess
-    import time
-
-    work = tmp_path / "work"
-    env = {**os.environ, "KGATE_AUDIT_WORK": str(work), "OUT": str(tmp_path)}
-    script = ["bash", str(ROOT / "bench/audit_bg.sh"), "collect", "60"]
-    started = time.monotonic()
-    fresh = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
-    assert fresh.returncode == 3 and "no audit on this machine" in fresh.stderr, fresh.stdout + fresh.stderr
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    work.mkdir()
-    (work / "driver.pid").write_text(f"{dead.pid}\n")
-    (work / "results.jsonl").write_text('{"id": "a"}\n')
-    ended = subprocess.run(script, cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
-    assert ended.returncode == 0 and "ended without finishing" in ended.stdout, ended.stdout + ended.stderr
-    assert "audit: 1 record(s); running" in ended.stdout
-    assert (tmp_path / "audit-results.jsonl").read_text() == '{"id": "a"}\n'
-    assert time.monotonic() - started < 30  # neither waited its 60 s
-
-
 def test_the_standard_test_cost_is_fitted_against_the_problems_input_size(tmp_path, capsys, monkeypatch):
     """bench/standard_test_cost.py: the line through (input elements, standard_s) of an audit's records,
     sizes taken from the problems' own get_inputs() shapes (19_ReLU: 4 x 33; 9_Linear_Scale: 3 x 8)."""
@@ -284,7 +176,7 @@ def test_the_standard_test_cost_is_fitted_against_the_problems_input_size(tmp_pa
 
 
 def test_each_pass_is_ordered_by_what_it_runs_and_the_sizes_are_counted_once(monkeypatch, tmp_path):
-    """Session 16's H200 run ordered the full gates as the standard test alone (input elements only): the
+    """An H200 run (2026-12-04) ordered the full gates as the standard test alone (input elements only): the
     DenseNet of level 3 problem 16, small inputs and 103 weighted layers (82 s of the accumulation gate),
     went last, and its 129 s held the wall. Every pass with gates must weigh the layers; the standard test
     must not."""

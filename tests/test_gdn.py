@@ -455,7 +455,7 @@ def test_ready_copies_only_unaligned_inputs():
 
 @pytest.mark.parametrize("member", ["deltanet", "gated_deltanet"])
 def test_unaligned_inputs_give_the_aligned_results_bitwise(member):
-    """kgate's layouts gate on the H200 (session 5): k at storage offset 17 gave DeltaNet a wrong dh0.
+    """kgate's layouts gate on the H200 (2026-12-03): k at storage offset 17 gave DeltaNet a wrong dh0.
     Every input, forward and backward, at an unaligned start must give exactly the aligned results."""
     gate, delta = MEMBERS[member]
     B, T, H, DK, DV = 1, 67, 2, 64, 64
@@ -583,7 +583,7 @@ def test_float32_gradients_stay_near_the_float32_reference_on_truncating_tensor_
 
 
 def test_float32_gradients_hold_kgates_bound_under_a_heavy_tailed_initial_state():
-    """kgate's distributions gate on the H200 (session 9): a Cauchy initial state (clipped to 1e6) put dk
+    """kgate's distributions gate on the H200 (2026-12-04): a Cauchy initial state (clipped to 1e6) put dk
     of the float32 backward at 1.0003 x the bound (8 x the float32 reference's error against float64,
     plus the floor). One huge state entry, then cancellation: a product summed over K = 64 in one
     tensor-core accumulator truncates 8 times at the magnitude of the huge partial sums. Under the

@@ -332,7 +332,7 @@ def test_a_real_pending_launch_error_is_the_kernels(tmp_path, monkeypatch):
                           lambda seed, shape=None, device=None: (torch.ones(4, device=device),), device="cuda")
     with pytest.raises(UserCodeError) as raised:
         subject.run_kernel((torch.ones(4, device="cuda"),))
-    # "invalid configuration argument" in older CUDA; "invalid argument" on the H200 (torch 2.11; seen in session 10)
+    # "invalid configuration argument" in older CUDA; "invalid argument" on the H200 (torch 2.11; seen 2026-12-04)
     assert raised.value.role == "kernel" and re.search(r"CUDA error: invalid (configuration )?argument",
                                                         str(raised.value.exc))
     assert context_lost(raised.value) is None  # the context stays usable

@@ -203,8 +203,8 @@ def _workers_in(folder):
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_sigterm_stops_kgate_and_its_workers(tmp_path, jobs):
-    """A cancelled CI job sends SIGTERM: kgate ends at once, kills its workers (each in a session of its
-    own, they would run on) and keeps what was judged."""
+    """A cancelled CI job sends SIGTERM: kgate ends at once, kills its workers (each in a process session
+    of its own, they would run on) and keeps what was judged."""
     proc = subprocess.Popen([sys.executable, "-m", "kgate", "run", str(DATA / "hostile" / "kgate.yaml"), "-k",
                              "good or hangs", "--gate", "oracle", "--timeout", "300", "-j", jobs, "--out",
                              str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -351,7 +351,7 @@ def test_event_lines_split_across_chunks_and_drop_what_grows_past_the_limit():
 
 def test_a_killed_worker_takes_its_whole_session(tmp_path):
     """ninja runs each compiler in a process group of its own: killing the worker's group alone left
-    them compiling on, orphaned. The kill reaches every process of the worker's session."""
+    them compiling on, orphaned. The kill reaches every process of the worker's process session."""
     from kgate.runner import _kill
 
     pidfile = tmp_path / "grandchild.pid"

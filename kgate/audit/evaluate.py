@@ -180,7 +180,7 @@ SIZE_TIMEOUT_S = 30.0
 # the H200: the standard test 30.7 s per G input elements (KernelBench draws its inputs on the CPU; fit over
 # 309 audit records, bench/standard_test_cost.py); the gates about 0.8 s per weighted layer (the
 # accumulation gate emulates each layer's products: 82 s for the 103 of level 3 problem 16, a DenseNet, in
-# docs/audit/throughput-session15.json)
+# docs/records/2026-12-04-h200-c9a90fc/audit-throughput.json)
 STANDARD_S_PER_ELEMENT = 30.7e-9
 GATES_S_PER_LAYER = 0.8
 

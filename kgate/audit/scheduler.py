@@ -11,7 +11,7 @@ share of the GPU moves to the CPU, where it can outgrow the limit). With 4 or mo
 (and no --prestart) the second try takes half the slots at once (half the memory), as soon as they
 free up, while the other slots go on judging: on the H200 with 4 judges the corpus's 2 G-element
 reductions outgrew a quarter of the memory and fit in half, and judged alone at the end, one of them
-held the device for 100 s with three slots idle (session 16's benchmark). What outgrows that too, or
+held the device for 100 s with three slots idle (the throughput benchmark of 2026-12-04, docs/audit/README.md). What outgrows that too, or
 any share with fewer slots, is judged alone, with the whole device, once no shared work is left:
 taking the whole device in mid-run would leave every other slot idle while the longest candidate in
 flight finishes (on the H200 audit, 7 such drains mid-run idled most of the 6 slots). Once one
@@ -318,7 +318,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         progress.finished(record)
 
     def shared(device: str) -> None:
-        lease = leases[device]
+        device_slots = leases[device]
         sharing_gpu = device.startswith("cuda") and plan.slots > 1
         wide = wider_width(plan.slots, plan.prestart)
         turns = {"path": str(turn_folder(options.out_dir, device)), "count": plan.slots} if plan.prestart else None
@@ -341,13 +341,13 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
             earlier = None  # the record of the try in a smaller share: its standard test may stand
             while True:  # one share, then (wide) a wider one; past that, a whole device at the end
                 share = memory_share(width, plan.slots) if sharing_gpu else None
-                lease.acquire(width)
+                device_slots.acquire(width)
                 try:
                     progress.started(pair, device)
                     record = evaluate_pair(pair, options, device, gpu_memory_fraction=share, compiled=outcome,
                                            cancel=cancel, turns=turns, earlier=earlier)
                 finally:
-                    lease.release(width)
+                    device_slots.release(width)
                 if cancel.is_set():
                     return  # an interrupted candidate is not recorded: --resume judges it again
                 if why:
@@ -373,7 +373,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     def alone(device: str) -> None:
         """The candidates that ran out of memory while sharing, each with a whole device, once no shared
         work is left to take (a deadline passed first leaves them to --resume)."""
-        lease = leases[device]
+        device_slots = leases[device]
         while not cancel.is_set():
             with lock:
                 lock.wait_for(lambda: alone_later or sharing[0] == 0 or cancel.is_set(), timeout=0.2)
@@ -382,13 +382,13 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 if not alone_later:
                     continue
                 pair, outcome, why, earlier = alone_later.pop(0)
-            lease.acquire(lease.slots)
+            device_slots.acquire(device_slots.slots)
             try:
                 progress.started(pair, device)
                 record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel, earlier=earlier)
                 mark_alone(record, why)
             finally:
-                lease.release(lease.slots)
+                device_slots.release(device_slots.slots)
             if cancel.is_set():
                 return
             record_it(record)

@@ -19,7 +19,7 @@ CPU, for real on the H200, where they pass).
   product's own rounding, which the torch code performs.
 
 Opt-in (`KGATE_TRITON_EMULATION=1`): on the H200 the whole accumulation gate took 4 % of an audit's
-worker time on a quiet machine (docs/audit/README.md, "The ninth lease"), so no speed-up here could move
+worker time on a quiet machine (docs/audit/README.md, "Throughput"), so no speed-up here could move
 an audit's throughput by more; its own speed against the torch code (bench/accumulation_emulation.py)
 is not measured yet. Compiled kernels go to
 the worker's private folder (`KGATE_PRIVATE_DIR`, which kgate.runner.supervise makes for each worker and
