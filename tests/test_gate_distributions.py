@@ -237,3 +237,33 @@ def test_the_search_is_seeded_and_stops_at_the_first_failure():
     assert all(torch.equal(a, b) for p, q in zip(*seen) for a, b in zip(p, q))
     found = search.search(args, [0, 1], 7, lambda inputs: (1.0, "bad", True), seconds=60)
     assert found.tries == 1 and found.failure is not None and found.failure[2] == "bad"
+
+
+# --- integer inputs: repeated values, one value ------------------------------------------------------------
+
+def _segments(seed, shape=None, dtype=torch.float32):
+    """16 rows of values and a distinct segment index for each (a permutation): no index repeats here."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(16, 4, generator=gen, dtype=torch.float64).to(dtype), torch.randperm(32, generator=gen)[:16])
+
+
+def _segment_sum(values, index):
+    return torch.zeros(32, values.shape[1], dtype=values.dtype).index_add_(0, index, values)
+
+
+def _stored(values, index):  # a scatter store: right while no index repeats
+    out = torch.zeros(32, values.shape[1], dtype=values.dtype)
+    out[index] = values
+    return out
+
+
+def test_integer_repeats_catch_a_store_where_the_sum_must_add():
+    result = check("distributions", _stored, _segment_sum, _segments)
+    assert result.verdict == "fail", result.message
+    assert "integer argument 1 as 'integer repeats'" in result.message and result.details["argument"] == 1
+
+
+def test_integer_probes_pass_an_adding_scatter():
+    result = check("distributions", _segment_sum, _segment_sum, _segments)
+    assert result.verdict == "pass", result.message
+    assert "2 integer-input probe(s)" in result.message

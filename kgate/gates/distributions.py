@@ -12,7 +12,9 @@ normal) magnitudes. After them, a short seeded search over affine transforms of 
 (scale and offset, per argument and jointly: `kgate.search`), time-boxed (`SEARCH_SECONDS`, at most
 `SEARCH_SHARE` of the gate's time limit, and the worker's search deadline). Before them, the factory's inputs at
 fresh seeds that the manifest does not list (the factory's own inputs are judged first: a kernel that
-fails there is not failing because of a distribution). Integer inputs are left alone. Judged like the
+fails there is not failing because of a distribution). Integer inputs, one at a time, are drawn from their
+own values with replacement (repeated values: a scatter that stores where it must add) and set to one value
+(`INTEGER_FAMILIES`); the distributions leave them alone. Judged like the
 oracle gate (bound calibrated from the reference's own error on the same inputs); a kernel that
 raises where the reference accepts the inputs fails.
 
@@ -135,6 +137,39 @@ DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, tor
 }
 
 
+def _resampled(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """`t`'s own values drawn with replacement: the same value set, values repeated."""
+    flat = t.reshape(-1)
+    picks = torch.randint(flat.numel(), (flat.numel(),), generator=g, device=g.device)
+    return flat[picks.to(flat.device)].reshape(t.shape)
+
+
+# Integer inputs (indices, labels, lengths), one argument at a time: values from its own set, so that they stay
+# inside whatever range the problem gives them, in patterns random draws rarely make.
+INTEGER_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor]]] = {
+    "integer repeats": ("its own values drawn with replacement (repeated values: duplicate indices)", _resampled),
+    "integer one value": ("every value equal to its first", lambda t, g: t.reshape(-1)[:1].expand(t.shape).clone()),
+}
+
+
+def integer_probes(args: tuple, seed: int) -> list[tuple[str, int, tuple]]:
+    """(family, argument, inputs) for each integer tensor argument of more than one element and each family
+    of INTEGER_FAMILIES whose values differ from the argument's own; the other arguments unchanged."""
+    out = []
+    for i, a in enumerate(args):
+        if not isinstance(a, torch.Tensor) or a.is_floating_point() or a.is_complex() or a.dtype == torch.bool \
+                or a.numel() < 2:
+            continue
+        for name, (_, make) in INTEGER_FAMILIES.items():
+            values = make(a, torch.Generator(device=a.device).manual_seed(seed))
+            if torch.equal(values, a):
+                continue
+            probe = list(clone_tree(args))
+            probe[i] = values
+            out.append((name, i, tuple(probe)))
+    return out
+
+
 def transform(args: tuple, name: str, seed: int) -> tuple:
     """Copies of `args` with every non-empty floating-point tensor drawn from distribution `name`.
 
@@ -217,6 +252,19 @@ class Distributions(Gate):
                     if outcome is not False:
                         return self._fail(subject, case, _family(name, argument), base.args, inputs, outcome,
                                           evidence, argument, scales)
+        integers = 0
+        for case in cases:
+            base = subject.baseline(case)
+            for name, argument, probe in integer_probes(base.args, case.seed):
+                outcome = self._judge(subject, subject.conform(base.args, probe), case, evidence)
+                if outcome is None:
+                    rejected.append(f"{name} on argument {argument} ({case.label()})")
+                    continue
+                probes += 1
+                integers += 1
+                if outcome is not False:
+                    return self._report(subject, case, f"integer argument {argument} as {name!r} "
+                                        f"({INTEGER_FAMILIES[name][0]})", outcome, evidence, "", argument)
         searched: list[Searched] = []
         for case in cases:
             base = subject.baseline(case)
@@ -254,6 +302,8 @@ class Distributions(Gate):
                         f"{'' if all(f.complete for f in searched) else ' (time box spent in some case)'}")
             if worst.worst is not None:
                 message += f", the worst {worst.worst_value:.2g} x bound ({worst.worst.describe()})"
+        if integers:
+            message += f"; {integers} integer-input probe(s) ({', '.join(INTEGER_FAMILIES)})"
         if per_argument:
             message += (f"; one argument at a time where the reference rejects all at once: "
                         f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
