@@ -284,6 +284,23 @@ def test_input_integrity_fails_single_nan_scribble():
     assert result.verdict == "fail" and "1 of" in result.message
 
 
+@pytest.mark.parametrize(("sanitise", "words"), [
+    (lambda x: x.masked_fill_(x == 0, 0.0), "negative zeros and subnormals"),
+    (lambda x: x.nan_to_num_(), "NaNs with a payload and infinities")], ids=["signed-zero", "nan-to-num"])
+def test_input_integrity_fails_a_sanitising_pass_only_special_inputs_show(sanitise, words):
+    def kernel(x):  # on random normal inputs the pass changes nothing
+        sanitise(x)
+        return good_softmax(x)
+
+    result = run("input_integrity", kernel)
+    assert result.verdict == "fail" and words in result.message, result.message
+
+
+def test_input_integrity_passes_a_kernel_reading_special_inputs():
+    result = run("input_integrity", lambda x: good_softmax(torch.nan_to_num(x)))
+    assert result.verdict == "pass" and "probe(s) whose inputs hold negative zeros" in result.message, result.message
+
+
 def test_input_integrity_fails_metadata_change():
     def resize(x):
         out = good_softmax(x)
