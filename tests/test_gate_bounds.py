@@ -225,3 +225,4 @@ def test_outputs_follow_the_filling_only_when_every_run_of_each_filling_agrees(s
         return [("out", torch.tensor([value[next(calls[byte])]]))]
 
     assert follows_filling(run, [("out", torch.tensor([1.0]))], [("out", torch.tensor([2.0]))]) is follows
+

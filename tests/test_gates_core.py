@@ -612,3 +612,41 @@ def test_a_module_reference_gets_a_float64_oracle():
 
     bad = check("oracle", loose, reference, rows, shapes=SHAPES[:1])
     assert bad.verdict == "fail", bad.message
+
+
+# --- mixed precision: float16 inputs, a float32 reduction -------------------------------------------------
+
+def _half_rows(seed, shape=None, dtype=torch.float16):
+    gen = torch.Generator().manual_seed(seed)
+    return ((torch.rand(shape or (8, 1024), generator=gen) + 0.5).to(torch.float16),)
+
+
+def _sum_in_float32(x):  # the reference: float16 values, summed and returned in float32
+    return x.sum(-1, dtype=torch.float32)
+
+
+def _half_running_total(x):  # blocks summed in float32, the running total kept in float16
+    total = torch.zeros(x.shape[0], dtype=torch.float16)
+    for j in range(0, x.shape[1], 64):
+        total = total + x[:, j:j + 64].float().sum(-1).half()
+    return total.float()
+
+
+def _float_running_total(x):
+    total = torch.zeros(x.shape[0], dtype=torch.float32)
+    for j in range(0, x.shape[1], 64):
+        total = total + x[:, j:j + 64].float().sum(-1)
+    return total
+
+
+def test_a_float16_running_total_fails_where_the_reference_sums_in_float32():
+    """The bound is taken in what the reference returns (float32), not in its inputs' dtype: a total rounded to
+    float16 on the way misses it by orders of magnitude."""
+    result = check("oracle", _half_running_total, _sum_in_float32, _half_rows, dtypes=["float16"])
+    assert result.verdict == "fail", result.message
+    assert "floor" in result.message and result.details.get("ratio", 100) > 10
+
+
+def test_a_float32_running_total_passes_where_the_reference_sums_in_float32():
+    result = check("oracle", _float_running_total, _sum_in_float32, _half_rows, dtypes=["float16"])
+    assert result.verdict == "pass", result.message
