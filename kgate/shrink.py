@@ -13,8 +13,9 @@ Each call costs a kernel run, so both stop after `budget` calls or `seconds` and
 finished.
 
 `judge_probe` is what the gates' predicates re-run: one kernel call on given inputs, judged like the
-contract and oracle gates (a crash, a wrong shape, dtype, layout or aliasing, a miss of the oracle bound:
-the contract holds at every probe, not at the declared shape only), returning a
+contract and oracle gates (a crash, a wrong shape or dtype, with `layout` a layout or an aliasing the
+reference's output does not have: the shapes gate holds the whole contract at every shape, not at the
+declared ones only; a miss of the oracle bound), returning a
 `Finding` whose `kind` lets a shrinker keep to the same failure instead of drifting to another.
 """
 
@@ -163,7 +164,8 @@ class Finding:
 
 def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
                 scales: dict[str, float] | None = None,
-                sensitivity: dict[str, float] | None = None) -> tuple[Finding | None, list[LeafError]]:
+                sensitivity: dict[str, float] | None = None, *,
+                layout: bool = False) -> tuple[Finding | None, list[LeafError]]:
     """Run the kernel on a copy of `args` and judge it against the reference's metadata and the oracle.
 
     A crash of the kernel is a finding (the reference accepted these inputs); the reference's and the
@@ -189,11 +191,11 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
                     return Finding(CONTRACT, f"{path} has {attr} {getattr(got, attr)}, the reference's has "
                                    f"{getattr(want, attr)}", where=path, expected=str(getattr(want, attr)),
                                    got=str(getattr(got, attr))), leaves
-            problem = layout_problem(got, want)
+            problem = layout_problem(got, want) if layout else None
             if problem:
                 message, expected, found = problem
                 return Finding(CONTRACT, f"{path} {message}", where=path, expected=expected, got=found), leaves
-    aliased = aliased_inputs(out, given, subject.inplace)
+    aliased = aliased_inputs(out, given, subject.inplace) if layout else {}
     if aliased:  # as the contract gate: only where the reference's output, on its own copy, aliases it too
         ref_args = clone_tree(args)
         allowed = aliased_inputs(subject.run_reference(ref_args), ref_args, subject.inplace)

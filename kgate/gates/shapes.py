@@ -11,7 +11,8 @@ never shrunk to an empty shape.
 
 Each shape, in every dtype with the first seed, is judged like the contract and oracle gates: the
 kernel must not raise where the reference accepts the inputs, must give the reference's structure,
-shape and dtype, and stay within the oracle bound. A shape that the inputs factory or the reference
+shape, dtype and layout, alias no input the reference's output does not (a fast path that returns its
+input only at size 1), and stay within the oracle bound. A shape that the inputs factory or the reference
 rejects (raises on) is skipped: making the factory raise on shapes outside the kernel's domain is how
 a manifest declares that domain. A failing shape is shrunk to the failing shape with the fewest
 elements (kgate.shrink) before it is reported, with its `kgate run ... --shape` reproducer.
@@ -182,7 +183,7 @@ class Shapes(Gate):
 
     @staticmethod
     def _judge(subject: Subject, case: Case, base, evidence: list) -> Finding | None:
-        finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle)
+        finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle, layout=True)
         evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
         return finding
 
@@ -213,7 +214,7 @@ class Shapes(Gate):
                 base = subject.baseline(probe)
             except UserCodeError:
                 return False  # the reference or the factory rejects this shape: not a counterexample
-            result, _ = judge_probe(subject, base.args, base.reference, base.oracle)
+            result, _ = judge_probe(subject, base.args, base.reference, base.oracle, layout=True)
             if result is not None and result.kind == finding.kind:
                 found[shape] = result
                 return True
