@@ -3,11 +3,9 @@ import torch.nn as nn
 
 
 class ModelNew(nn.Module):
-    """Correct: two-pass log-softmax, x - m - log(sum(exp(x - m))), with the shift zeroed where the row max is
-    infinite (as torch.logsumexp does), so +-inf rows give the reference's inf/NaN."""
+    """Correct: two-pass log-softmax, (x - m) - log(sum(exp(x - m))) with m the row max, the shifted row
+    computed once; an infinite max gives NaN rows exactly where torch.log_softmax does."""
 
     def forward(self, x):
-        m = x.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-        lse = torch.log(torch.exp(x - m).sum(dim=-1, keepdim=True)) + m
-        return x - lse
+        z = x - x.amax(dim=-1, keepdim=True)
+        return z - torch.log(torch.exp(z).sum(dim=-1, keepdim=True))

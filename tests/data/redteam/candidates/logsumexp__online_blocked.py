@@ -12,12 +12,12 @@ class ModelNew(nn.Module):
     def forward(self, x):
         m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
         s = torch.zeros_like(m)
+        shift = torch.zeros_like(m)
         for j in range(0, x.shape[-1], self.BLOCK):
             blk = x[..., j:j + self.BLOCK]
-            m_new = torch.maximum(m, blk.amax(dim=-1))
-            shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            old = torch.where(torch.isinf(m_new), torch.zeros_like(s), s * torch.exp(m - shift))
-            s = old + torch.exp(blk - shift.unsqueeze(-1)).sum(dim=-1)
-            m = m_new
-        shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            m = torch.maximum(m, blk.amax(dim=-1))
+            new_shift = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            # an empty running sum stays 0 (its factor can be exp(+large) = inf: 0 * inf would be NaN)
+            s = torch.where(s == 0, s, s * torch.exp(shift - new_shift)) + torch.exp(blk - new_shift.unsqueeze(-1)).sum(dim=-1)
+            shift = new_shift
         return torch.log(s) + shift

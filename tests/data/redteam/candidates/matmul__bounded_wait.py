@@ -11,7 +11,7 @@ class ModelNew(nn.Module):
     slow worker never stalls the caller."""
 
     ROWS = 256
-    WAIT_S = 0.05
+    WAIT_S = 0.5
 
     def forward(self, a, b):
         out = torch.zeros(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
