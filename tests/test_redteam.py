@@ -438,6 +438,7 @@ def _judged(record: dict) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 78 candidates, a worker process each: 8-10 min measured on 2 busy cores
 def test_audit_catches_every_flawed_and_rejects_no_correct(tmp_path):
     started = time.monotonic()
     records = _audit(CORPUS / "problems", CORPUS / "candidates", tmp_path / "audit")
@@ -479,6 +480,7 @@ def write_reference_candidates(problems: Path, out: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("corpus", ["redteam", "kernelbench"])
 def test_each_problems_own_model_passes_every_gate(corpus, tmp_path):
     problems = DATA / corpus / "problems"
