@@ -3,20 +3,22 @@ gate must pass or skip (determinism skips where the reference itself differs run
 is a false positive of kgate (or a problem outside what kgate can judge), listed gate by gate.
 
 Each candidate is the one line `ModelNew = Model`: a candidate's globals start as its problem's, as in
-KernelBench's harness, so nothing of the problem is copied. The corpus is written under --out (never into
-the KernelBench checkout), then `kgate audit` runs on it.
+KernelBench's harness, so no problem code is copied into a candidate. The corpus is written under --out
+(never into the KernelBench checkout), then `kgate audit` runs on it.
 
     python bench/reference_as_candidate.py --kernelbench /path/to/KernelBench --levels 1,2 \
-        --max-elements 1048576 --device cpu --out /tmp/rac
+        --shrink-to 65536 --max-elements 4194304 --device cpu --out /tmp/rac
     python bench/reference_as_candidate.py --kernelbench tests/data/redteam/problems --levels all \
         --device cpu --out /tmp/rac-redteam
 
 --kernelbench is a KernelBench checkout (problems in KernelBench/level1..4) or any folder of problem files.
---max-elements keeps the problems whose inputs (get_inputs() at the problem's own sizes) and Model
-parameters each hold at most that many elements, counted on the meta device in a subprocess (no memory
-allocated, the problems' code kept out of this process). Writes OUT/candidates/, OUT/selection.json (what was
+--max-elements keeps the problems whose inputs (get_inputs() at the problem's own sizes, or at the reduced
+ones with --shrink-to) and Model parameters each hold at most that many elements, counted on the meta
+device in a subprocess (no memory allocated, the problems' code kept out of this process). Writes OUT/candidates/, OUT/selection.json (what was
 kept, what left out and why), OUT/audit/ (the audit's records and logs), OUT/report/ and OUT/failures.json;
-exits 0 when every gate passed or skipped on every judged problem, 1 otherwise.
+--shrink-to N judges copies of the problems (OUT/problems, outside the checkout) with their free size
+parameters reduced as kgate's working shape reduces them, for a CPU that cannot run KernelBench's own
+sizes. Exits 0 when every gate passed or skipped on every judged problem, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -54,21 +56,23 @@ def select_levels(root: Path, levels: str) -> list[Path]:
     return [p for p in files if level(p) in wanted]
 
 
-def count_sizes(paths: list[Path], timeout: float) -> dict[str, dict]:
-    """{path: {"inputs": n, "params": n} or {"error": why}}, counted in a subprocess (see `_count_main`)."""
+def count_sizes(paths: list[Path], timeout: float, shrink_to: int = 0) -> dict[str, dict]:
+    """{path: {"inputs": n, "params": n[, "shrunk": {free size: value}, "shrunk_inputs": n]} or {"error": why}},
+    counted in a subprocess (see `_count_main`); "shrunk": the free sizes kgate's working shape would take for
+    at most `shrink_to` input elements, where they differ from the problem's own."""
     if not paths:
         return {}
-    proc = subprocess.run([sys.executable, __file__, "--count", *map(str, paths)], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, __file__, "--count", str(shrink_to), *map(str, paths)],
+                          capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise SystemExit(f"counting problem sizes failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _count_main(paths: list[str]) -> None:
+def _count_main(paths: list[str], shrink_to: int = 0) -> None:
     import torch
 
-    from kgate.kernelbench import exec_problem, free_dims, input_elements
+    from kgate.kernelbench import exec_problem, free_dims, input_elements, working_shape
 
     out: dict[str, dict] = {}
     for path in paths:
@@ -79,9 +83,29 @@ def _count_main(paths: list[str]) -> None:
                 model = module.Model(*module.get_init_inputs())
             params = sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers())
             out[path] = {"inputs": elements, "params": params}
+            if shrink_to:
+                dims = free_dims(module)
+                shape = working_shape(module, dims, shrink_to)
+                if shape is not None:
+                    out[path]["shrunk"] = dict(zip(dims.names, shape))
+                    out[path]["shrunk_inputs"] = input_elements(module, dims, shape)
         except Exception as exc:  # noqa: BLE001 - reported per problem, the others are still counted
             out[path] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     print(json.dumps(out))
+
+
+def write_shrunk(root: Path, problems: list[Path], sizes: dict[str, dict], out: Path) -> Path:
+    """Copies of the problems under OUT/problems, each with its free size parameters set to the shrunk
+    values after its own code (get_inputs() reads them when called; the weights do not depend on them)."""
+    folder = out / "problems"
+    for problem in problems:
+        target = folder / problem.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shrunk = sizes.get(str(problem), {}).get("shrunk") or {}
+        tail = "".join(f"{k} = {v}\n" for k, v in shrunk.items())
+        note = f"\n\n# Free sizes reduced by bench/reference_as_candidate.py --shrink-to\n{tail}" if tail else ""
+        target.write_text(problem.read_text() + note)
+    return folder
 
 
 def write_corpus(root: Path, problems: list[Path], out: Path) -> list[Path]:
@@ -117,13 +141,17 @@ def failures(results: Path) -> dict[str, list[dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--count":
-        _count_main(sys.argv[2:])
+        _count_main(sys.argv[3:], int(sys.argv[2]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernelbench", type=Path, required=True, help="KernelBench checkout or folder of problems")
     ap.add_argument("--levels", default="1,2", help="comma-separated levels, or 'all' (default 1,2)")
     ap.add_argument("--max-elements", type=int, default=None,
                     help="keep problems whose inputs and parameters each hold at most this many elements")
+    ap.add_argument("--shrink-to", type=int, default=0,
+                    help="judge copies of the problems (under OUT/problems) whose free size parameters (batch, "
+                         "sequence, spatial sizes) are reduced until the inputs hold at most this many elements, "
+                         "as kgate's working shape does; the weights keep their sizes (default 0: own sizes)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--jobs", type=int, default=None)
@@ -139,28 +167,32 @@ def main(argv: list[str] | None = None) -> int:
     if not problems:
         raise SystemExit(f"no problem files for levels {args.levels} under {root}")
     left_out: dict[str, str] = {}
-    if args.max_elements is not None:
-        sizes = count_sizes(problems, timeout=600)
+    sizes: dict[str, dict] = {}
+    if args.max_elements is not None or args.shrink_to:
+        sizes = count_sizes(problems, timeout=600, shrink_to=args.shrink_to)
         kept = []
         for p in problems:
             s = sizes.get(str(p), {"error": "not counted"})
-            if "error" in s or s["inputs"] is None:
+            inputs = s.get("shrunk_inputs") or s.get("inputs")
+            if "error" in s or inputs is None:
                 left_out[str(p.relative_to(root))] = f"not counted on the meta device: {s.get('error')}"
-            elif max(s["inputs"], s["params"]) > args.max_elements:
+            elif args.max_elements is not None and max(inputs, s["params"]) > args.max_elements:
                 left_out[str(p.relative_to(root))] = f"{s['inputs']} input / {s['params']} parameter elements"
             else:
                 kept.append(p)
         problems = kept
     args.out.mkdir(parents=True, exist_ok=True)
     write_corpus(root, problems, args.out)
+    problems_dir = write_shrunk(root, problems, sizes, args.out) if args.shrink_to else root
     (args.out / "selection.json").write_text(json.dumps(
-        {"root": str(root), "levels": args.levels, "max_elements": args.max_elements,
-         "kept": [str(p.relative_to(root)) for p in problems], "left_out": left_out}, indent=1))
+        {"root": str(root), "levels": args.levels, "max_elements": args.max_elements, "shrink_to": args.shrink_to,
+         "kept": {str(p.relative_to(root)): sizes.get(str(p), {}) for p in problems}, "left_out": left_out},
+        indent=1))
     print(f"{len(problems)} problems as their own candidates ({len(left_out)} left out: OUT/selection.json)")
     if not problems:
         return 0
 
-    cmd = [sys.executable, "-m", "kgate", "audit", "--format", "kernelbench", "--problems", str(root),
+    cmd = [sys.executable, "-m", "kgate", "audit", "--format", "kernelbench", "--problems", str(problems_dir),
            "--candidates", str(args.out / "candidates"), "--device", args.device, "--timeout", str(args.timeout),
            "--out", str(args.out / "audit"), "--report", str(args.out / "report"), "-q",
            "--resume" if args.resume else "--fresh"]
