@@ -182,18 +182,23 @@ def main(argv: list[str] | None = None) -> int:
                 kept.append(p)
         problems = kept
     args.out.mkdir(parents=True, exist_ok=True)
-    write_corpus(root, problems, args.out)
+    candidates = write_corpus(root, problems, args.out)
     problems_dir = write_shrunk(root, problems, sizes, args.out) if args.shrink_to else root
     (args.out / "selection.json").write_text(json.dumps(
         {"root": str(root), "levels": args.levels, "max_elements": args.max_elements, "shrink_to": args.shrink_to,
          "kept": {str(p.relative_to(root)): sizes.get(str(p), {}) for p in problems}, "left_out": left_out},
         indent=1))
+    # An explicit index: KernelBench's own names hold "__" (50_conv_standard_2D__square_input__square_kernel),
+    # which name-based pairing reads as candidate X__anything of problem X.
+    index = args.out / "index.json"
+    index.write_text(json.dumps({str(c.relative_to(args.out / "candidates")): str(problems_dir / p.relative_to(root))
+                                 for c, p in zip(candidates, problems)}, indent=1))
     print(f"{len(problems)} problems as their own candidates ({len(left_out)} left out: OUT/selection.json)")
     if not problems:
         return 0
 
     cmd = [sys.executable, "-m", "kgate", "audit", "--format", "kernelbench", "--problems", str(problems_dir),
-           "--candidates", str(args.out / "candidates"), "--device", args.device, "--timeout", str(args.timeout),
+           "--candidates", str(args.out / "candidates"), "--index", str(index), "--device", args.device, "--timeout", str(args.timeout),
            "--out", str(args.out / "audit"), "--report", str(args.out / "report"), "-q",
            "--resume" if args.resume else "--fresh"]
     for flag, value in (("--jobs", args.jobs), ("--max-time", args.max_time), ("--gate", args.gate),
