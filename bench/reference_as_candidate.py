@@ -131,7 +131,7 @@ def failures(results: Path) -> dict[str, list[dict]]:
         for key in ("error", "problem_error"):
             if record.get(key):
                 bad.append({"gate": key, "verdict": "error", "message": str(record[key])[:400]})
-        if record.get("standard", {}).get("verdict") not in (None, "pass"):
+        if (record.get("standard") or {}).get("verdict") not in (None, "pass"):
             bad.append({"gate": "standard_test", "verdict": record["standard"]["verdict"],
                         "message": record["standard"].get("message", "")[:400]})
         if bad:
