@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             if "error" in s or inputs is None:
                 left_out[str(p.relative_to(root))] = f"not counted on the meta device: {s.get('error')}"
             elif args.max_elements is not None and max(inputs, s["params"]) > args.max_elements:
-                left_out[str(p.relative_to(root))] = f"{s['inputs']} input / {s['params']} parameter elements"
+                left_out[str(p.relative_to(root))] = f"{inputs} input / {s['params']} parameter elements"
             else:
                 kept.append(p)
         problems = kept
