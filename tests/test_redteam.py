@@ -384,13 +384,24 @@ def test_standard_test_accepts(name):
                              f"accept it, got: {result.message}; reproduce: {_repro(name)}")
 
 
+NUMERIC_DEMOS = ("values", "poisoned", "raises", "aliases")  # demos whose inputs are hard for the numbers
+
+
 def hard_inputs(problem: Path) -> list[tuple[str, list]]:
-    """The problem's own inputs and every value-level input a flawed candidate of it is shown on."""
+    """The problem's own inputs; those with a NaN, +inf or -inf at the last element of one floating input;
+    and every input a flawed candidate of the problem is shown on where the flaw is in the numbers."""
     module = exec_problem(problem, "inputs")
     torch.manual_seed(0)
-    out = [("get_inputs()", list(module.get_inputs()))]
+    own = list(module.get_inputs())
+    out = [("get_inputs()", own)]
+    for i, a in enumerate(own):
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel():
+            for value in (math.nan, math.inf, -math.inf):
+                probe = [b.clone() if isinstance(b, torch.Tensor) else b for b in own]
+                probe[i].view(-1)[-1] = value
+                out.append((f"get_inputs() with {value} at the last element of argument {i}", probe))
     for name in FLAWED:
-        if problem_of(name) == problem and "dtype" not in LABELS[name]:
+        if problem_of(name) == problem and LABELS[name]["demo"] in NUMERIC_DEMOS:
             out.append((LABELS[name]["input"], demo_inputs(name)))
     return out
 
