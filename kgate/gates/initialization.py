@@ -235,22 +235,23 @@ def follows_filling(run: Callable[[int], list], nan_run: list, sentinel_run: lis
     return True
 
 
-EDGE_SHAPES = 4  # the shapes gate's first edge shapes judged beside the declared ones
+# The shapes gate's edge shapes judged beside the declared ones: sizes 1 and primes are multiples of no block.
+EDGE_REASONS = ("every size 1", "every size prime")
 
 
 def edge_cases(subject: Subject, declared: list[Case]) -> list[Case]:
-    """The first EDGE_SHAPES non-empty edge shapes of the shapes gate (every size 1, size 1 in one dim,
-    every size prime, ...) no larger than the declared ones, at the first declared case's dtype and seed:
-    a kernel that writes its output in whole blocks leaves a tail unwritten only where a size is not a
-    multiple of its block, which a declared shape may never be. Unwritten there, the shapes gate would
-    report what that memory held as a small numeric error, another one at every call."""
+    """The shapes gate's edge shapes with every size 1 and every size prime (`EDGE_REASONS`), no larger than
+    the declared ones, at the first declared case's dtype and seed: a kernel that writes its output in
+    whole blocks leaves a tail unwritten only where a size is not a multiple of its block, which a declared
+    shape may never be. Unwritten there, the shapes gate would report what that memory held as a small
+    numeric error, another one at every call."""
     from kgate.gates.shapes import edge_shapes, numel, takes_shape
 
     shapes = [c.shape for c in declared if c.shape is not None]
     if not shapes or not takes_shape(subject):
         return []
     cap = min(numel(s) for s in shapes)
-    chosen = [s for s, _ in edge_shapes(shapes, cap) if numel(s) > 0][:EDGE_SHAPES]
+    chosen = [s for s, why in edge_shapes(shapes, cap) if numel(s) > 0 and why in EDGE_REASONS]
     return [Case(s, declared[0].dtype, declared[0].seed) for s in chosen]
 
 
