@@ -465,11 +465,10 @@ def test_audit_catches_every_flawed_and_rejects_no_correct(tmp_path):
             "--candidates tests/data/redteam/candidates --device cpu -k NAME"
     assert not not_judged, f"expected every candidate judged, not judged: {not_judged}; reproduce: {repro}"
     assert not rejected, f"expected no correct candidate rejected, rejected (by gate): {rejected}; reproduce: {repro}"
-    if missed:
-        total = sum(len(v) for v in missed.values())
-        listing = "; ".join(f"{cls}: {', '.join(names)}" for cls, names in sorted(missed.items()))
-        pytest.xfail(f"kgate misses {total}/{len(FLAWED)} flawed red-team candidates (audit took {took:.0f} s) - "
-                     f"{listing}; reproduce: {repro}")
+    total = sum(len(v) for v in missed.values())
+    listing = "; ".join(f"{cls}: {', '.join(names)}" for cls, names in sorted(missed.items()))
+    assert not missed, (f"expected every flawed candidate caught, kgate misses {total}/{len(FLAWED)} (audit took "
+                        f"{took:.0f} s) - {listing}; reproduce: {repro}")
 
 
 # --------------------------------------------------------------------------------------------------
