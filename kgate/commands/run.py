@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kgate import gates as registry
+from kgate import names as registry
 from kgate.commands import SECONDS, add_sandbox_option, writable
 from kgate.errors import UsageError
 from kgate.manifest import DTYPE_ALIASES, DTYPES, load, parse_memory
@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"-k {args.select!r} selects no kernel of {args.manifest}; "
                              f"names: {', '.join(k.name for k in manifest.kernels)}")
     if args.changed:
-        from kgate.commands.hook import changed_kernels, read_list
+        from kgate.changes import changed_kernels, read_list
 
         touched = changed_kernels(manifest, read_list(args.changed))
         kernels = [k for k in kernels if k in touched]
