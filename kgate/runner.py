@@ -568,7 +568,9 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                     detached.update(dict.fromkeys(procmem.detached(proc.pid, children)))
                 used = procmem.tree_memory(proc.pid, memory, children)
                 if used > memory:
-                    error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)})"
+                    error = (f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)}): kgate's memory "
+                             f"limit of {_fmt_bytes(memory)} was reached; raise `limits.memory` in the manifest or "
+                             "--memory if the kernel needs more")
                     _kill(proc)
                     break
             if now > deadline:

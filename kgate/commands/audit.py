@@ -29,6 +29,7 @@ from kgate.commands import COUNT, SECONDS, add_sandbox_option, number, writable
 from kgate.errors import UsageError
 from kgate.kernelbench import AUDIT_DTYPES, WORK_ELEMENTS, discover, gate_ids
 from kgate.manifest import parse_memory
+from kgate.reports.github import plain
 from kgate.selection import matcher
 
 if TYPE_CHECKING:  # the audit's machinery imports torch: main() imports it, `kgate --help` does not
@@ -240,7 +241,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         console.print(f"[yellow]kgate audit: {len(unpaired)} candidate(s) will be recorded as not judged:[/]",
                       highlight=False)
         for pair in unpaired[:5]:
-            console.print(f"  {escape(pair.id)}: {escape(pair.problem_error or '')}", highlight=False)
+            console.print(f"  {escape(plain(pair.id))}: {escape(plain(pair.problem_error or ''))}", highlight=False)
         if len(unpaired) > 5:
             console.print(f"  ... and {len(unpaired) - 5} more (results.jsonl lists each)", highlight=False)
     results = ResultsFile(out / "results.jsonl")
@@ -488,7 +489,7 @@ class _ConsoleProgress:
                     else f"why: {audit_report.not_judged_reason(record, c)[:160]}")
             if record.get("tamper"):
                 said += f"; {str(record['tamper'])[:160]}"
-            self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; {escape(said)}; "
+            self.console.print(f"{key:>10} {escape(plain(record['id']))} (standard {std}; {escape(plain(said))}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
 
     def _count_held(self, change: int) -> None:
@@ -512,7 +513,7 @@ class _ConsoleProgress:
         if self.live:
             self.bar.update(self.task, description=text)
         elif not self.quiet:
-            self.console.print(f"{'held':>10} {escape(pair.id)} ({why}: to be judged alone, with a whole device)",
+            self.console.print(f"{'held':>10} {escape(plain(pair.id))} ({why}: to be judged alone, with a whole device)",
                                highlight=False)
 
     def widened(self, pair: Any, share: float | None) -> None:
@@ -525,7 +526,7 @@ class _ConsoleProgress:
         if self.live:
             self.bar.update(self.task, description=text)
         elif not self.quiet:
-            self.console.print(f"{'again':>10} {escape(pair.id)} (ran out of memory in its share: judged again "
+            self.console.print(f"{'again':>10} {escape(plain(pair.id))} (ran out of memory in its share: judged again "
                                f"now with {share:.0%} of the GPU's memory)", highlight=False)
 
 

@@ -18,6 +18,7 @@ from math import prod
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from kgate import names as registry
 from kgate.changes import kernels_for_files
@@ -26,6 +27,7 @@ from kgate.errors import UsageError
 from kgate.gates.base import ERROR, FAIL
 from kgate.manifest import ResolvedKernel, load
 from kgate.report import KernelResult
+from kgate.reports.github import plain
 from kgate.runner import Runner, RunOptions
 
 # Cheap gates that catch most broken kernels; the slow ones (long sweeps, sanitizers) stay for CI.
@@ -79,7 +81,7 @@ def _print_findings(console: Console, result: KernelResult) -> None:
         if g.verdict not in (FAIL, ERROR):
             continue
         label = "FAIL" if g.verdict == FAIL else "ERROR"
-        console.print(f"{label} {result.name} / {g.gate}: {' '.join(g.message.split())}")
+        console.print(f"{label} {result.name} / {g.gate}: {escape(plain(' '.join(g.message.split())))}")
         if result.source_file:
             path = Path(result.source_file)
             if path.is_absolute() and path.is_relative_to(Path.cwd()):
@@ -87,7 +89,7 @@ def _print_findings(console: Console, result: KernelResult) -> None:
             where = f"{path}:{result.source_line}" if result.source_line else str(path)
             console.print(f"    kernel: {where}")
         if g.repro:
-            console.print(f"    reproduce: {g.repro}")
+            console.print(f"    reproduce: {escape(plain(g.repro))}")
 
 
 def main(args: argparse.Namespace) -> int:
