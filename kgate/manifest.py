@@ -586,7 +586,9 @@ class _Builder:
     def scalar(self, n: yaml.ScalarNode, path: tuple) -> Any:
         try:
             return self.constructor.construct_object(n, deep=True)
-        except (yaml.YAMLError, ValueError, OverflowError) as exc:
+        # PyYAML's scalar constructors raise what they meet: ValueError, IndexError ('!!int' of nothing),
+        # AttributeError (a '!!timestamp' that is not one) ...; constructing a scalar has no other effect
+        except Exception as exc:
             kind = n.tag.rpartition(":")[2] or n.tag
             text = n.value if len(n.value) <= 40 else f"{n.value[:20]}...({len(n.value)} characters)"
             if "digits" in str(exc):  # Python reads at most 4300 digits of a number
