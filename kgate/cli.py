@@ -12,6 +12,7 @@ from rich.markup import escape
 
 from kgate import __version__
 from kgate.errors import KgateError, ManifestError
+from kgate.reports.github import plain
 
 # Each module defines add_parser(subparsers) and main(args) -> exit code.
 COMMANDS = ("run", "gates", "schema", "github", "comment", "hook", "audit", "selftest", "calibrate", "repro")
@@ -52,9 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             # each problem on lines of its own that start with file:line:col, as editors' and CI's problem
             # matchers read them
             console.print(f"[bold red]kgate:[/] {len(exc.problems)} problem(s) in the manifest", soft_wrap=True)
-            console.print(escape(str(exc)), markup=True, soft_wrap=True)
-        else:
-            console.print(f"[bold red]kgate:[/] {escape(str(exc))}", markup=True, soft_wrap=True)
+            console.print(escape(plain(exc.first())), markup=True, soft_wrap=True)
+        else:  # (an error's text can quote a kernel's output)
+            console.print(f"[bold red]kgate:[/] {escape(plain(str(exc)))}", markup=True, soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
         print("kgate: interrupted; results so far are in the output folder's results.jsonl", file=sys.stderr)

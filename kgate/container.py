@@ -172,7 +172,7 @@ def run_in_container(args: argparse.Namespace) -> int:
     report_path.unlink(missing_ok=True)
     changed = None
     if getattr(args, "changed", None):
-        from kgate.commands.hook import read_list
+        from kgate.changes import read_list
 
         (out_dir / "changed.txt").write_text("\n".join(read_list(args.changed)) + "\n", encoding="utf-8")
         changed = f"{OUT}/changed.txt"

@@ -42,6 +42,12 @@ class ManifestError(KgateError):
         self.problems = problems
         super().__init__("\n".join(p.format() for p in problems))
 
+    def first(self, limit: int = 50) -> str:
+        """The first `limit` problems, then how many more there are (a generated manifest can have thousands)."""
+        text = "\n".join(p.format() for p in self.problems[:limit])
+        more = len(self.problems) - limit
+        return text + (f"\n... and {more} more problem(s); fix these and run again to see the rest" if more > 0 else "")
+
 
 class UsageError(KgateError):
     """Bad command-line usage."""

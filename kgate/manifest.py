@@ -14,8 +14,10 @@ import functools
 import hashlib
 import importlib.machinery
 import json
+import math
 import os
 import re
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,21 +26,27 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
-    NonNegativeInt,
     Tag,
     ValidationError,
     field_validator,
 )
 
 from kgate.errors import ManifestError, Problem
+from kgate.names import BACKWARD_SUFFIX, GATE_NAMES
+from kgate.sandbox import allowed_env, kgate_command  # kgate_command: the very command the workers start with
 
 SUPPORTED_VERSIONS = (1,)
 DEFAULT_MANIFEST = "kgate.yaml"
+# Bounds on what is read (a manifest of thousands of kernels is well within each).
+MAX_MANIFEST_BYTES = 2**20
+MAX_DEPTH = 32  # levels of mappings and lists
+MAX_EXPANDED = 100_000  # values that aliases add by repeating their anchor's value
 
 DTYPE_ALIASES = {
     "fp16": "float16", "half": "float16", "f16": "float16",
@@ -49,6 +57,12 @@ DTYPE_ALIASES = {
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 VERDICTS = ("pass", "fail", "error", "skip")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+MIN_MEMORY = 64 * 2**20  # below this no worker starts (the Python interpreter and torch alone take more)
+MAX_MEMORY = 2**50  # 1 PiB: more than any machine has
+MAX_ELEMENTS = 2**36  # elements of one declared shape: more than any device holds in float16
+MAX_SEED = 2**32 - 1  # a seed torch, numpy and random all take
+MAX_TIMEOUT = 7 * 24 * 3600.0
+MAX_NAME = 200  # characters of a name: it names files (logs, an audit's output folder)
 _MEMORY_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -98,16 +112,30 @@ def _argument_dtype(value: Any) -> Any:
 
 
 def parse_memory(value: Any) -> int:
-    """'8GiB', '512MB', 1073741824 -> bytes."""
+    """'8GiB', '512MB', 1073741824 -> bytes, between MIN_MEMORY and MAX_MEMORY."""
     if isinstance(value, bool):
         raise ValueError("expected a size such as '8GiB' or a number of bytes")
     if isinstance(value, int):
-        return value
-    match = _MEMORY_RE.match(str(value))
-    if not match:
-        raise ValueError(f"cannot read {value!r} as a size; write e.g. '8GiB', '512MiB' or a number of bytes")
-    number, unit = match.groups()
-    return int(float(number) * _UNITS[(unit or "B").lower()])
+        size = value
+    else:
+        match = _MEMORY_RE.match(str(value))
+        if not match:
+            raise ValueError(f"cannot read {_show(value)} as a size; write e.g. '8GiB', '512MiB' or a number of bytes")
+        number, unit = match.groups()
+        size = float(number) * _UNITS[(unit or "B").lower()]
+    if not MIN_MEMORY <= size <= MAX_MEMORY:  # (a float of 5000 digits is inf: out of range too)
+        raise InvalidValue(
+            f"memory limit {_show(value)} is out of range: kgate takes {_size(MIN_MEMORY)} to {_size(MAX_MEMORY)}",
+            "a worker imports torch and the kernel's modules (a few hundred MiB) before the first gate; the limit "
+            "holds for its whole process tree, e.g. '8GiB'")
+    return int(size)
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
 
 
 def _device(value: Any) -> Any:
@@ -122,11 +150,37 @@ DType = Annotated[Literal["float16", "bfloat16", "float32", "float64"], BeforeVa
 ArgumentDType = Annotated[Literal["float16", "bfloat16", "float32", "float64"], BeforeValidator(_argument_dtype)]
 Device = Annotated[str, BeforeValidator(_device)]
 Memory = Annotated[int, BeforeValidator(parse_memory)]
+
+
+def _check_shape(shape: list[int]) -> list[int]:
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        many = f"{count:.3g}" if count < 1e300 else "over 1e300"
+        raise InvalidValue(f"shape {_show(shape)} has {many} elements: over kgate's limit of 2^36 "
+                           f"({MAX_ELEMENTS:.3g}), more than any device holds",
+                           "shapes are sizes of the inputs a kernel is judged on; a few million elements show what "
+                           "larger ones would")
+    return shape
+
+
+Size = Annotated[int, Field(ge=0, strict=True)]
+Shape = Annotated[list[Size], AfterValidator(_check_shape)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED, strict=True)]
+
+
+def _check_corpus_name(name: str) -> str:
+    parts = name.split("/")
+    if name.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise InvalidValue(f"name {_show(name)} is not a plain relative folder name: the corpus's results go to "
+                           "--out/NAME, and this one would lead elsewhere",
+                           "use words joined by '-', '_' or '.', optionally folders separated by single '/' "
+                           "(no leading '/', no '.' or '..' part)")
+    return name
 Verdict = Literal["pass", "fail", "error", "skip"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Tolerance(_Strict):
@@ -151,15 +205,16 @@ GateSpec = Literal["all"] | list[str] | GateSelection
 class ArgSpec(_Strict):
     """A declarative input: one positional argument made by torch.testing.make_tensor."""
 
-    shape: list[int] | None = Field(None, description="shape; omitted = the shape being swept")
+    shape: Shape | None = Field(None, description="shape; omitted = the shape being swept")
     dtype: ArgumentDType | None = Field(None, description="dtype; omitted = the dtype being swept")
     low: float | None = None
     high: float | None = None
-    value: float | int | bool | None = Field(None, description="a Python scalar argument instead of a tensor")
+    value: Annotated[float, Field(allow_inf_nan=True)] | int | bool | None = Field(
+        None, description="a Python scalar argument instead of a tensor (inf and nan allowed)")
 
 
 class Limits(_Strict):
-    timeout: float = Field(300.0, gt=0, description="seconds one gate of one kernel may take")
+    timeout: float = Field(300.0, gt=0, le=MAX_TIMEOUT, description="seconds one gate of one kernel may take")
     memory: Memory = Field(8 * 2**30, description="resident memory of a worker process, e.g. '8GiB'")
 
 
@@ -167,24 +222,25 @@ class Defaults(_Strict):
     device: Device = "auto"
     dtypes: list[DType] = Field(default_factory=lambda: ["float32"], min_length=1)
     gates: GateSpec = "all"
-    seeds: list[int] = Field(default_factory=lambda: [0, 1], min_length=1)
+    seeds: list[Seed] = Field(default_factory=lambda: [0, 1], min_length=1)
     tolerance: Tolerance = Field(default_factory=Tolerance)
     limits: Limits = Field(default_factory=Limits)
 
 
 class KernelEntry(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$", description="unique name, used by -k and in reports")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$", max_length=MAX_NAME,
+                      description="unique name, used by -k and in reports")
     kernel: str = Field(description="'path/to/file.py:attr' or 'package.module:attr'")
     reference: str = Field(description="the callable that defines the meaning, same reference syntax")
     inputs: str | list[ArgSpec] | None = Field(
         None, description="factory 'file.py:make_inputs' (called as make_inputs(seed, shape=, dtype=, device=)) "
         "or a list of declarative argument specs")
-    shapes: list[list[NonNegativeInt]] | None = Field(None, description="shapes passed to the inputs factory")
+    shapes: list[Shape] | None = Field(None, description="shapes passed to the inputs factory")
     dtypes: list[DType] | None = Field(None, min_length=1)
     gates: GateSpec | None = None
-    seeds: list[int] | None = Field(None, min_length=1)
+    seeds: list[Seed] | None = Field(None, min_length=1)
     backward: bool = Field(False, description="also judge gradients against float64 autograd of the reference")
-    inplace: list[NonNegativeInt] = Field(default_factory=list,
+    inplace: list[Size] = Field(default_factory=list,
                                           description="indices of arguments the kernel may modify")
     nondeterministic: bool = Field(False, description="declare run-to-run differences as intended")
     bitwise_layouts: bool = Field(
@@ -223,7 +279,8 @@ class KernelBenchEntry(_Strict):
     """A corpus in KernelBench format (problems with Model/get_inputs/get_init_inputs, candidates with
     ModelNew), judged by `kgate audit --manifest` rather than by `kgate run`."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$", description="unique name, used for the output subfolder")
+    name: Annotated[str, AfterValidator(_check_corpus_name)] = Field(
+        pattern=r"^[A-Za-z0-9_.\-/]+$", max_length=MAX_NAME, description="unique name, used for the output subfolder")
     format: Literal["kernelbench"] = Field(description="the corpus format")
     problems: str = Field(description="folder of problem files, relative to the manifest")
     candidates: str = Field(description="folder of candidate files, relative to the manifest")
@@ -262,6 +319,8 @@ def json_schema() -> dict[str, Any]:
     schema["$id"] = "https://kgate.dev/schema/kgate.v1.json"
     schema["title"] = "kgate.yaml"
     schema["properties"]["version"] = {"const": 1, "description": "manifest format version"}
+    schema["patternProperties"] = {"^x-": {"description": "ignored by kgate: a place for YAML anchors that entries "
+                                              "merge with `<<: *name`"}}
     return schema
 
 
@@ -309,13 +368,7 @@ class ResolvedKernel:
         self.line = manifest.line_of(("kernels", index))
 
     def selected_gates(self, all_names: list[str]) -> list[str]:
-        spec = self.gate_spec
-        if spec == "all":
-            return list(all_names)
-        if isinstance(spec, list):
-            return [g for g in all_names if g in spec]
-        chosen = all_names if spec.include is None else [g for g in all_names if g in spec.include]
-        return [g for g in chosen if g not in spec.exclude]
+        return _selected(self.gate_spec, all_names)
 
     def import_path(self, role: str) -> list[str]:
         """The sys.path the worker imports the module of `role` (kernel, reference or inputs) with: its
@@ -371,6 +424,16 @@ class ResolvedKernel:
         return str(path), _definition_line(path, self.kernel.attr)
 
 
+def _selected(spec: Any, all_names: list[str]) -> list[str]:
+    """The gates of `all_names` that a `gates:` setting selects, in their order."""
+    if spec == "all":
+        return list(all_names)
+    if isinstance(spec, list):
+        return [g for g in all_names if g in spec]
+    chosen = all_names if spec.include is None else [g for g in all_names if g in spec.include]
+    return [g for g in chosen if g not in spec.exclude]
+
+
 class ResolvedCorpus:
     """A `format: kernelbench` entry with its paths resolved against the manifest's folder."""
 
@@ -407,44 +470,187 @@ class LoadedManifest:
 # Loading with positions.
 
 
-def _compose(text: str, file: str) -> tuple[Any, dict[tuple, tuple[int, int]], list[Problem]]:
+def _read(path: Path, file: str) -> str:
+    """The manifest's text, read only if it is a regular file within MAX_MANIFEST_BYTES (a device such as
+    /dev/zero, a FIFO or a huge file would otherwise be read until memory runs out)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        info = path.stat()
+    except (OSError, ValueError) as exc:
+        raise ManifestError([Problem(file, None, None, None, f"cannot read manifest: {exc}")]) from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ManifestError([Problem(file, None, None, None, "the manifest is a folder, not a file",
+                                     f"give the file's path, e.g. {path / DEFAULT_MANIFEST}")])
+    if not stat.S_ISREG(info.st_mode):
+        raise ManifestError([Problem(file, None, None, None,
+                                     "the manifest is not a regular file (a device, a FIFO or a socket)",
+                                     "give the path of a kgate.yaml file")])
+    too_big = Problem(file, None, None, None, f"the manifest is larger than kgate's limit of "
+                      f"{MAX_MANIFEST_BYTES // 2**20} MiB", "a manifest lists kernels and their settings, a few "
+                      "KiB for hundreds of kernels: generated data (shapes, inputs) belongs in an inputs factory")
+    if info.st_size > MAX_MANIFEST_BYTES:
+        raise ManifestError([too_big])
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        raise ManifestError([Problem(file, None, None, None, f"cannot read manifest: {exc}")]) from None
+    if len(data) > MAX_MANIFEST_BYTES:  # it grew since stat, or stat does not know its size (/proc)
+        raise ManifestError([too_big])
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ManifestError([Problem(file, line, column, None, f"not UTF-8 text: {exc.reason} at byte {exc.start}",
+                                     "save the manifest as UTF-8")]) from None
+
+
+def _syntax_problem(exc: yaml.YAMLError, file: str) -> Problem:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    message = f"YAML syntax error: {problem}" + (f" ({context})" if context else "")
+    return Problem(file, mark.line + 1 if mark else None, mark.column + 1 if mark else None, None, message,
+                   "check indentation and quoting on that line")
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+# libyaml where PyYAML was built with it: over ten times faster on a manifest of 2000 entries (0.17 s against
+# 2.6 s to parse and compose), the same nodes and marks
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _check_depth(text: str, file: str) -> None:
+    """Nesting deeper than MAX_DEPTH is refused before composing (PyYAML's composer recurses per level)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = event.start_mark
+                raise ManifestError([_too_deep(file, mark.line + 1, mark.column + 1, None)])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def _too_deep(file: str, line: int | None, column: int | None, key: str | None) -> Problem:
+    return Problem(file, line, column, key, f"nested deeper than {MAX_DEPTH} levels of mappings and lists",
+                   "a manifest needs a few levels (kernels, an entry, its shapes); check the brackets and "
+                   "indentation there")
+
+
+class _Builder:
+    """Python data from a composed YAML node graph, with the position of every key. Bounded: aliases may
+    repeat at most MAX_EXPANDED values in all (an alias bomb repeats billions), nesting (aliases included)
+    is at most MAX_DEPTH, and an alias inside the node it names is refused. Values YAML cannot read (a
+    20000-digit number, a bad !!timestamp, an unknown !tag) become problems, and building goes on."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.marks: dict[tuple, tuple[int, int]] = {}
+        self.problems: list[Problem] = []
+        self.unreadable: list[str] = []  # keys of values that became problems: no second complaint there
+        self.constructor = yaml.constructor.SafeConstructor()
+        self.distinct: set[int] = set()
+        self.built = 0
+        self.open: set[int] = set()
+
+    def fail(self, node: yaml.Node, path: tuple, message: str, hint: str | None) -> ManifestError:
+        return ManifestError([Problem(self.file, node.start_mark.line + 1, node.start_mark.column + 1,
+                                      _dotted(path) or None, message, hint)])
+
+    def build(self, n: yaml.Node, path: tuple, depth: int = 0) -> Any:
+        self.marks.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
+        self.built += 1
+        self.distinct.add(id(n))
+        if self.built - len(self.distinct) > MAX_EXPANDED:
+            raise self.fail(n, path, f"aliases expand to more than {MAX_EXPANDED} values (the anchor is here)",
+                            "an alias repeats its anchor's whole value; a manifest needs few of them (a `<<: *base` "
+                            "of shared settings per entry)")
+        if isinstance(n, yaml.ScalarNode):
+            return self.scalar(n, path)
+        if depth >= MAX_DEPTH:
+            raise ManifestError([_too_deep(self.file, n.start_mark.line + 1, n.start_mark.column + 1,
+                                           _dotted(path) or None)])
+        if id(n) in self.open:
+            raise self.fail(n, path, "an alias refers to the value that contains it (an endless value)",
+                            "refer only to anchors whose value is complete before the alias")
+        self.open.add(id(n))
+        try:
+            if isinstance(n, yaml.SequenceNode):
+                return [self.build(item, path + (i,), depth + 1) for i, item in enumerate(n.value)]
+            return self.mapping(n, path, depth)
+        finally:
+            self.open.discard(id(n))
+
+    def scalar(self, n: yaml.ScalarNode, path: tuple) -> Any:
+        try:
+            return self.constructor.construct_object(n, deep=True)
+        # PyYAML's scalar constructors raise what they meet: ValueError, IndexError ('!!int' of nothing),
+        # AttributeError (a '!!timestamp' that is not one) ...; constructing a scalar has no other effect
+        except Exception as exc:
+            kind = n.tag.rpartition(":")[2] or n.tag
+            text = n.value if len(n.value) <= 40 else f"{n.value[:20]}...({len(n.value)} characters)"
+            if "digits" in str(exc):  # Python reads at most 4300 digits of a number
+                message, hint = f"a number of {len(n.value)} digits", "no setting needs a number this long"
+            else:
+                message = f"cannot read {text!r} as {kind}: {getattr(exc, 'problem', None) or exc}"
+                hint = "quote the value to make it text"
+            self.problems.append(Problem(self.file, n.start_mark.line + 1, n.start_mark.column + 1,
+                                         _dotted(path) or None, message, hint))
+            self.unreadable.append(_dotted(path))
+            return None
+
+    def mapping(self, n: yaml.MappingNode, path: tuple, depth: int) -> dict[Any, Any]:
+        out: dict[Any, Any] = {}
+        merged: list[yaml.MappingNode] = []
+        for key_node, value_node in n.value:
+            if key_node.tag == _MERGE_TAG:
+                merged += self.merge_sources(value_node, path)
+                continue
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.fail(key_node, path, "a key must be a name, not a mapping or a list",
+                                "write `name: value`; `? [..]` keys are not part of a manifest")
+            key = self.scalar(key_node, path + ("?",))
+            if key in out:
+                self.problems.append(Problem(self.file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
+                                             _dotted(path + (key,)), f"duplicate key {_show(key)}",
+                                             "YAML keeps only the last one; remove or rename one of them"))
+            self.marks[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            out[key] = self.build(value_node, path + (key,), depth + 1)
+            self.marks[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+        # `<<: *base` (YAML's merge key): the base's keys, where the mapping does not set them itself; of
+        # several bases (`<<: [*a, *b]`) the first that sets a key wins.
+        for source in merged:
+            for key, value in self.mapping(source, path, depth).items():
+                out.setdefault(key, value)
+        return out
+
+    def merge_sources(self, value: yaml.Node, path: tuple) -> list[yaml.MappingNode]:
+        items = value.value if isinstance(value, yaml.SequenceNode) else [value]
+        if all(isinstance(item, yaml.MappingNode) for item in items):
+            return list(items)
+        raise self.fail(value, path, "`<<` merges a mapping or a list of mappings into this one",
+                        "write `<<: *base` where `base` is the anchor of a mapping (`x-base: &base {...}`)")
+
+
+def _compose(text: str, file: str) -> tuple[Any, dict[tuple, tuple[int, int]], _Builder]:
+    try:
+        _check_depth(text, file)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        context = getattr(exc, "context", None)
-        message = f"YAML syntax error: {problem}" + (f" ({context})" if context else "")
-        raise ManifestError([Problem(file, mark.line + 1 if mark else None, mark.column + 1 if mark else None,
-                                     None, message, "check indentation and quoting on that line")]) from None
-    marks: dict[tuple, tuple[int, int]] = {}
-    problems: list[Problem] = []
-    constructor = yaml.constructor.SafeConstructor()
+        raise ManifestError([_syntax_problem(exc, file)]) from None
+    builder = _Builder(file)
+    data = builder.build(node, ()) if node is not None else None
+    return data, builder.marks, builder
 
-    def build(n: yaml.Node, path: tuple) -> Any:
-        marks.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
-        if isinstance(n, yaml.MappingNode):
-            out: dict[Any, Any] = {}
-            for key_node, value_node in n.value:
-                key = constructor.construct_object(key_node, deep=True)
-                if not isinstance(key, (str, int, float, bool)) and key is not None:
-                    raise ManifestError([Problem(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
-                                                 _dotted(path) or None, f"a key must be a name, not {key!r}",
-                                                 "write `name: value`; `? [..]` keys are not part of a manifest")])
-                if key in out:
-                    problems.append(Problem(file, key_node.start_mark.line + 1, key_node.start_mark.column + 1,
-                                            _dotted(path + (key,)), f"duplicate key {key!r}",
-                                            "YAML keeps only the last one; remove or rename one of them"))
-                marks[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                out[key] = build(value_node, path + (key,))
-                marks[path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(item, path + (i,)) for i, item in enumerate(n.value)]
-        return constructor.construct_object(n, deep=True)
 
-    data = build(node, ()) if node is not None else None
-    return data, marks, problems
+def _show(value: Any, limit: int = 60) -> str:
+    """repr(value), shortened: a value given in a manifest can be thousands of characters long."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 200:
+        return f"a number of about {int(abs(value).bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 20]}...({len(text)} characters)"
 
 
 def _nearest_mark(marks: dict[tuple, tuple[int, int]], loc: tuple) -> tuple[int, int] | None:
@@ -527,20 +733,27 @@ def _one_member_per_union(errors: list[_Located]) -> list[_Located]:
     """pydantic reports a value no member of a union accepts once per member. Keep the errors of the
     member the value was meant for, the one that got past the value's kind (into a mapping's keys, a
     list's items); where none did, keep one error that names what the place accepts."""
-    places = sorted({where for e in errors for where, _ in e.members}, key=len)  # outer unions first
-    for where in places:
-        at = [e for e in errors if e.member_at(where) is not None]
+    by_place: dict[tuple, list[_Located]] = {}
+    for e in errors:
+        for where, _ in e.members:
+            by_place.setdefault(where, []).append(e)
+    settled: set[int] = set()  # errors merged into one already: out of the later (inner) unions
+    dropped: set[int] = set()
+    replaced: dict[int, _Located] = {}
+    for where in sorted(by_place, key=len):  # outer unions first
+        at = [e for e in by_place[where] if id(e) not in settled and id(e) not in dropped]
         members = list(dict.fromkeys(e.member_at(where) for e in at))
         if len(members) < 2:
             continue  # a discriminated union names only the member it chose
         deeper = {e.member_at(where) for e in at if len(e.keys) > len(where)}
         if deeper:
-            errors = [e for e in errors if e not in at or e.member_at(where) in deeper]
+            dropped.update(id(e) for e in at if e.member_at(where) not in deeper)
             continue
         given = at[0].error.get("input")
-        merged = _Located({"type": "union", "loc": where, "input": given, "members": members}, where, ())
-        errors = [merged if e is at[0] else e for e in errors if e is at[0] or e not in at]
-    return errors
+        replaced[id(at[0])] = _Located({"type": "union", "loc": where, "input": given, "members": members}, where, ())
+        settled.add(id(at[0]))
+        dropped.update(id(e) for e in at[1:])
+    return [replaced.get(id(e), e) for e in errors if id(e) not in dropped]
 
 
 def _yaml_item(text: str) -> str:
@@ -587,6 +800,7 @@ def _owner(item: _Located) -> type[BaseModel] | None:
 def _pydantic_problems(exc: ValidationError, file: str, marks: dict, data: Any) -> list[Problem]:
     errors = _one_member_per_union([_locate(err, data) for err in exc.errors(include_url=False)])
     problems: list[Problem] = []
+    seen: set[tuple] = set()
     for item in errors:
         err, loc = item.error, item.keys
         kind = err["type"]
@@ -617,7 +831,7 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict, data: Any) 
             cause = err["ctx"]["error"]  # a validator of this module: its own words, not "Value error, ..."
             message, hint = str(cause), getattr(cause, "hint", None)
         elif kind == "model_type":
-            message = f"expected {_member_text((err.get('ctx') or {}).get('class_name', 'dict['))} (got {given!r})"
+            message = f"expected {_member_text((err.get('ctx') or {}).get('class_name', 'dict['))} (got {_show(given)})"
         elif kind == "too_short":
             ctx = err.get("ctx") or {}
             message = f"needs at least {ctx.get('min_length')} item(s), has {ctx.get('actual_length')}"
@@ -629,9 +843,10 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict, data: Any) 
                 options = re.findall(r"'([^']+)'", (err.get("ctx") or {}).get("expected", ""))
                 hint = _suggest(given, options)
             if given is not None and not isinstance(given, (dict, list)):
-                message += f" (got {given!r})"
-        if any((p.key, p.line, p.message) == (key, line, message) for p in problems):
+                message += f" (got {_show(given)})"
+        if (key, line, message) in seen:
             continue
+        seen.add((key, line, message))
         problems.append(Problem(file, line, col, key, message, hint))
     return sorted(problems, key=lambda p: (p.line or 0, p.column or 0))
 
@@ -644,39 +859,53 @@ def load(path: str | Path | None = None, *, check_files: bool = True) -> LoadedM
         hint = ("run `kgate run PATH/TO/kgate.yaml`, or create kgate.yaml here (see `kgate schema` and the README)"
                 if path.name == DEFAULT_MANIFEST else "check the path")
         raise ManifestError([Problem(file, None, None, None, "manifest not found", hint)])
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ManifestError([Problem(file, None, None, None, f"cannot read manifest: {exc}")]) from None
-    data, marks, problems = _compose(text, file)
-    if problems:
-        raise ManifestError(problems)
+    text = _read(path, file)
+    data, marks, builder = _compose(text, file)
+    problems = list(builder.problems)
     if not isinstance(data, dict):
-        raise ManifestError([Problem(file, 1, 1, None, "the manifest must be a mapping with 'version' and 'kernels'",
-                                     "start from the example in the README or `kgate schema`")])
+        raise ManifestError(problems + [Problem(
+            file, 1, 1, None, "the manifest must be a mapping with 'version' and 'kernels'",
+            "start from the example in the README or `kgate schema`")])
     version = data.get("version")
-    if version is None:
-        raise ManifestError([Problem(file, 1, 1, "version", "missing 'version'",
-                                     "add 'version: 1' as the first line")])
-    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+    if version is None and "version" not in builder.unreadable:
+        problems.append(Problem(file, 1, 1, "version", "missing 'version'", "add 'version: 1' as the first line"))
+    elif type(version) is not int or version not in SUPPORTED_VERSIONS:
         line, col = marks.get(("version",), (None, None))
-        raise ManifestError([Problem(file, line, col, "version", f"unsupported manifest version {version!r}",
-                                     "this kgate reads version 1; upgrade kgate or write 'version: 1'")])
+        if "version" not in builder.unreadable:
+            problems.append(Problem(file, line, col, "version", f"unsupported manifest version {_show(version)}",
+                                    "this kgate reads version 1; upgrade kgate or write 'version: 1' (the other "
+                                    "problems listed are those of version 1)"))
+    # the rest is checked as version 1 whatever the version says: one bad line must not hide the others;
+    # top-level `x-...` keys are the user's (a place for anchors that entries merge with `<<: *base`)
+    data = {**{k: v for k, v in data.items() if not _extension(k)}, "version": SUPPORTED_VERSIONS[0]}
     try:
         model = Manifest.model_validate(data)
     except ValidationError as exc:
-        raise ManifestError(_pydantic_problems(exc, file, marks, data)) from None
+        found = _pydantic_problems(exc, file, marks, data)
+        raise ManifestError(_in_order(problems + [p for p in found if not _under(p.key, builder.unreadable)])) \
+            from None
     loaded = LoadedManifest(path.resolve(), model, marks)
     loaded.path = path
-    problems = _semantic_problems(loaded, file, check_files)
+    problems += _semantic_problems(loaded, file, check_files and not problems)
     if problems:
-        raise ManifestError(problems)
+        raise ManifestError(_in_order(problems))
     return loaded
 
 
-def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> list[Problem]:
-    from kgate.gates import GATE_NAMES
+def _extension(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("x-")
 
+
+def _in_order(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line or 0, p.column or 0))
+
+
+def _under(key: str | None, keys: list[str]) -> bool:
+    """Whether `key` is one of `keys` or lies inside one of them."""
+    return key is not None and any(key == k or key.startswith((k + ".", k + "[")) for k in keys)
+
+
+def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> list[Problem]:
     problems: list[Problem] = []
     seen: dict[str, int] = {}
 
@@ -688,11 +917,14 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
         if spec == "all" or spec is None:
             return
         names = spec if isinstance(spec, list) else (spec.include or []) + list(spec.exclude)
-        for name in names:
-            if name not in GATE_NAMES:
-                line, col = at(loc)
-                problems.append(Problem(file, line, col, _dotted(loc), f"unknown gate {name!r}",
-                                        _suggest(name, GATE_NAMES) or "`kgate gates` lists the gates"))
+        unknown = [name for name in names if name not in GATE_NAMES]
+        line, col = at(loc)
+        for name in unknown:
+            problems.append(Problem(file, line, col, _dotted(loc), f"unknown gate {_show(name)}",
+                                    _suggest(name, GATE_NAMES) or "`kgate gates` lists the gates"))
+        if not unknown and not _selected(spec, GATE_NAMES):  # a pass with nothing judged would read as a pass
+            problems.append(Problem(file, line, col, _dotted(loc), "selects no gate",
+                                    "name at least one gate (`kgate gates` lists them), or leave `gates` out for all"))
 
     gate_problems(loaded.model.defaults.gates, ("defaults", "gates"))
     for i, kernel in enumerate(loaded.kernels):
@@ -703,8 +935,15 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
                                     f"first used by kernels[{seen[entry.name]}]; names must be unique"))
         seen.setdefault(entry.name, i)
         gate_problems(entry.gates, ("kernels", i, "gates"))
+        if isinstance(entry.inputs, list):
+            for index in entry.inplace:
+                if index >= len(entry.inputs):
+                    line, col = at(("kernels", i, "inplace"))
+                    problems.append(Problem(file, line, col, f"kernels[{i}].inplace",
+                                            f"argument {index} is not one of the {len(entry.inputs)} declared inputs",
+                                            f"indices count from 0: 0 to {len(entry.inputs) - 1} here"))
         for gate in entry.expect or {}:  # gate ids: a gate name, or NAME[backward] with `backward: true`
-            base, backward_id = gate.removesuffix("[backward]"), gate.endswith("[backward]")
+            base, backward_id = gate.removesuffix(BACKWARD_SUFFIX), gate.endswith(BACKWARD_SUFFIX)
             if base in GATE_NAMES and (entry.backward or not backward_id):
                 continue
             line, col = at(("kernels", i, "expect", gate))
@@ -749,9 +988,6 @@ def worker_sys_path(base: Path) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _started_sys_path(base: str, settings: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
-    from kgate.runner import kgate_command  # the very command the workers start with
-    from kgate.sandbox import allowed_env
-
     try:  # `python -m site` prints sys.path, one repr a line; nothing of the folder is imported to do it
         done = subprocess.run(kgate_command("site"), cwd=base, capture_output=True, text=True, timeout=60,
                               stdin=subprocess.DEVNULL, env=allowed_env())

@@ -19,7 +19,6 @@ import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -35,6 +34,7 @@ from kgate.errors import InfrastructureError, UsageError
 from kgate.gates.base import GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
 from kgate.report import KernelResult
+from kgate.sandbox import kgate_command, python_command  # noqa: F401 (python_command: kgate.audit's)
 
 POLL_S = 0.05
 LOAD_TIMEOUT_S = 120.0  # at least this long to start a worker and import the kernel
@@ -452,29 +452,6 @@ def seed_private_folders(devices: list[str]) -> str | None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# `python -m M` puts the working folder first on sys.path, and workers run in the kernels' folder: a
-# `kgate/` package there (a pull request can add one) would stand in for kgate and report what it likes.
-# This starts M with that entry removed (-P on Python 3.11+; on 3.10 the first statement removes it);
-# the kernels' folders are added later, by kgate.loading, once kgate itself is imported. Nothing may be
-# imported before the entry is gone: `sys` is built in, but `import runpy` first would load runpy.py,
-# warnings.py, types.py ... from the working folder on Python 3.10 and 3.12 (where they are not frozen).
-_DROP_PATH0 = "import sys\nif sys.path[:1] == ['']:\n    del sys.path[0]\n"
-_NO_PATH0 = ["-P"] if sys.version_info >= (3, 11) else []
-
-
-def python_command(code: str, *args: str, python: str | None = None) -> list[str]:
-    """`python -c code args` with the working folder never on sys.path (`python`: another interpreter than
-    this one, for tests)."""
-    flags = _NO_PATH0 if python is None else []
-    return [python or sys.executable, *flags, "-c", _DROP_PATH0 + code, *args]
-
-
-def kgate_command(module: str, *args: str, python: str | None = None) -> list[str]:
-    """The command that runs kgate's `module` as `python -m module args`, but never from the working folder."""
-    return python_command("import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)",
-                          module, *args, python=python)
-
-
 # Each worker's stdout and stderr are kept up to this many bytes in its log; the rest is counted, and its last
 # LOG_TAIL bytes are kept at the end: a kernel that floods its output grows neither the disk nor kgate.
 LOG_CAP = 16 * 2**20
@@ -591,7 +568,9 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                     detached.update(dict.fromkeys(procmem.detached(proc.pid, children)))
                 used = procmem.tree_memory(proc.pid, memory, children)
                 if used > memory:
-                    error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)})"
+                    error = (f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)}): kgate's memory "
+                             f"limit of {_fmt_bytes(memory)} was reached; raise `limits.memory` in the manifest or "
+                             "--memory if the kernel needs more")
                     _kill(proc)
                     break
             if now > deadline:

@@ -283,3 +283,26 @@ def _git_dirs() -> list[Path]:
         if (folder / ".git").is_dir():
             out.append(folder / ".git")
     return out
+
+
+# `python -m M` puts the working folder first on sys.path, and workers run in the kernels' folder: a
+# `kgate/` package there (a pull request can add one) would stand in for kgate and report what it likes.
+# This starts M with that entry removed (-P on Python 3.11+; on 3.10 the first statement removes it);
+# the kernels' folders are added later, by kgate.loading, once kgate itself is imported. Nothing may be
+# imported before the entry is gone: `sys` is built in, but `import runpy` first would load runpy.py,
+# warnings.py, types.py ... from the working folder on Python 3.10 and 3.12 (where they are not frozen).
+_DROP_PATH0 = "import sys\nif sys.path[:1] == ['']:\n    del sys.path[0]\n"
+_NO_PATH0 = ["-P"] if sys.version_info >= (3, 11) else []
+
+
+def python_command(code: str, *args: str, python: str | None = None) -> list[str]:
+    """`python -c code args` with the working folder never on sys.path (`python`: another interpreter than
+    this one, for tests)."""
+    flags = _NO_PATH0 if python is None else []
+    return [python or sys.executable, *flags, "-c", _DROP_PATH0 + code, *args]
+
+
+def kgate_command(module: str, *args: str, python: str | None = None) -> list[str]:
+    """The command that runs kgate's `module` as `python -m module args`, but never from the working folder."""
+    return python_command("import runpy\nrunpy.run_module(sys.argv.pop(1), run_name='__main__', alter_sys=True)",
+                          module, *args, python=python)

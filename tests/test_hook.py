@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kgate.commands.hook import kernels_for_files, quick_options
+from kgate.changes import kernels_for_files
+from kgate.commands.hook import quick_options
 from kgate.manifest import load
 from kgate.runner import RunOptions
 from tests.conftest import ROOT
@@ -308,7 +309,7 @@ def test_the_plain_git_hook_fails_a_commit_that_deletes_a_kernels_file(tmp_path)
 def test_run_changed_takes_paths_as_git_diff_prints_them_from_a_subfolder(tmp_path):
     """`git diff --name-only` prints paths from the work tree's top folder; `kgate run --changed` run in
     the manifest's subfolder read them from there and matched nothing."""
-    from kgate.commands.hook import changed_kernels
+    from kgate.changes import changed_kernels
 
     repo = tmp_path / "repo"
     _kernel_repo(repo / "ci")

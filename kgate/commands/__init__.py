@@ -3,28 +3,38 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 from kgate.errors import UsageError
+from kgate.manifest import MAX_SEED, MAX_TIMEOUT
 
 
-def number(kind: type[int] | type[float], minimum: float, *, above: bool = False) -> Callable[[str], float]:
-    """An argparse `type` for a number of `kind` at least `minimum` (greater than it with `above`): a value
-    out of range is a usage error at once (exit 2), not a failure blamed on a kernel later."""
+def number(kind: type[int] | type[float], minimum: float, *, above: bool = False,
+           maximum: float = math.inf) -> Callable[[str], float]:
+    """An argparse `type` for a finite number of `kind` at least `minimum` (greater than it with `above`) and
+    at most `maximum`: a value out of range is a usage error at once (exit 2), not a failure blamed on a
+    kernel later."""
     def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not {'an integer' if kind is int else 'a number'}") \
+                from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
         if value < minimum or (above and value == minimum):
             raise argparse.ArgumentTypeError(f"{text} must be {'greater than' if above else 'at least'} {minimum:g}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{text[:40]} must be at most {maximum:g}")
         return value
     return parse
 
 
-SECONDS = number(float, 0, above=True)  # a time limit
+SECONDS = number(float, 0, above=True, maximum=MAX_TIMEOUT)  # a time limit
+SEED = number(int, 0, maximum=MAX_SEED)
 COUNT = number(int, 1)  # workers, builds
 
 

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,18 +23,18 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kgate import gates as registry
-from kgate.audit import report as audit_report
-from kgate.audit.evaluate import AuditOptions, compile_pair, kgate_stamp, needs_compile, pair_digest
+from kgate import names as registry
 from kgate.audit.results import ResultsFile, parse_shard, shard
-from kgate.audit.scheduler import Plan, arch_list, longest_first, make_plan, run_local
-from kgate.audit.scheduler import Progress as SchedulerProgress
 from kgate.commands import COUNT, SECONDS, add_sandbox_option, number, writable
 from kgate.errors import UsageError
 from kgate.kernelbench import AUDIT_DTYPES, WORK_ELEMENTS, discover, gate_ids
 from kgate.manifest import parse_memory
-from kgate.reports import junit
+from kgate.reports.github import plain
 from kgate.selection import matcher
+
+if TYPE_CHECKING:  # the audit's machinery imports torch: main() imports it, `kgate --help` does not
+    from kgate.audit.evaluate import AuditOptions
+    from kgate.audit.scheduler import Plan
 
 EXIT_INCOMPLETE = 3
 
@@ -224,6 +224,11 @@ def main(args: argparse.Namespace) -> int:
 
 def _audit(args: argparse.Namespace, console: Console, problems: Path, candidates: Path, index: Path | None,
            out: Path, gate_names: list[str], dtypes: list[str], memory: int, spec: tuple[int, int] | None) -> int:
+    from kgate.audit import report as audit_report
+    from kgate.audit.evaluate import AuditOptions, kgate_stamp, needs_compile, pair_digest
+    from kgate.audit.scheduler import Plan, arch_list, longest_first, make_plan, run_local
+    from kgate.reports import junit
+
     pairs = discover(problems, candidates, index)
     if args.select:
         keep = matcher(args.select, [p.id for p in pairs])
@@ -236,7 +241,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         console.print(f"[yellow]kgate audit: {len(unpaired)} candidate(s) will be recorded as not judged:[/]",
                       highlight=False)
         for pair in unpaired[:5]:
-            console.print(f"  {escape(pair.id)}: {escape(pair.problem_error or '')}", highlight=False)
+            console.print(f"  {escape(plain(pair.id))}: {escape(plain(pair.problem_error or ''))}", highlight=False)
         if len(unpaired) > 5:
             console.print(f"  ... and {len(unpaired) - 5} more (results.jsonl lists each)", highlight=False)
     results = ResultsFile(out / "results.jsonl")
@@ -390,6 +395,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
 
 
 def _compile_only(console: Console, todo: list, options: AuditOptions, plan: Plan, stop_at: float | None) -> int:
+    from kgate.audit.evaluate import compile_pair, needs_compile
+
     """Build the extensions of `todo` (those that build one) into the cache, `plan.compile_jobs` at a
     time; no new build starts after `stop_at`. Exit 0 when every build ran, EXIT_INCOMPLETE otherwise."""
     from concurrent.futures import ThreadPoolExecutor
@@ -430,8 +437,10 @@ def _console() -> Console:
     return probe if probe.is_terminal else Console(highlight=False, width=160)
 
 
-class _ConsoleProgress(SchedulerProgress):
-    """A live bar with ETA on a terminal; one line per finished candidate elsewhere."""
+class _ConsoleProgress:
+    """A live bar with ETA on a terminal; one line per finished candidate elsewhere. It is the scheduler's
+    Progress (kgate.audit.scheduler.Progress) in all but the base class: that module imports torch, which
+    `kgate --help` must not."""
 
     def __init__(self, console: Console, total: int, quiet: bool):
         self.console = console
@@ -454,7 +463,15 @@ class _ConsoleProgress(SchedulerProgress):
         if self.live:
             self.bar.stop()
 
+    def started(self, pair: Any, device: str) -> None:
+        pass
+
+    def compiled(self, pair: Any, outcome: dict[str, Any]) -> None:
+        pass
+
     def finished(self, record: dict[str, Any]) -> None:
+        from kgate.audit import report as audit_report
+
         c = audit_report.classify(record)
         key = "not judged" if not c["judged"] else ("violation" if c["violation"] else "pass")
         with self._lock:
@@ -472,7 +489,7 @@ class _ConsoleProgress(SchedulerProgress):
                     else f"why: {audit_report.not_judged_reason(record, c)[:160]}")
             if record.get("tamper"):
                 said += f"; {str(record['tamper'])[:160]}"
-            self.console.print(f"{key:>10} {escape(record['id'])} (standard {std}; {escape(said)}; "
+            self.console.print(f"{key:>10} {escape(plain(record['id']))} (standard {std}; {escape(plain(said))}; "
                                f"{record.get('duration_s', 0):.1f}s)", highlight=False)
 
     def _count_held(self, change: int) -> None:
@@ -496,7 +513,7 @@ class _ConsoleProgress(SchedulerProgress):
         if self.live:
             self.bar.update(self.task, description=text)
         elif not self.quiet:
-            self.console.print(f"{'held':>10} {escape(pair.id)} ({why}: to be judged alone, with a whole device)",
+            self.console.print(f"{'held':>10} {escape(plain(pair.id))} ({why}: to be judged alone, with a whole device)",
                                highlight=False)
 
     def widened(self, pair: Any, share: float | None) -> None:
@@ -509,7 +526,7 @@ class _ConsoleProgress(SchedulerProgress):
         if self.live:
             self.bar.update(self.task, description=text)
         elif not self.quiet:
-            self.console.print(f"{'again':>10} {escape(pair.id)} (ran out of memory in its share: judged again "
+            self.console.print(f"{'again':>10} {escape(plain(pair.id))} (ran out of memory in its share: judged again "
                                f"now with {share:.0%} of the GPU's memory)", highlight=False)
 
 

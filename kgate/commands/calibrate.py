@@ -28,7 +28,6 @@ from rich.table import Table
 from kgate.commands.run import make_console
 from kgate.errors import UsageError
 from kgate.gates.base import FAIL, PASS, GateResult
-from kgate.oracle import rejudge
 from kgate.report import Report
 
 DEFAULT_FACTORS = (0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -66,6 +65,8 @@ class Sweepable:
     entries: list[tuple[float, float | None, float, float]]  # err, ref_err, floor, factor
 
     def verdict_at(self, multiplier: float) -> str:
+        from kgate.oracle import rejudge  # (kgate.oracle imports torch: not at `kgate --help`)
+
         ok = all(rejudge(err, ref, floor, factor * multiplier) for err, ref, floor, factor in self.entries)
         return PASS if ok else FAIL
 

@@ -10,11 +10,7 @@ Exit 1 lists kernel / gate / finding for each violation.
 from __future__ import annotations
 
 import argparse
-import fnmatch
-import glob
-import posixpath
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import replace
@@ -22,19 +18,21 @@ from math import prod
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
-from kgate import gates as registry
+from kgate import names as registry
+from kgate.changes import kernels_for_files
 from kgate.commands import add_sandbox_option
 from kgate.errors import UsageError
 from kgate.gates.base import ERROR, FAIL
-from kgate.manifest import LoadedManifest, ResolvedKernel, load
+from kgate.manifest import ResolvedKernel, load
 from kgate.report import KernelResult
+from kgate.reports.github import plain
 from kgate.runner import Runner, RunOptions
 
 # Cheap gates that catch most broken kernels; the slow ones (long sweeps, sanitizers) stay for CI.
 QUICK_GATES = ("contract", "oracle", "special_values", "input_integrity", "determinism")
 DEFAULT_BUDGET_S = 120.0
-_WILDCARDS = frozenset("*?[")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,48 +59,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Which kernels a change touches.
-
-
-def glob_patterns(pattern: str, base: Path) -> list[str]:
-    """A `files:` glob as absolute `fnmatch` patterns: relative to the manifest's folder `base` (`..` and
-    paths outside that folder allowed; an absolute glob stays as it is), its leading folders without
-    wildcards resolved the way the changed files are (`..`, symlinks). `**/` also matches no folder at all
-    (`src/**/*.cu` takes `src/a.cu`), and a folder named without wildcards takes every file under it."""
-    parts = Path(pattern).parts
-    literal = next((i for i, part in enumerate(parts) if _WILDCARDS & set(part)), len(parts))
-    folder = (base / Path(*parts[:literal])).resolve()
-    head = glob.escape(folder.as_posix())
-    if literal == len(parts):
-        return [head, posixpath.join(head, "*")] if folder.is_dir() else [head]
-    rest = posixpath.normpath("/".join(parts[literal:])).split("/")
-    stars = [i for i, part in enumerate(rest) if part == "**"]
-    variants = []
-    for mask in range(2 ** len(stars)):  # each `**` either present or dropped
-        dropped = {stars[j] for j in range(len(stars)) if mask >> j & 1}
-        variants.append(posixpath.join(head, *[part for i, part in enumerate(rest) if i not in dropped]))
-    return list(dict.fromkeys(variants))
-
-
-def kernels_for_files(manifest: LoadedManifest, files: list[str], cwd: Path | None = None) -> list[ResolvedKernel]:
-    """The kernels that use one of `files` (paths relative to `cwd`); all of them if the manifest changed.
-    A kernel uses its kernel's, reference's and inputs' files and whatever its `files:` globs match,
-    relative to the manifest's folder."""
-    cwd = cwd or Path.cwd()
-    changed = {(cwd / f).resolve() for f in files}
-    if manifest.path.resolve() in changed or (cwd / manifest.path).resolve() in changed:
-        return list(manifest.kernels)
-    base = manifest.base.resolve()
-    changed_posix = [c.as_posix() for c in changed]
-    selected = []
-    for kernel in manifest.kernels:
-        patterns = [p for g in kernel.entry.files for p in glob_patterns(g, base)]
-        if kernel.source_files() & changed or any(fnmatch.fnmatch(c, p) for c in changed_posix for p in patterns):
-            selected.append(kernel)
-    return selected
-
-
-# --------------------------------------------------------------------------------------------------
 # The quick profile.
 
 
@@ -125,7 +81,7 @@ def _print_findings(console: Console, result: KernelResult) -> None:
         if g.verdict not in (FAIL, ERROR):
             continue
         label = "FAIL" if g.verdict == FAIL else "ERROR"
-        console.print(f"{label} {result.name} / {g.gate}: {' '.join(g.message.split())}")
+        console.print(f"{label} {result.name} / {g.gate}: {escape(plain(' '.join(g.message.split())))}")
         if result.source_file:
             path = Path(result.source_file)
             if path.is_absolute() and path.is_relative_to(Path.cwd()):
@@ -133,7 +89,7 @@ def _print_findings(console: Console, result: KernelResult) -> None:
             where = f"{path}:{result.source_line}" if result.source_line else str(path)
             console.print(f"    kernel: {where}")
         if g.repro:
-            console.print(f"    reproduce: {g.repro}")
+            console.print(f"    reproduce: {escape(plain(g.repro))}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -181,36 +137,3 @@ def main(args: argparse.Namespace) -> int:
     console.print(f"kgate hook: {len(results) - len(bad)} passed, {len(bad)} with violations "
                   f"in {time.monotonic() - started:.1f}s")
     return 1 if bad else 0
-
-
-def git_toplevel(cwd: Path) -> Path | None:
-    """The top folder of the git work tree `cwd` is in (None: not in one, or no git)."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=cwd, capture_output=True, text=True,
-                              timeout=30, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return Path(done.stdout.strip()).resolve() if done.returncode == 0 and done.stdout.strip() else None
-
-
-def changed_kernels(manifest: LoadedManifest, files: list[str], cwd: Path | None = None) -> list[ResolvedKernel]:
-    """`kgate run --changed`: the kernels that use one of `files`, each path taken relative to `cwd` and,
-    inside a git work tree, also relative to its top folder, as `git diff --name-only` prints them (run
-    from a subfolder, those would otherwise match nothing). A path read both ways can only select more."""
-    cwd = (cwd or Path.cwd()).resolve()
-    kernels = kernels_for_files(manifest, files, cwd)
-    top = git_toplevel(cwd)
-    if top is not None and top != cwd:
-        kernels += [k for k in kernels_for_files(manifest, files, top) if k not in kernels]
-    return [k for k in manifest.kernels if k in kernels]
-
-
-def read_list(path: str) -> list[str]:
-    """Paths one a line from a file, or from stdin for '-'; blank lines ignored."""
-    import sys
-
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--changed {path}: cannot read the list of changed files: {exc}") from None
-    return [line.strip() for line in text.splitlines() if line.strip()]

@@ -19,6 +19,7 @@ from kgate.gates.base import ERROR, FAIL, GateResult
 from kgate.manifest import load
 from kgate.report import Report
 from kgate.reports.console import STYLE
+from kgate.reports.github import plain
 from kgate.runner import Runner, RunOptions
 
 
@@ -81,18 +82,18 @@ def main(args: argparse.Namespace) -> int:
     options = options_for(recorded, args.device or device, args.out)
     console = make_console()
     label, style = STYLE[recorded.verdict]
-    console.print(f"recorded: [{style}]{label}[/] {escape(name)}/{escape(recorded.gate)}: {escape(recorded.message)}")
+    console.print(f"recorded: [{style}]{label}[/] {escape(name)}/{escape(recorded.gate)}: {escape(plain(recorded.message))}")
     if recorded.case:
-        console.print("    case: " + escape(", ".join(f"{k}={v}" for k, v in recorded.case.items())))
+        console.print("    case: " + escape(plain(", ".join(f"{k}={v}" for k, v in recorded.case.items()))))
     results = Runner(manifest, [kernel], options).run()
     replayed = next((g for g in results[0].gates if g.gate == recorded.gate), None)
     if replayed is None:
         raise UsageError(f"gate {recorded.gate!r} did not run for {name} (is `backward:` still set?)")
     label, style = STYLE[replayed.verdict]
     console.print(f"replayed: [{style}]{label}[/] {escape(name)}/{escape(replayed.gate)} on {options.device}: "
-                  f"{escape(replayed.message)}")
+                  f"{escape(plain(replayed.message))}")
     if replayed.repro:
-        console.print(f"    reproduce: [cyan]{escape(replayed.repro)}[/]")
+        console.print(f"    reproduce: [cyan]{escape(plain(replayed.repro))}[/]")
     still = replayed.verdict in (FAIL, ERROR)
     console.print("still fails" if still else "no longer fails", highlight=False)
     return 1 if still else 0

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from kgate import gates as registry
-from kgate.commands import SECONDS, add_sandbox_option, writable
+from kgate import names as registry
+from kgate.commands import SECONDS, SEED, add_sandbox_option, writable
 from kgate.errors import UsageError
 from kgate.manifest import DTYPE_ALIASES, DTYPES, load, parse_memory
 from kgate.report import Report, environment, now
@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run only this gate (repeat, or comma-separate; NAME[backward]: only its "
                         "gradients' phase); `kgate gates` lists them")
     p.add_argument("--device", metavar="D", help="auto, cpu, cuda or cuda:N (default: the manifest's)")
-    p.add_argument("--seed", action="append", type=int, metavar="S", default=[],
+    p.add_argument("--seed", action="append", type=SEED, metavar="S", default=[],
                    help="use this seed instead of the manifest's (repeatable)")
     p.add_argument("--dtype", action="append", metavar="DTYPE", default=[],
                    help="use this dtype instead of the manifest's (repeatable)")
@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"-k {args.select!r} selects no kernel of {args.manifest}; "
                              f"names: {', '.join(k.name for k in manifest.kernels)}")
     if args.changed:
-        from kgate.commands.hook import changed_kernels, read_list
+        from kgate.changes import changed_kernels, read_list
 
         touched = changed_kernels(manifest, read_list(args.changed))
         kernels = [k for k in kernels if k in touched]

@@ -27,6 +27,7 @@ from kgate.commands.run import make_console
 from kgate.errors import UsageError
 from kgate.manifest import ResolvedKernel, load
 from kgate.report import KernelResult, Report, environment, now
+from kgate.reports.github import plain
 from kgate.runner import Events, Runner, RunOptions, resolve_device
 from kgate.selection import matcher
 
@@ -162,7 +163,7 @@ def render(console: Console, kernels: list[ResolvedKernel], results: list[Kernel
     console.print(table)
     for name, problems in failures:
         for problem in problems:
-            console.print(f"[bold red]UNEXPECTED[/] {escape(name)} / {escape(problem)}", soft_wrap=True)
+            console.print(f"[bold red]UNEXPECTED[/] {escape(name)} / {escape(plain(problem))}", soft_wrap=True)
     good = len(results) - len(failures)
     if skipped:
         console.print(f"{len(skipped)} control(s) skipped: they need a CUDA device (run `kgate selftest "

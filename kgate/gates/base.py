@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from kgate.inputs import Case
-from kgate.subject import Subject
+if TYPE_CHECKING:  # annotations only: the reports read GateResult without importing torch
+    from kgate.inputs import Case
+    from kgate.subject import Subject
 
 PASS, FAIL, ERROR, SKIP = "pass", "fail", "error", "skip"
 

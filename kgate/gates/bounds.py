@@ -166,7 +166,7 @@ class Bounds(Gate):
                 if left < 5:
                     notes.append(f"{tool} not run (the {SANITIZER_BUDGET_S:g} s sanitizer budget is spent)")
                     continue
-                from kgate.runner import kgate_command  # (kgate.runner imports the gates)
+                from kgate.sandbox import kgate_command
 
                 cmd = [exe, "--tool", tool, "--error-exitcode", "86", "--print-limit", "5",
                        *kgate_command("kgate.gates.bounds", job_path)]

@@ -17,6 +17,7 @@ from rich.table import Table
 from kgate.gates.base import ERROR, FAIL, PASS, SKIP, GateResult
 from kgate.manifest import ResolvedKernel
 from kgate.report import KernelResult, Report
+from kgate.reports.github import plain
 from kgate.runner import Events
 
 STYLE = {PASS: ("pass", "green"), FAIL: ("FAIL", "bold red"), ERROR: ("ERROR", "bold magenta"),
@@ -50,44 +51,58 @@ class ProgressEvents(Events):
         self.console.print(f"[{style}]{label:>5}[/] {escape(result.name)} ({result.duration_s:.1f}s)")
 
 
-def table(report: Report) -> Table:
+def table(report: Report, width: int | None = None) -> Table:
+    """The kernel x gate table, each gate's name whole (a name copied from it is a valid `--gate`). Where a
+    column per gate is wider than `width`, a row per kernel lists its gates' verdicts instead, wrapped between
+    gates, never inside a name."""
     gates: list[str] = []
     for k in report.kernels:
         for g in k.gates:
             if g.gate not in gates:
                 gates.append(g.gate)
-    t = Table(title="kgate verdicts", show_lines=False, header_style="bold")
-    t.add_column("kernel", no_wrap=True)
+    wide = Table(title="kgate verdicts", show_lines=False, header_style="bold")
+    wide.add_column("kernel", no_wrap=True)
     for g in gates:
-        t.add_column(escape(g).replace("_", "_\u200b"), justify="center")  # escape: ids like oracle[backward]
-    t.add_column("verdict", justify="center", no_wrap=True)
+        wide.add_column(escape(g), justify="center", no_wrap=True, min_width=len(g))  # escape: oracle[backward]
+    wide.add_column("verdict", justify="center", no_wrap=True)
     for k in report.kernels:
         by = {g.gate: g for g in k.gates}
-        cells = []
-        for g in gates:
-            if g not in by:
-                cells.append("")
-                continue
-            label, style = STYLE[by[g].verdict]
-            cells.append(f"[{style}]{label}[/]")
-        label, style = STYLE[k.verdict]
-        suffix = " broken" if k.broken else ""
-        t.add_row(escape(k.name), *cells, f"[{style}]{label}{suffix}[/]")
-    return t
+        cells = [_label(by[g].verdict) if g in by else "" for g in gates]
+        wide.add_row(escape(k.name), *cells, _verdict(k))
+    if width is None or Console(width=10**6).measure(wide).maximum <= width:
+        return wide
+    narrow = Table(title="kgate verdicts", show_lines=False, header_style="bold")
+    narrow.add_column("kernel", no_wrap=True)
+    narrow.add_column("verdict", justify="center", no_wrap=True)
+    narrow.add_column("gates")
+    for k in report.kernels:
+        narrow.add_row(escape(k.name), _verdict(k), "  ".join(f"{escape(g.gate)} {_label(g.verdict)}" for g in k.gates))
+    return narrow
+
+
+def _label(verdict: str) -> str:
+    label, style = STYLE[verdict]
+    return f"[{style}]{label}[/]"
+
+
+def _verdict(k: KernelResult) -> str:
+    label, style = STYLE[k.verdict]
+    return f"[{style}]{label}{' broken' if k.broken else ''}[/]"
 
 
 def findings(console: Console, report: Report) -> None:
     for k in report.kernels:
         for g in k.violated:
             label, style = STYLE[g.verdict]
-            console.print(f"[{style}]{label}[/] [bold]{escape(k.name)}[/] / {escape(g.gate)}: {escape(g.message)}")
+            console.print(f"[{style}]{label}[/] [bold]{escape(k.name)}[/] / {escape(g.gate)}: "
+                          f"{escape(plain(g.message))}")
             for name, value in (("expected", g.expected), ("got", g.got), ("where", g.where)):
                 if value:
-                    console.print(f"    {name}: {escape(str(value))}")
+                    console.print(f"    {name}: {escape(plain(str(value)))}")
             if g.case:
-                console.print("    case: " + escape(", ".join(f"{a}={b}" for a, b in g.case.items())))
+                console.print("    case: " + escape(plain(", ".join(f"{a}={b}" for a, b in g.case.items()))))
             if g.repro:
-                console.print(f"    reproduce: [cyan]{escape(g.repro)}[/]")
+                console.print(f"    reproduce: [cyan]{escape(plain(g.repro))}[/]")
             if g.verdict == ERROR and k.log:
                 console.print(f"    worker log: {escape(k.log)}")
 
@@ -117,7 +132,7 @@ def sandbox_notice(console: Console, described: str) -> None:
 
 
 def render(console: Console, report: Report, seconds: float) -> None:
-    console.print(table(report))
+    console.print(table(report, console.width))
     findings(console, report)
     console.print(summary_line(report, seconds))
     if "sandbox" in (report.environment or {}):

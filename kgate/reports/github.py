@@ -47,6 +47,25 @@ def escape_property(text: str) -> str:
     return escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
+# C0 and C1 controls but tab and newline (ESC starts ANSI sequences; CR rewrites a line in a log viewer), and
+# the Unicode controls that reorder or hide text on screen.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+# A line that starts with `::` (after blanks) is a workflow command in a GitHub Actions log; `##[` anywhere
+# is the older form.
+_COMMAND_START = re.compile(r"^(\s*)::", re.MULTILINE)
+
+
+def plain(text: str) -> str:
+    """Text that came from a kernel (its messages, exceptions, log tails), made safe to print in a terminal
+    or a CI log: control characters are shown as \\xNN instead of acting (no ANSI colours, cursor moves or
+    carriage returns), and no line can start a workflow command (`::error`, `::add-mask::`, `::stop-commands::`
+    ...): its `::` is written as escape_property writes it in a command's properties, `%3A%3A`, and `##[` as
+    `##%5B`. Newlines and tabs stay."""
+    text = _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                         else f"\\u{ord(m.group()):04x}", text)
+    return _COMMAND_START.sub(lambda m: m.group(1) + escape_property("::"), text).replace("##[", "##%5B")
+
+
 def workflow_command(level: str, message: str, **properties: Any) -> str:
     props = ",".join(f"{key}={escape_property(str(value))}" for key, value in properties.items()
                      if value is not None and value != "")
