@@ -83,7 +83,7 @@ def test_every_gate_and_control_is_on_the_gates_page(pages):
         assert f"| `{control['name']}` |" in text, f"control {control['name']} is missing from gates.md"
     assert f"{len(controls)} controls in all" in text
     # a violating control lists the verdicts it must get; a correct one that every gate passes
-    assert "| `contract-violating-returns-input` | any | `contract`: fail |" in text
+    assert "| `contract-violating-returns-input` | any | `contract`: fail, `shapes`: fail |" in text
     assert "| `contract-correct-clamp` | any | every gate passes or skips |" in text
 
 
