@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -1815,6 +1816,44 @@ def test_dtypes_judge_each_precision_with_its_own_verdicts_and_standard_test(tmp
     assert "## By precision" in (report / "report.md").read_text()
     assert kgate_main(["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "candidates"),
                        "--dtypes", "float8", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_dtypes_a_precision_the_problem_cannot_run_at_is_skipped_and_the_others_judged(tmp_path):
+    """A problem whose Model refuses bfloat16 (it raises there, as a reference built on an op without a bfloat16
+    kernel does): the candidate is judged at float32, its bfloat16 gates are skipped naming why, and the record
+    has no problem_error; a problem that refuses every precision asked for still gets one."""
+    problems, candidates = tmp_path / "problems", tmp_path / "candidates"
+    problems.mkdir()
+    candidates.mkdir()
+    (problems / "scale.py").write_text(textwrap.dedent("""
+        import torch
+        import torch.nn as nn
+
+        class Model(nn.Module):
+            def forward(self, x):
+                if x.dtype == torch.bfloat16:
+                    raise TypeError("no bfloat16 kernel for this op")
+                return x * 2
+
+        def get_inputs():
+            return [torch.randn(4, 8)]
+
+        def get_init_inputs():
+            return []
+    """))
+    (candidates / "scale.py").write_text("from torch import nn\n\n\nclass ModelNew(nn.Module):\n"
+                                         "    def forward(self, x):\n        return x + x\n")
+    out = tmp_path / "run"
+    assert kgate_main(["audit", "--problems", str(problems), "--candidates", str(candidates), "--device", "cpu",
+                       "--gate", "oracle", "--dtypes", "float32,bfloat16", "--out", str(out), "-q"]) == 0
+    record = _records(out)["scale"]
+    assert record["problem_error"] is None, record["problem_error"]
+    assert _gate(record, "oracle[float32]")["verdict"] == "pass"
+    skipped = _gate(record, "oracle[bfloat16]")
+    assert skipped["verdict"] == "skip" and "no bfloat16 kernel for this op" in skipped["message"], skipped
+    assert kgate_main(["audit", "--problems", str(problems), "--candidates", str(candidates), "--device", "cpu",
+                       "--gate", "oracle", "--dtypes", "bfloat16", "--out", str(tmp_path / "only"), "-q"]) != 0
+    assert "no bfloat16 kernel" in _records(tmp_path / "only")["scale"]["problem_error"]
 
 
 def test_the_console_keeps_a_precisions_gate_ids_whole():

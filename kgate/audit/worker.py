@@ -107,11 +107,16 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     seed = job.get("seed", kb.DEFAULT_SEED)
     dtypes: list[str] = job.get("dtypes") or ["float32"]
     built: dict[str, tuple[Any, list[Any]]] = {}
-    try:  # the references are built before the candidate's code runs, as KernelBench does
-        for dtype in dtypes:
+    # precisions the problem itself cannot run at (its Model fails to build or raises in the standard test
+    # there): their gates are skipped, naming why, and the others judged; if none is left, a problem_error
+    unjudged: dict[str, str] = {}
+    for dtype in dtypes:  # the references are built before the candidate's code runs, as KernelBench does
+        try:
             built[dtype] = kb.build_reference(reference_module, device, seed, dtype_of(dtype))
-    except kb.ProblemError as exc:
-        channel.send("problem_error", message=str(exc) + (f" (at {dtype})" if len(dtypes) > 1 else ""))
+        except kb.ProblemError as exc:
+            unjudged[dtype] = str(exc) + (f" (at {dtype})" if len(dtypes) > 1 else "")
+    if len(unjudged) == len(dtypes):
+        channel.send("problem_error", message=unjudged[dtypes[0]])
         return
     # What torch, kgate and the process's numerics look like before any candidate code runs (the isolation
     # gate compares with it: a patch or a switch the candidate sets at import or construction shows too)
@@ -134,7 +139,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     channel.send("loaded", seconds=round(time.perf_counter() - start, 3), free_dims=dims.names,
                  defaults=dims.defaults, notes={"shapes": dims.note} if dims.note else {})
     models: dict[str, tuple[Any, Any]] = {}  # dtype -> (reference, candidate)
-    for dtype in dtypes:
+    for dtype in built:
         reference, init_inputs = built[dtype]
         try:
             models[dtype] = (reference, kb.build_candidate(model_new, init_inputs, device, seed, dtype_of(dtype)))
@@ -157,7 +162,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         for role, model in (("kernel", candidate), ("reference", reference)):
             if isinstance(model, torch.nn.Module):
                 first_calls[dtype][role].watch(model)
-    for dtype in dtypes if run_standard else []:
+    for dtype in [d for d in dtypes if d in models] if run_standard else []:
         reference, candidate = models[dtype]
         started = time.perf_counter()
         try:
@@ -168,9 +173,11 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
             part = ("get_inputs()" if any(frame.f_code is code for frame, _ in traceback.walk_tb(exc.__traceback__))
                     else "Model")
             at = f" at {dtype}" if len(dtypes) > 1 else ""
-            channel.send("problem_error", message=f"the problem's {part} raised in the standard test{at}: "
-                                                  f"{type(exc).__name__}: {exc}")
-            return
+            unjudged[dtype] = f"the problem's {part} raised in the standard test{at}: {type(exc).__name__}: {exc}"
+            if len(unjudged) == len(dtypes):
+                channel.send("problem_error", message=unjudged[dtype])
+                return
+            continue
         channel.send("standard", result=verdict.to_json(), seconds=round(time.perf_counter() - started, 3),
                      dtype=dtype)
         if context_lost(verdict.message) and verdict.verdict == standard_test.ERROR:
@@ -212,6 +219,13 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     for dtype in dtypes:  # names: this precision's result ids (kgate.kernelbench.gate_ids)
         of_dtype = [n for n in names if len(dtypes) == 1 or kb.dtype_of_id(n) == dtype]
         if not of_dtype:
+            continue
+        if dtype in unjudged:
+            channel.send("note", key=f"unjudged_{dtype}", value=unjudged[dtype])
+            for name in of_dtype:
+                channel.send("result", result={"gate": name, "verdict": "skip", "tolerance_free":
+                                                registry.get(name).tolerance_free, "broken": False, "details": {},
+                                                "message": f"not judged at {dtype}: {unjudged[dtype]}"})
             continue
         own = subject_at(tuple(dims.defaults) if dims.names else None, dtype)
         small, note = None, None
