@@ -51,6 +51,24 @@ def test_memo_keyed_on_address_fails():
     assert "memoized" in result.message and result.details["stale"] is True
 
 
+def test_memo_keyed_on_address_version_and_a_sampled_value_fails():
+    """A cache keyed on the address, the version counter and the first value: overwriting the inputs in place
+    (which bumps the version) misses it; one other element changed through .data, as a kernel's own write
+    leaves the version, does not."""
+    cache = {}
+
+    def memo(x):
+        key = (x.data_ptr(), x._version, float(x.reshape(-1)[0]))
+        if key not in cache:
+            cache.clear()
+            cache[key] = good(x)
+        return cache[key]
+
+    result = run(memo)
+    assert result.verdict == "fail" and result.details.get("unversioned"), result.message
+    assert "without a version bump" in result.message
+
+
 def test_memo_is_caught_even_when_declared_nondeterministic():
     cache = {}
 

@@ -28,6 +28,7 @@ Tolerance-free. Seven probes:
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import sys
 import threading
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-from kgate.compare import bitwise_mismatch, clone_tree, flatten, overlaps
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of, overlaps
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
@@ -678,6 +679,9 @@ class Isolation(Gate):
                     "addresses), the kernel returned its previous result again (memoized on the tensors' "
                     "identity or address?)", case=case, expected="a result for the new values",
                     got="the previous result", where=path, details={"stale": True}), 1
+        quiet = self.memo_unversioned(subject, case)
+        if quiet is not None:
+            return quiet, 1
         if subject.nondeterministic:
             return None, 1
         fresh = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, clone_tree(other)))]
@@ -695,6 +699,47 @@ class Isolation(Gate):
                 case=case, expected=repr(mismatch.expected), got=repr(mismatch.got),
                 where=f"{path}{list(mismatch.index)}", details={"stale": False}), 1
         return None, 1
+
+
+    def memo_unversioned(self, subject: Subject, case: Case) -> GateResult | None:
+        """One element of a floating-point input, at a seeded position, changed through `.data`: the tensor's
+        version counter stays as it was, as after a Triton or CUDA kernel's in-place write. A kernel that keys
+        a cache on the address, the version and a sample of the values returns its previous result; where
+        the truth changed with that element, that is stale."""
+        base = subject.baseline(case)
+        floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                  and a.numel() > 1 and i not in subject.inplace]
+        if not floats:
+            return None
+        gen = torch.Generator().manual_seed(case.seed + OTHER_SEED)
+        i = floats[int(torch.randint(len(floats), (), generator=gen))]
+        index = index_of(1 + int(torch.randint(base.args[i].numel() - 1, (), generator=gen)), tuple(base.args[i].shape))
+        args = clone_tree(base.args)
+        first = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
+        old = float(args[i][index])
+        new = -2 * old if old != 0 and math.isfinite(old) else 1.0
+        version = args[i]._version
+        args[i].data[index] = new  # .data: the version counter does not move
+        if args[i]._version != version:
+            return None
+        changed = subject.conform(base.args, clone_tree(args))
+        if any(not torch.equal(a, b) for a, b in zip(changed, args) if isinstance(a, torch.Tensor)):
+            return None  # the change leaves the inputs' known structure (a triangular matrix's zeros)
+        second = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
+        truth = dict(_leaves(subject.oracle(clone_tree(args))))
+        before = dict(_leaves(base.oracle))
+        for (path, was), (_, now) in zip(first, second):
+            if path not in truth or path not in before or truth[path].shape != was.shape:
+                continue
+            if bitwise_mismatch(truth[path].to(was.dtype), before[path].to(was.dtype)) and \
+                    bitwise_mismatch(was, now) is None:
+                return self.failed(
+                    subject, f"{path}: after argument {i}[{', '.join(map(str, index))}] was changed in place "
+                    f"without a version bump (through .data, as a kernel's own write leaves it), the kernel "
+                    "returned its previous result again (a cache keyed on the address, the version counter or a "
+                    "sample of the values?)", case=case, expected="a result for the new values",
+                    got="the previous result", where=path, details={"stale": True, "unversioned": True})
+        return None
 
 
 GATE = Isolation
