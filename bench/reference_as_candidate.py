@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-k", dest="select", default=None, help="only these candidates (kgate audit -k)")
     args = ap.parse_args(argv)
 
-    root = problems_root(args.kernelbench)
+    root = problems_root(args.kernelbench.resolve())  # the index names problems by this path, from OUT
     problems = select_levels(root, args.levels)
     if not problems:
         raise SystemExit(f"no problem files for levels {args.levels} under {root}")
