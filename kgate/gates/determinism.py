@@ -23,13 +23,32 @@ from typing import Any
 
 import torch
 
-from kgate.compare import bitwise_mismatch, clone_tree, flatten
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors
 from kgate.gates.base import Gate, GateResult
 from kgate.oracle import rng_state
 from kgate.subject import Subject
 
 CALLS = 3
 RNG_SHIFT = 7919  # call k of the second round runs with torch's generators seeded with k * RNG_SHIFT
+
+
+OFFSET_BYTES = (0, 16, 80)  # where each call's contiguous inputs start inside a buffer of their own
+
+
+def at_offset(args: Any, offset: int) -> Any:
+    """Copies of `args` whose contiguous tensors start `offset` bytes (rounded down to whole elements) into a
+    fresh buffer of their dtype and device; other leaves cloned (`clone_tree`)."""
+    if offset == 0:
+        return clone_tree(args)
+
+    def place(t: torch.Tensor) -> torch.Tensor:
+        pad = offset // t.element_size()
+        if pad == 0 or not t.is_contiguous() or t.numel() == 0:
+            return clone_tree(t)
+        view = torch.empty(t.numel() + pad, dtype=t.dtype, device=t.device)[pad:].view(t.shape)
+        return view.copy_(t.detach())
+
+    return map_tensors(args, place)
 
 
 def first_difference(run: Callable[[Any], Any], args: Any, device: torch.device, *,
@@ -42,8 +61,10 @@ def first_difference(run: Callable[[Any], Any], args: Any, device: torch.device,
     for call in range(CALLS):
         # Shift the caching allocator so each call sees its inputs at other addresses.
         keep.append(torch.empty(4096 * (call + 1) + 64 * call, dtype=torch.uint8, device=device))
-        # Earlier calls' inputs stay alive, so no allocator can hand their addresses out again.
-        copy = clone_tree(args)
+        # Earlier calls' inputs stay alive, so no allocator can hand their addresses out again; the later calls'
+        # start OFFSET_BYTES into a larger buffer (an allocator aligns every block: a kernel whose path depends
+        # on its operands' alignment, as a vectorised or split path chosen by address, shows only so).
+        copy = at_offset(args, OFFSET_BYTES[call % len(OFFSET_BYTES)])
         keep.append(copy)
         if other_rng:
             with rng_state((call + 1) * RNG_SHIFT):
