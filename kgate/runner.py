@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kgate import forkserver, procmem, sandbox
 from kgate import gates as registry
-from kgate import procmem, sandbox
 from kgate.errors import InfrastructureError, UsageError
 from kgate.gates.base import GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
@@ -505,8 +505,6 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     cell = sandbox.Cell(box)
     read_fd, write_fd = os.pipe()
     out_read, out_write = os.pipe()
-    job_path = cell.root / "job.json"
-    job_path.write_text(json.dumps({**job, "event_fd": write_fd}))
     child_env = cell.env(env)  # the allow-list only: untrusted code never sees a token
     # The worker's own folder for what kgate's code in it keeps (kgate.gates.lp_triton's compiled kernels)
     private = cell.root / "private"
@@ -517,15 +515,26 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     private.mkdir(exist_ok=True)
     child_env["KGATE_PRIVATE_DIR"] = str(private)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = cell.command(kgate_command(module, str(job_path)), cwd=cwd, env=child_env, readable=readable,
-                           writable=writable, tmpfs_bytes=memory)
+    job = {**job, "event_fd": write_fd}
+    proc: subprocess.Popen | forkserver.Job | None = None
     try:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write,
-                                pass_fds=(write_fd, *pass_fds), start_new_session=True, env=child_env,
-                                cwd=str(cwd))
+        # Forked from a template that has imported torch already (kgate.forkserver), else started on its own.
+        proc = forkserver.start(module, job, box=box, cell=cell, cwd=cwd, env=child_env, readable=readable,
+                                writable=writable, tmpfs_bytes=memory, output=out_write,
+                                fds={fd: fd for fd in (write_fd, *pass_fds)})
+        if proc is None:
+            job_path = cell.root / "job.json"
+            job_path.write_text(json.dumps(job))
+            command = cell.command(kgate_command(module, str(job_path)), cwd=cwd, env=child_env,
+                                   readable=readable, writable=writable, tmpfs_bytes=memory)
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write,
+                                    pass_fds=(write_fd, *pass_fds), start_new_session=True, env=child_env,
+                                    cwd=str(cwd))
     except BaseException:
         for fd in (read_fd, write_fd, out_read, out_write):
             os.close(fd)
+        if proc is not None:
+            _kill(proc)
         cell.remove()
         raise
     os.close(write_fd)
@@ -589,7 +598,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                 children = procmem.parents()  # one walk over /proc for both questions
                 if box.active:
                     detached.update(dict.fromkeys(procmem.detached(proc.pid, children)))
-                used = procmem.tree_memory(proc.pid, memory, children)
+                own = proc.own(children) if isinstance(proc, forkserver.Job) else ()
+                used = procmem.tree_memory(proc.pid, memory, children, skip=own)
                 if used > memory:
                     error = f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)})"
                     _kill(proc)
@@ -625,7 +635,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
         log.close()
         cell.remove()
     returncode = proc.returncode
-    if box.active and returncode is not None and returncode > 128 and returncode - 128 in _SIGNALS:
+    if box.active and isinstance(proc, subprocess.Popen) and returncode is not None and returncode > 128 \
+            and returncode - 128 in _SIGNALS:
         returncode = 128 - returncode  # bubblewrap exits 128 + N when its command was killed by signal N
     return WorkerExit(returncode, error, stage, fatal, list(detached))
 
@@ -703,7 +714,7 @@ class EventLines:
         return out
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen | forkserver.Job) -> None:
     """Kill the worker's process group and every other process of its session: build tools put their
     children in groups of their own (ninja runs each compiler in a new process group), and those would
     otherwise compile on, orphaned, after the worker is gone."""
