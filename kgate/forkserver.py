@@ -13,8 +13,8 @@ per job (`sandbox.TEMPLATE_CAPS`; none over the host). For each job it forks:
   in-memory file systems over the temporary folders, /dev/shm, /dev/pts and the folder of all scratch
   folders (new ones: nothing a job leaves in them reaches the next job), shows again read-only the folders
   the worker reads that lie inside those, hides the credentials again, and binds this job's scratch folder
-  and its writable folders (the folders that hold those, writable for the template, are read-only to the
-  job). It then waits for the job's init and reports how the worker ended;
+  and its writable folders (the folders that hold those, writable for the template, show the job its own
+  folders only, read-only). It then waits for the job's init and reports how the worker ended;
 - the job's init, PID 1 of the new PID namespace: it mounts a /proc of that namespace alone (with
   /proc/sys and the like read-only, as bubblewrap does), brings up the loopback interface, drops every
   capability (bounding, ambient, effective, permitted, inheritable), sets no_new_privs, and forks
@@ -508,8 +508,6 @@ def _enclose(config: dict[str, Any], payload: dict[str, Any]) -> None:
                 pass  # as bubblewrap's --ro-bind-try
     cell_fd = os.open(cell, flags | os.O_DIRECTORY)
     writable_fds = [(w, os.open(w, flags | os.O_DIRECTORY)) for w in writable]
-    for parent in config["parents"]:  # the job writes its own folders there, nothing else
-        _readonly(parent)
     for path in fresh:
         _tmpfs(path, size)
     for path, fd in shown:
@@ -525,9 +523,16 @@ def _enclose(config: dict[str, Any], payload: dict[str, Any]) -> None:
     _tmpfs(run_root, size)
     _bind(cell_fd, cell, writable=True)
     os.close(cell_fd)
+    # The folders that hold the jobs' writable ones (an audit's build caches, one per candidate) show this
+    # job's own folders only: an empty in-memory folder over each, read-only once they are bound in it.
+    parents = [p for p in config["parents"] if not _under(p, [*fresh, run_root])]
+    for parent in parents:
+        _tmpfs(parent, 1 << 20)
     for path, fd in writable_fds:
         _bind(fd, path, writable=True)
         os.close(fd)
+    for parent in parents:
+        _readonly(parent)
     if os.path.isdir("/dev/pts"):
         _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
 
