@@ -257,9 +257,11 @@ class Template:
         self.cell.remove()
 
     def start(self, module: str, job: dict[str, Any], *, cell: Any, cwd: Path, env: Mapping[str, str],
-              writable: list[str], tmpfs_bytes: int | None, output: int, fds: Mapping[int, int]) -> Job:
-        """Fork one job: `job` is run by `module`'s run_job in a worker whose stdout and stderr are `output`
-        and whose descriptors `fds` (number there -> descriptor here) are those of this process."""
+              writable: list[str], tmpfs_bytes: int | None, output: int, fds: Mapping[int, int],
+              argv: list[str]) -> Job:
+        """Fork one job: `job` is run by `module`'s run_job in a worker whose stdout and stderr are `output`,
+        whose descriptors `fds` (number there -> descriptor here) are those of this process, and whose
+        sys.argv is [the module's file, *argv] (as `python -m MODULE *argv` would have it)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
@@ -269,6 +271,7 @@ class Template:
                 self.control.sendmsg([b"job"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, passed)])
             theirs.close()
             payload = {"module": module, "job": job, "env": dict(env), "cwd": str(cwd), "targets": targets,
+                       "argv": argv,
                        "cell": str(cell.root), "writable": writable, "tmpfs_bytes": tmpfs_bytes}
             ours.sendall(json.dumps(payload).encode() + b"\n")
             pid, said = _started(ours)
@@ -313,7 +316,7 @@ def _key(box: Any, module: str, cwd: Path, env: Mapping[str, str], readable: Ite
 
 def start(module: str, job: dict[str, Any], *, box: Any, cell: Any, cwd: Path, env: Mapping[str, str],
           readable: Iterable[Path] = (), writable: Iterable[Path] = (), tmpfs_bytes: int | None = None,
-          output: int, fds: Mapping[int, int]) -> Job | None:
+          output: int, fds: Mapping[int, int], argv: list[str] = ()) -> Job | None:
     """The job forked by a template fit for it (started, or started again once where it died); None where
     templates are switched off or none could be used (the reason is then recorded for `describe` and said
     once on stderr): the caller starts the job the old way."""
@@ -335,7 +338,7 @@ def start(module: str, job: dict[str, Any], *, box: Any, cell: Any, cwd: Path, e
             return None
         try:
             return template.start(module, job, cell=cell, cwd=cwd, env=env, writable=places,
-                                  tmpfs_bytes=tmpfs_bytes, output=output, fds=fds)
+                                  tmpfs_bytes=tmpfs_bytes, output=output, fds=fds, argv=list(argv))
         except TemplateError as exc:
             template.done()
             if template.alive() and attempt == 1 and "sandbox could not be made" in str(exc):
@@ -386,10 +389,11 @@ def _find_or_make(key: tuple, box: Any, module: str, cwd: Path, env: Mapping[str
         old.close()
     try:
         made = Template(key, box, module, cwd, env, readable, parents)
-    except TemplateError as exc:
+    except (TemplateError, OSError, ValueError, subprocess.SubprocessError) as exc:
+        reason = str(exc) if isinstance(exc, TemplateError) else f"the template could not be started: {exc}"
         with _lock:
-            _broken[key] = str(exc)
-        raise
+            _broken[key] = reason
+        raise TemplateError(reason) from None
     with _lock:
         made.busy += 1
         _templates[key] = made
@@ -647,7 +651,7 @@ def _worker(descriptors: list[int], payload: dict[str, Any], *, sandboxed: bool)
         tempfile.tempdir = None  # TMPDIR is read again: the job's own
         random.seed()  # not the template's sequence
         module = importlib.import_module(payload["module"])
-        sys.argv = [getattr(module, "__file__", None) or payload["module"]]
+        sys.argv = [getattr(module, "__file__", None) or payload["module"], *payload.get("argv", [])]
         try:
             code = module.run_job(payload["job"])
         except SystemExit as exc:

@@ -489,7 +489,9 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
               readable: list[Path] | tuple[Path, ...] = (), writable: list[Path] | tuple[Path, ...] = (),
               pass_fds: tuple[int, ...] = ()) -> WorkerExit:
     """Run `python -m MODULE JOB.json` in a sandbox (kgate.sandbox: the one chosen for this process) under a
-    time and a memory limit, passing each event it sends to `on_event`. The job gets `event_fd`, the pipe the
+    time and a memory limit, passing each event it sends to `on_event`; or rather fork it from a template
+    that has imported torch already and runs MODULE's `run_job(job)` in a sandbox of the job's own
+    (kgate.forkserver), where one can be used. The job gets `event_fd`, the pipe the
     worker writes its JSON lines to, and lies in the worker's own scratch folder; stdout and stderr go to
     `log_path` (appended to with `append_log`), capped at LOG_CAP. `env`: the environment to start from
     (default this process's), of which only the allow-list reaches the worker (kgate.sandbox.allowed_env);
@@ -516,14 +518,21 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     child_env["KGATE_PRIVATE_DIR"] = str(private)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     job = {**job, "event_fd": write_fd}
+    job_path = cell.root / "job.json"  # (a forked worker gets the job itself, and this path as its argv too)
+    job_path.write_text(json.dumps(job))
     proc: subprocess.Popen | forkserver.Job | None = None
     try:
         # Forked from a template that has imported torch already (kgate.forkserver), else started on its own.
         proc = forkserver.start(module, job, box=box, cell=cell, cwd=cwd, env=child_env, readable=readable,
-                                writable=writable, tmpfs_bytes=memory, output=out_write,
+                                writable=writable, tmpfs_bytes=memory, output=out_write, argv=[str(job_path)],
                                 fds={fd: fd for fd in (write_fd, *pass_fds)})
         if proc is None:
-            job_path = cell.root / "job.json"
+            # Fresh pipes: nothing a template may have started for this job can write what this worker sends.
+            for fd in (read_fd, write_fd, out_read, out_write):
+                os.close(fd)
+            read_fd, write_fd = os.pipe()
+            out_read, out_write = os.pipe()
+            job["event_fd"] = write_fd
             job_path.write_text(json.dumps(job))
             command = cell.command(kgate_command(module, str(job_path)), cwd=cwd, env=child_env,
                                    readable=readable, writable=writable, tmpfs_bytes=memory)

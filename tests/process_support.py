@@ -8,13 +8,15 @@ from pathlib import Path
 
 
 def worker_pids(module: str, match: Callable[[Path], bool]) -> list[int]:
-    """Pids of processes running `python -m MODULE` for which `match(/proc/PID)` holds."""
+    """Pids of processes running `python -m MODULE`, or of kgate's worker templates and what they forked (whose
+    command line is the template's, kgate.forkserver), for which `match(/proc/PID)` holds."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if module.encode() in (proc / "cmdline").read_bytes().split(b"\0") and match(proc):
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if (module.encode() in argv or b"kgate.forkserver" in argv) and match(proc):
                 found.append(int(proc.name))
         except OSError:
             continue

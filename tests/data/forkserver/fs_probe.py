@@ -124,6 +124,7 @@ def run_job(job):
     channel.write(json.dumps({"event": "started"}) + "\n")
     result = globals()[job["probe"]](job)
     channel.write(json.dumps({"event": "probe", "result": result}) + "\n")
+    time.sleep(job.get("linger", 0))  # as a worker goes on with its next gate (kgate looks at its tree meanwhile)
     return 0
 
 
