@@ -7,7 +7,7 @@ Torch-free: a worker reads it before its memory limit applies."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 def _statm(pid: int | str, field: int) -> int:
@@ -96,13 +96,17 @@ def proportional(pid: int | str) -> int:
     return 0
 
 
-def tree_memory(pid: int, limit: int | None = None, children: dict[int, list[int]] | None = None) -> int:
+def tree_memory(pid: int, limit: int | None = None, children: dict[int, list[int]] | None = None,
+                skip: Iterable[int] = ()) -> int:
     """The memory of `pid` and every process below it: their resident sets summed, or, where that sum passes
     `limit`, their proportional set sizes summed instead (processes forked from one parent share its pages,
-    which the plain sum would count once per process)."""
-    tree = [pid, *descendants(pid, children)]
+    which the plain sum would count once per process). `skip`: processes of the tree not counted, those below
+    them still are (kgate.forkserver's leader and init of a job, forks of the template that run none of the
+    job's code)."""
+    skipped = set(skip)
+    tree = [p for p in [pid, *descendants(pid, children)] if p not in skipped]
     total = sum(resident(p) for p in tree)
-    if limit is not None and total > limit and len(tree) > 1:
+    if limit is not None and total > limit and (len(tree) > 1 or skipped):
         total = sum(proportional(p) or resident(p) for p in tree)
     return total
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kgate import forkserver, procmem, sandbox
 from kgate import gates as registry
-from kgate import procmem, sandbox
 from kgate.errors import InfrastructureError, UsageError
 from kgate.gates.base import GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
@@ -466,7 +466,9 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
               readable: list[Path] | tuple[Path, ...] = (), writable: list[Path] | tuple[Path, ...] = (),
               pass_fds: tuple[int, ...] = ()) -> WorkerExit:
     """Run `python -m MODULE JOB.json` in a sandbox (kgate.sandbox: the one chosen for this process) under a
-    time and a memory limit, passing each event it sends to `on_event`. The job gets `event_fd`, the pipe the
+    time and a memory limit, passing each event it sends to `on_event`; or rather fork it from a template
+    that has imported torch already and runs MODULE's `run_job(job)` in a sandbox of the job's own
+    (kgate.forkserver), where one can be used. The job gets `event_fd`, the pipe the
     worker writes its JSON lines to, and lies in the worker's own scratch folder; stdout and stderr go to
     `log_path` (appended to with `append_log`), capped at LOG_CAP. `env`: the environment to start from
     (default this process's), of which only the allow-list reaches the worker (kgate.sandbox.allowed_env);
@@ -482,8 +484,6 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     cell = sandbox.Cell(box)
     read_fd, write_fd = os.pipe()
     out_read, out_write = os.pipe()
-    job_path = cell.root / "job.json"
-    job_path.write_text(json.dumps({**job, "event_fd": write_fd}))
     child_env = cell.env(env)  # the allow-list only: untrusted code never sees a token
     # The worker's own folder for what kgate's code in it keeps (kgate.gates.lp_triton's compiled kernels)
     private = cell.root / "private"
@@ -494,15 +494,33 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     private.mkdir(exist_ok=True)
     child_env["KGATE_PRIVATE_DIR"] = str(private)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = cell.command(kgate_command(module, str(job_path)), cwd=cwd, env=child_env, readable=readable,
-                           writable=writable, tmpfs_bytes=memory)
+    job = {**job, "event_fd": write_fd}
+    job_path = cell.root / "job.json"  # (a forked worker gets the job itself, and this path as its argv too)
+    job_path.write_text(json.dumps(job))
+    proc: subprocess.Popen | forkserver.Job | None = None
     try:
-        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write,
-                                pass_fds=(write_fd, *pass_fds), start_new_session=True, env=child_env,
-                                cwd=str(cwd))
+        # Forked from a template that has imported torch already (kgate.forkserver), else started on its own.
+        proc = forkserver.start(module, job, box=box, cell=cell, cwd=cwd, env=child_env, readable=readable,
+                                writable=writable, tmpfs_bytes=memory, output=out_write, argv=[str(job_path)],
+                                fds={fd: fd for fd in (write_fd, *pass_fds)})
+        if proc is None:
+            # Fresh pipes: nothing a template may have started for this job can write what this worker sends.
+            for fd in (read_fd, write_fd, out_read, out_write):
+                os.close(fd)
+            read_fd, write_fd = os.pipe()
+            out_read, out_write = os.pipe()
+            job["event_fd"] = write_fd
+            job_path.write_text(json.dumps(job))
+            command = cell.command(kgate_command(module, str(job_path)), cwd=cwd, env=child_env,
+                                   readable=readable, writable=writable, tmpfs_bytes=memory)
+            proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out_write, stderr=out_write,
+                                    pass_fds=(write_fd, *pass_fds), start_new_session=True, env=child_env,
+                                    cwd=str(cwd))
     except BaseException:
         for fd in (read_fd, write_fd, out_read, out_write):
             os.close(fd)
+        if proc is not None:
+            _kill(proc)
         cell.remove()
         raise
     os.close(write_fd)
@@ -566,7 +584,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                 children = procmem.parents()  # one walk over /proc for both questions
                 if box.active:
                     detached.update(dict.fromkeys(procmem.detached(proc.pid, children)))
-                used = procmem.tree_memory(proc.pid, memory, children)
+                own = proc.own(children) if isinstance(proc, forkserver.Job) else ()
+                used = procmem.tree_memory(proc.pid, memory, children, skip=own)
                 if used > memory:
                     error = (f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)}): kgate's memory "
                              f"limit of {_fmt_bytes(memory)} was reached; raise `limits.memory` in the manifest or "
@@ -604,7 +623,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
         log.close()
         cell.remove()
     returncode = proc.returncode
-    if box.active and returncode is not None and returncode > 128 and returncode - 128 in _SIGNALS:
+    if box.active and isinstance(proc, subprocess.Popen) and returncode is not None and returncode > 128 \
+            and returncode - 128 in _SIGNALS:
         returncode = 128 - returncode  # bubblewrap exits 128 + N when its command was killed by signal N
     return WorkerExit(returncode, error, stage, fatal, list(detached))
 
@@ -682,7 +702,7 @@ class EventLines:
         return out
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen | forkserver.Job) -> None:
     """Kill the worker's process group and every other process of its process session: build tools put their
     children in groups of their own (ninja runs each compiler in a new process group), and those would
     otherwise compile on, orphaned, after the worker is gone."""

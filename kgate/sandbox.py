@@ -67,6 +67,10 @@ RUNNER_SECRETS = (".credentials", ".credentials_rsaparams", ".runner", ".env", "
 GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
              "/dev/nvidia-caps", "/dev/kfd", "/dev/dri")
 PROBE_TIMEOUT_S = 20.0
+# What a worker template (kgate.forkserver) keeps of the capabilities, inside its own user namespace: to make
+# each job's namespaces and mounts (SYS_ADMIN), to take every capability from the job (SETPCAP: the bounding
+# set), and to bring up the job's loopback interface (NET_ADMIN). No job process keeps any.
+TEMPLATE_CAPS = ("CAP_SYS_ADMIN", "CAP_SETPCAP", "CAP_NET_ADMIN")
 
 
 def allowed_env(env: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> dict[str, str]:
@@ -96,7 +100,10 @@ class Sandbox:
         return self.bwrap is not None
 
     def describe(self) -> str:
-        return self.detail if self.active else f"none ({self.detail})"
+        """The sandbox, and how workers start in it (kgate.forkserver)."""
+        from kgate import forkserver
+
+        return (self.detail if self.active else f"none ({self.detail})") + f"; {forkserver.describe(self.active)}"
 
 
 _chosen: dict[str, Sandbox] = {}
@@ -190,31 +197,43 @@ class Cell:
         return env
 
     def command(self, argv: list[str], *, cwd: Path, env: Mapping[str, str], readable: Iterable[Path] = (),
-                writable: Iterable[Path] = (), tmpfs_bytes: int | None = None) -> list[str]:
+                writable: Iterable[Path] = (), tmpfs_bytes: int | None = None, template: bool = False) -> list[str]:
         """`argv` as the worker's command: under bubblewrap when the sandbox is active, else as it is (the
         caller starts it in `cwd`). `readable`: folders to show read-only even where they lie in a hidden
         place (the manifest's, the kernels', kgate's and Python's own; /tmp is hidden); `writable`: folders
         the worker may write besides its scratch folder; `tmpfs_bytes` caps the in-memory /tmp and /dev/shm.
-        `env` is the worker's environment: the folders its PYTHONPATH names are shown too."""
+        `env` is the worker's environment: the folders its PYTHONPATH names are shown too.
+
+        With `template`, the command of a worker template (kgate.forkserver), which runs no code under
+        judgment but makes a sandbox of its own for each job it forks: the same view, but with the
+        capabilities to make namespaces and mounts (inside a user namespace of its own: none over the host),
+        the folder of all scratch folders and the `writable` folders (there: the folders that hold the jobs'
+        writable ones) shown writable for it to bind each job's own, and every in-memory file system it shares
+        with its jobs read-only (the job gets fresh ones)."""
         if not self.sandbox.active:
             return list(argv)
         size = ["--size", str(int(tmpfs_bytes))] if tmpfs_bytes else []
+        caps = ["--unshare-user", "--cap-drop", "ALL", *[a for c in TEMPLATE_CAPS for a in ("--cap-add", c)]] \
+            if template else ["--cap-drop", "ALL"]
         args = [self.sandbox.bwrap or "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+                *caps, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
         for node in _gpu_nodes():
             args += ["--dev-bind", node, node]
         args += [*size, "--tmpfs", "/dev/shm"]
-        temporary, secret = hidden_paths()
+        if template:
+            args += ["--remount-ro", "/dev"]
+        temporary, shown, secret = layout(cwd, env, readable)
         for path in temporary:
             args += [*size, "--tmpfs", path]
-        python_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        for path in _dedupe([*_own_paths(), *python_path, cwd, *readable]):
-            if path != "/":
-                args += ["--ro-bind-try", path, path]
+        for path in shown:
+            args += ["--ro-bind-try", path, path]
         for path in secret:  # after the folders shown again: none of them shows a secret
-            args += (["--tmpfs", path] if os.path.isdir(path) else ["--ro-bind", "/dev/null", path])
+            if os.path.isdir(path):
+                args += ["--tmpfs", path, *(["--remount-ro", path] if template else [])]
+            else:
+                args += ["--ro-bind", "/dev/null", path]
         root = str(run_root())
-        args += ["--tmpfs", root, "--bind", str(self.root), str(self.root)]
+        args += ["--bind", root, root] if template else ["--tmpfs", root, "--bind", str(self.root), str(self.root)]
         for path in _dedupe(writable):
             Path(path).mkdir(parents=True, exist_ok=True)
             args += ["--bind", path, path]
@@ -222,6 +241,16 @@ class Cell:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def layout(cwd: Path, env: Mapping[str, str], readable: Iterable[Path] = ()) -> tuple[list[str], list[str], list[str]]:
+    """What a sandboxed worker's view is made of, in the order it is made: (the temporary folders, each an
+    empty in-memory one; the folders shown read-only again, even inside those: kgate's and Python's own,
+    the PYTHONPATH of `env`, `cwd` and `readable`; the credentials hidden, after those)."""
+    temporary, secret = hidden_paths()
+    python_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    shown = [p for p in _dedupe([*_own_paths(), *python_path, cwd, *readable]) if p != "/"]
+    return temporary, shown, secret
 
 
 def _dedupe(paths: Iterable[Path | str]) -> list[str]:

@@ -1,6 +1,7 @@
 """The worker process: loads one kernel, runs its gates, reports each result as one JSON line.
 
-Started by the runner as `python -m kgate.worker JOB.json`, with stdout and stderr going to a log
+Started by the runner as `python -m kgate.worker JOB.json`, or forked from a template that runs
+`run_job(job)` (kgate.forkserver), with stdout and stderr going to a log
 file (so nothing a kernel prints can corrupt the protocol) and results written to a pipe whose file
 descriptor the job names. User code runs only here; the parent judges nothing it cannot see
 from these events. A crash here, or a GPU fault that destroys this process's CUDA context (then the
@@ -156,7 +157,11 @@ def _crash_on_declared_inputs(subject: Any, name: str, tolerance_free: bool, res
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    job = json.loads(Path(argv[0]).read_text())
+    return run_job(json.loads(Path(argv[0]).read_text()))
+
+
+def run_job(job: dict[str, Any]) -> int:
+    """The worker's work on `job` (the job file's content; also what kgate.forkserver's workers run)."""
     channel = Channel(int(job["event_fd"]))
     with reporting_start(channel):
         prepare_process(job)

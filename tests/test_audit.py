@@ -243,8 +243,10 @@ def test_kill_and_resume_loses_nothing_and_repeats_nothing(tmp_path):
 
 
 def _workers_of(out: Path) -> list[int]:
-    """Audit worker processes of the audit writing into `out` (their extension folder is under it)."""
-    return worker_pids("kgate.audit.worker", lambda proc: str(out.resolve()).encode() in (proc / "environ").read_bytes())
+    """Audit worker processes of the audit writing into `out` (their extension folder is under it: in the
+    environment they started with, or, forked from a template, among their mounts)."""
+    return worker_pids("kgate.audit.worker", lambda proc: str(out.resolve()).encode() in (proc / "environ").read_bytes()
+                       + (proc / "mountinfo").read_bytes())
 
 
 def test_sigterm_during_a_hang_kills_the_worker_and_records_nothing_for_it(tmp_path):

@@ -304,7 +304,8 @@ def test_sandbox_require_without_bubblewrap_is_exit_2_and_auto_says_none(tmp_pat
     done = kgate("run", str(src / "kgate.yaml"), "-k", "good", "--gate", "oracle", "--out", str(out), env=no_bwrap)
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((out / "report.json").read_text())
-    assert report["environment"]["sandbox"] == "none (bubblewrap (bwrap) is not installed)"
+    assert report["environment"]["sandbox"] == ("none (bubblewrap (bwrap) is not installed); workers forked from an "
+                                                "unsandboxed template")
     assert "WARNING sandbox: none" in done.stdout
 
 

@@ -1,6 +1,7 @@
 """The audit's worker process: one KernelBench pair, one stage, events as JSON lines.
 
-Started by `kgate.audit.evaluate` as `python -m kgate.audit.worker JOB.json` under the runner's
+Started by `kgate.audit.evaluate` as `python -m kgate.audit.worker JOB.json` (or forked from a template
+that runs `run_job(job)`, kgate.forkserver) under the runner's
 time and memory limits (`kgate.runner.supervise`). Three stages:
 
 - `compile`: import the candidate with no GPU visible, so `load_inline` builds its extension on the
@@ -281,7 +282,11 @@ def _working_subject(module: Any, dims: Any, budget: int, subject_at: Any) -> tu
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    job = json.loads(Path(argv[0]).read_text())
+    return run_job(json.loads(Path(argv[0]).read_text()))
+
+
+def run_job(job: dict[str, Any]) -> int:
+    """One stage of `job` (the job file's content; also what kgate.forkserver's workers run)."""
     channel = Channel(int(job["event_fd"]))
     with reporting_start(channel):
         prepare_process(job)

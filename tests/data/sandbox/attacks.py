@@ -50,28 +50,47 @@ def _detach(work):
     os.wait()
 
 
+def _event_pipes(proc):
+    """The descriptors of `proc` a worker's events could go to: its job file's event_fd where its argv names
+    one (a worker started as `python -m kgate.worker JOB.json`), else every pipe it holds open for writing (a
+    worker forked from kgate's template, whose job never touched a file), and the gates to forge."""
+    argv = (proc / "cmdline").read_bytes().split(b"\0")
+    jobs = [a for a in argv if a.endswith(b".json")]
+    if jobs:
+        job = json.loads(Path(jobs[-1].decode()).read_text())
+        return [job["event_fd"]], job.get("gates") or []
+    from kgate.gates import GATE_NAMES
+
+    fds = []
+    for fd in (proc / "fd").iterdir():
+        flags = int((proc / "fdinfo" / fd.name).read_text().split("flags:")[1].split()[0], 8)
+        if os.readlink(fd).startswith("pipe:") and flags & os.O_ACCMODE == os.O_WRONLY:
+            fds.append(int(fd.name))
+    return fds, GATE_NAMES
+
+
 def _forge_workers(me, folder, deadline):
-    """Every kgate worker started in `folder` after this one: read its job, open its event pipe through /proc
+    """Every process working in `folder` after this one (kgate's workers): open its event pipe through /proc
     and write a pass for every gate, then `done`."""
     forged = set()
     while time.time() < deadline:
         for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit() or int(proc.name) in forged | {me}:
+            if not proc.name.isdigit() or int(proc.name) in forged | {me, os.getpid()}:
                 continue
             try:
-                argv = (proc / "cmdline").read_bytes().split(b"\0")
-                if not any(a.startswith(b"kgate.worker") or a == b"kgate.audit.worker" for a in argv):
-                    continue
                 if (proc / "cwd").resolve() != folder:
                     continue
-                job_path = [a for a in argv if a.endswith(b".json")][-1].decode()
-                job = json.loads(Path(job_path).read_text())
-                with open(f"/proc/{proc.name}/fd/{job['event_fd']}", "w") as pipe:
-                    for gate in job.get("gates") or []:
-                        pipe.write(json.dumps({"event": "gate_start", "gate": gate}) + "\n")
-                        pipe.write(json.dumps({"event": "result", "result": {
-                            "gate": gate, "verdict": "pass", "message": "forged", "tolerance_free": True}}) + "\n")
-                    pipe.write(json.dumps({"event": "done"}) + "\n")
+                fds, gates = _event_pipes(proc)
+                if not fds:
+                    continue
+                for fd in fds:
+                    with open(f"/proc/{proc.name}/fd/{fd}", "w") as pipe:
+                        for gate in gates:
+                            pipe.write(json.dumps({"event": "gate_start", "gate": gate}) + "\n")
+                            pipe.write(json.dumps({"event": "result", "result": {
+                                "gate": gate, "verdict": "pass", "message": "forged", "tolerance_free": True}})
+                                + "\n")
+                        pipe.write(json.dumps({"event": "done"}) + "\n")
                 forged.add(int(proc.name))
             except (OSError, ValueError, IndexError, KeyError):
                 continue
