@@ -31,8 +31,8 @@ than the worker) and the kill of it all are read from /proc as for a bubblewrap 
 
 Without the sandbox (`--sandbox none`, or auto where bubblewrap cannot run) the template runs unsandboxed,
 dies with kgate (parent-death signal), and each job's leader starts a process session of its own with the
-worker in it, which dies with the leader: a worker keeps what an unsandboxed worker has (its own session and
-process group, the parent-death signal, the limits, the environment's allow-list).
+worker in it, which dies with the leader: a worker keeps what an unsandboxed worker has (its own
+process session and process group, the parent-death signal, the limits, the environment's allow-list).
 
 Where a template cannot be started or used (no user namespaces for it, a failed import, a mount refused),
 that job, and every later one where the template could not start, is started the old way (its own
@@ -102,6 +102,16 @@ def describe(active: bool) -> str:
     if _failed:
         return f"workers started one by one where the template failed: {_failed[-1]}"
     return "workers forked from a sandboxed template" if active else "workers forked from an unsandboxed template"
+
+
+def _register() -> None:
+    from kgate import sandbox
+
+    if describe not in sandbox.STARTS:
+        sandbox.STARTS[:] = [describe]
+
+
+_register()
 
 
 def _failure(reason: str) -> None:
@@ -174,7 +184,7 @@ class Template:
 
     def __init__(self, key: tuple, box: Any, module: str, cwd: Path, env: Mapping[str, str],
                  readable: Iterable[Path], parents: list[str]):
-        from kgate import runner, sandbox
+        from kgate import sandbox
 
         self.key, self.box = key, box
         self.sandboxed = bool(box.active)
@@ -187,7 +197,7 @@ class Template:
         template_env = {k: v for k, v in env.items() if k not in PER_JOB_ENV}
         template_env.update({k: v for k, v in self.cell.env(env).items() if k in ("HOME", "TMPDIR", "XDG_CACHE_HOME")})
         temporary, shown, secret = sandbox.layout(cwd, env, readable)
-        argv = runner.kgate_command("kgate.forkserver", str(theirs.fileno()))
+        argv = sandbox.kgate_command("kgate.forkserver", str(theirs.fileno()))
         command = self.cell.command(argv, cwd=cwd, env=template_env, readable=readable, writable=parents,
                                     template=True)
         self.log = self.cell.root / "template.log"

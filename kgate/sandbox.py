@@ -34,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,11 +100,14 @@ class Sandbox:
         return self.bwrap is not None
 
     def describe(self) -> str:
-        """The sandbox, and how workers start in it (kgate.forkserver)."""
-        from kgate import forkserver
+        """The sandbox, and how workers start in it (kgate.forkserver, which registers `STARTS`)."""
+        starts = f"; {STARTS[0](self.active)}" if STARTS else ""
+        return (self.detail if self.active else f"none ({self.detail})") + starts
 
-        return (self.detail if self.active else f"none ({self.detail})") + f"; {forkserver.describe(self.active)}"
 
+# How this process starts its workers, for `Sandbox.describe`: set by kgate.forkserver when it is imported (it
+# builds on this module, which therefore does not import it).
+STARTS: list[Callable[[bool], str]] = []
 
 _chosen: dict[str, Sandbox] = {}
 _selected: list[str] = []  # the mode a command chose (select), for every worker this process starts
