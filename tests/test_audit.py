@@ -1229,11 +1229,13 @@ def test_the_summary_reads_the_candidates_as_given_with_shapes_and_layouts_aside
     assert s["violation_as_given_pct"] == 75.0
 
 
-def test_a_memory_limit_below_the_workers_start_judges_nothing_and_says_why(tmp_path):
+def test_a_memory_limit_below_the_workers_start_judges_nothing_and_says_why(tmp_path, monkeypatch):
     """A --memory under what the worker needs before the candidate loads: the standard test records the
     candidate as never loaded (compiled False), which used to count as a crash, so such a candidate was
     "judged" with no violation: `pass`, exit 0, even with a syntax error. It is not judged, and the
-    console says why."""
+    console says why. (Workers started on their own, each importing torch: one forked from the template
+    shares the template's pages and starts far below this limit.)"""
+    monkeypatch.setenv("KGATE_FORKSERVER", "0")
     from kgate.audit.report import LIMITED, classify, not_judged_reason
     from kgate.runner import MEMORY_LIMIT
 
