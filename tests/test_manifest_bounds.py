@@ -12,19 +12,7 @@ import pytest
 from kgate.cli import main
 from kgate.errors import ManifestError
 from kgate.manifest import MAX_DEPTH, MAX_MANIFEST_BYTES, load
-
-KERNEL_PY = """
-import torch
-
-def make_inputs(seed, shape=None):
-    return (torch.randn(shape or (4, 4)),)
-
-def ref(x):
-    return x * 2
-
-def kern(x):
-    return x + x
-"""
+from tests.test_manifest import KERNEL_PY
 
 ENTRY = """\
   - name: double
