@@ -13,3 +13,23 @@ def rowsum_split_any_order(x):
     for i in torch.randperm(len(blocks)).tolist():
         total = total + x[..., blocks[i]].sum(dim=-1)
     return total
+
+
+class _Autotuned:
+    """An autotuner that returns the result of the first config it times: the first call sums in blocks of 7,
+    every later call in the block size it picked. Each result is within the oracle bound; the first call's
+    bits are not the later calls'."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        block = 7 if self.calls == 1 else SPLIT
+        total = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+        for part in torch.arange(x.shape[-1], device=x.device).split(block):
+            total = total + x[..., part].sum(dim=-1)
+        return total
+
+
+rowsum_autotuned_first_call = _Autotuned()

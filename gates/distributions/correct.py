@@ -80,3 +80,20 @@ def logsumexp_online(x, block=64):
         s = s * alpha + torch.exp(chunk - shift.unsqueeze(-1)).sum(dim=-1)
         m = m_new
     return (m + torch.log(s)).to(x.dtype)
+
+
+def make_segments(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """16 rows of values and a distinct segment (of 32) for each: no index repeats in the factory's draws."""
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(16, 4, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+    return values, torch.randperm(32, generator=gen)[:16].to(device)
+
+
+def segment_sum_reference(values, index):
+    return torch.zeros(32, values.shape[1], dtype=values.dtype, device=values.device).index_add_(0, index, values)
+
+
+def segment_sum(values, index):
+    """index_add_: rows that share a segment are summed."""
+    out = torch.zeros(32, values.shape[1], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, index, values)

