@@ -37,7 +37,12 @@ def folder(tmp_path_factory):
 
 @pytest.fixture
 def mode():
-    """Selects a sandbox mode for the test (`mode(name)`), and restores the one chosen before it."""
+    """Selects a sandbox mode for the test (`mode(name)`), and restores the one chosen before it. What earlier
+    tests in this process left of templates that failed on purpose (a fake torch that cannot be imported) is
+    forgotten: the description of how workers start speaks of this test's templates."""
+    from kgate import forkserver
+
+    forkserver._failed.clear()
     before = list(sandbox._selected)
 
     def choose(name: str) -> sandbox.Sandbox:
