@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,19 +91,80 @@ def compile_stage(pairs: list[Pair], base: dict[str, Any], jobs: int, pch: bool)
     return row, wall
 
 
+class GpuSampler:
+    """Samples every GPU's utilisation and memory with `nvidia-smi` (NVML) while a pass runs.
+
+    NVML's `utilization.gpu` is the share of the last sample period in which at least one kernel ran on the
+    GPU, so its mean over a pass is the GPU's busy fraction. Without `nvidia-smi` (a CPU run) `figures()` is
+    None."""
+
+    def __init__(self, period_ms: int = 200):
+        self.samples: list[tuple[int, float, float]] = []  # (gpu index, utilisation %, memory MiB)
+        self._proc: subprocess.Popen[str] | None = None
+        self._thread: threading.Thread | None = None
+        self._period_ms = period_ms
+
+    def __enter__(self) -> GpuSampler:
+        exe = shutil.which("nvidia-smi")
+        if exe:
+            self._proc = subprocess.Popen(
+                [exe, "--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+                 f"-lms={self._period_ms}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._thread = threading.Thread(target=self._read, daemon=True)
+            self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for line in self._proc.stdout:
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                self.samples.append((int(parts[0]), float(parts[1]), float(parts[2])))
+            except (ValueError, IndexError):  # "[N/A]" or a partial line
+                continue
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def figures(self) -> dict[str, Any] | None:
+        if not self.samples:
+            return None
+        gpus = sorted({g for g, _, _ in self.samples})
+        return {"samples": len(self.samples), "period_ms": self._period_ms,
+                "busy_percent": {str(g): round(sum(u for i, u, _ in self.samples if i == g)
+                                               / max(1, sum(1 for i, _, _ in self.samples if i == g)), 1)
+                                 for g in gpus},
+                "peak_memory_mib": {str(g): max(m for i, _, m in self.samples if i == g) for g in gpus}}
+
+
 def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Judge every pair once with `plan` (extensions already built); returns (the figures, the records)."""
     records: list[dict[str, Any]] = []
-    start = time.perf_counter()
-    run_local(pairs, options, plan, records.append)
-    wall = time.perf_counter() - start
+    with GpuSampler() as gpu:
+        start = time.perf_counter()
+        run_local(pairs, options, plan, records.append)
+        wall = time.perf_counter() - start
     n = max(1, len(records))
     worker = sum(float(r.get("duration_s") or 0) for r in records) / n
+    judges = plan.slots * len(plan.devices)
     judged = [r for r in records if not r.get("problem_error") and not r.get("environment_error")]
     row = {"mode": label, "kernels": len(records), "judged": len(judged), "wall_s": round(wall, 2),
            "s_per_kernel": round(wall / n, 3), "worker_s_per_kernel": round(worker, 3),
            "kernels_per_hour": round(3600 * n / wall, 1) if wall else None,
+           # the share of judge-seconds (judges x wall) in which no candidate held a judge: a long tail, start
+           # gaps, the scheduler's own time
+           "judges": judges,
+           "judges_idle_fraction": round(1 - worker * n / (judges * wall), 3) if wall else None,
+           # each GPU's busy percentage over the pass (NVML), and its peak memory; None on the CPU
+           "gpu": gpu.figures(),
            # median seconds from a candidate's start to each worker event (kgate.audit.report)
            "timeline_median": timeline_median(records),
            # where the gates' time goes: seconds per gate summed over the candidates, largest first
@@ -118,6 +181,17 @@ def verdicts(record: dict[str, Any]) -> dict[str, str]:
     out.update({g["gate"]: g["verdict"] for g in record.get("gates") or []})
     if record.get("problem_error"):
         out["problem_error"] = "yes"
+    return out
+
+
+def read_records(path: Path, mode: str | None = None) -> list[dict[str, Any]]:
+    """The records a benchmark wrote beside its --json (`.records.jsonl`), of one pass when `mode` is given."""
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            if mode is None or record.get("pass") == mode:
+                out.append(record)
     return out
 
 

@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from audit_common import add_corpus_args, compile_stage, differences, ordered, select, timed_pass  # noqa: E402
+from audit_common import (  # noqa: E402
+    add_corpus_args,
+    compile_stage,
+    differences,
+    ordered,
+    read_records,
+    select,
+    timed_pass,
+)
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
@@ -80,7 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton-emulation", action="store_true",
                         help="then the full gates again with --jobs and KGATE_TRITON_EMULATION=1 (the accumulation "
                              "gate's emulated products in Triton on a GPU), and whether any verdict changed")
+    parser.add_argument("--compare", type=Path, metavar="RECORDS",
+                        help="another run's records (the .records.jsonl beside its --json): print every candidate "
+                             "whose verdicts differ from this run's in the standard-test pass and the full-gates "
+                             "pass (same mode names), e.g. a run at an older kgate commit")
     args = parser.parse_args(argv)
+    if args.compare and not args.compare.is_file():
+        parser.error(f"--compare {args.compare}: no such file (give the .records.jsonl another run wrote)")
 
     pairs = select(args)
     plan = make_plan(args.device, args.jobs, args.compile_jobs)
@@ -153,6 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         keep(*timed_pass(pairs, AuditOptions(gates=gates, **base), wider,
                          f"standard test + {len(gates)} gates, {wider.describe()}"))
     result = summary(plan, pairs, compile_row, rows, complete=True, order=args.order, standard_pairs=standard_pairs)
+    if args.compare:
+        mine = read_records(records_file) if records_file else []
+        result["compare"] = {"against": str(args.compare), "passes": {}}
+        for mode in [r["mode"] for r in rows[: 1 if args.gates_only else 2]]:
+            theirs = read_records(args.compare, mode)
+            ours = [r for r in mine if r.get("pass") == mode] if records_file else (
+                full_records if mode == full_row["mode"] else [])
+            lines = differences(theirs, ours) if theirs else [f"no pass named {mode!r} in {args.compare}"]
+            result["compare"]["passes"][mode] = lines
+            print(f"\n{mode}: {len(lines)} candidate(s) whose verdicts differ from {args.compare}"
+                  + "".join(f"\n  {line}" for line in lines))
     ratio = result["gates_over_standard"]
     print("\n| mode | kernels | wall s | s/kernel | worker s/kernel | kernels/h | with compile: s/kernel | "
           "kernels/h |\n|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -165,6 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows[: 1 if args.gates_only else 2]:
         print(f"{row['mode']}: median seconds from a candidate's start to: "
               + ", ".join(f"{k} {v}" for k, v in row["timeline_median"].items()))
+        gpu = row.get("gpu")
+        print(f"{row['mode']}: judges idle {100 * (row['judges_idle_fraction'] or 0):.1f} % of "
+              f"{row['judges']} x {row['wall_s']} judge-seconds; "
+              + ("GPU busy " + ", ".join(f"cuda:{g} {u} %" for g, u in gpu["busy_percent"].items())
+                 + " (NVML), peak memory " + ", ".join(f"{m:.0f} MiB" for m in gpu["peak_memory_mib"].values())
+                 if gpu else "no GPU sampled"))
     print("gate seconds, summed over the candidates: "
           + ", ".join(f"{k} {v}" for k, v in full_row["gate_seconds"].items()))
     print("within the accumulation gate: "

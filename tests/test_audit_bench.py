@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -133,11 +134,47 @@ def test_gates_only_times_the_full_gates_without_the_standard_pass_and_claims_no
     assert [r["mode"] for r in result["modes"]] == [f"standard test + {len(registry.GATE_NAMES)} gates"]
     assert result["gates_over_standard"] is None
     assert result["modes"][0]["with_compile_kernels_per_hour"] > 0 and "cache_kept" not in result["compile"]
-    # again on the builds it left: its compile pass timed a cache, so no figure "with compile" is claimed
+    row = result["modes"][0]
+    assert row["judges"] == 2 and 0 <= row["judges_idle_fraction"] < 1 and row["gpu"] is None  # no GPU sampled
+    first = out.with_suffix(".records.jsonl")
+    kept = tmp_path / "first.records.jsonl"
+    kept.write_text(first.read_text())
+    # again on the builds it left: its compile pass timed a cache, so no figure "with compile" is claimed;
+    # its verdicts compared with the first run's: the same candidates, the same verdicts
+    out2 = tmp_path / "t2.json"
     assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--limit", "2", "--gates-only",
-                            "--keep-cache", "--out", str(tmp_path / "o"), "--json", str(out)]) == 0
-    result = json.loads(out.read_text())
+                            "--keep-cache", "--out", str(tmp_path / "o"), "--json", str(out2),
+                            "--compare", str(kept)]) == 0
+    result = json.loads(out2.read_text())
     assert result["compile"]["cache_kept"] and result["modes"][0]["with_compile_kernels_per_hour"] is None
+    assert result["compare"]["passes"] == {result["modes"][0]["mode"]: []}
+    # a record whose verdict differs is named, with what changed
+    changed = [json.loads(line) for line in kept.read_text().splitlines()]
+    changed[0]["gates"][0]["verdict"] = "changed"
+    kept.write_text("".join(json.dumps(r) + "\n" for r in changed))
+    assert throughput.main([*CORPUS_ARGS, "--device", "cpu", "--jobs", "2", "--limit", "2", "--gates-only",
+                            "--keep-cache", "--out", str(tmp_path / "o"), "--json", str(out2),
+                            "--compare", str(kept)]) == 0
+    lines = json.loads(out2.read_text())["compare"]["passes"][result["modes"][0]["mode"]]
+    assert len(lines) == 1 and lines[0].startswith(changed[0]["id"]) and "changed ->" in lines[0]
+
+
+def test_the_gpu_sampler_reads_nvml_figures_and_is_silent_without_nvidia_smi(tmp_path, monkeypatch):
+    common = _load("audit_common")
+    fake = tmp_path / "nvidia-smi"  # prints what `nvidia-smi --query-gpu=... -lms=N` prints, then stays
+    fake.write_text("#!/bin/sh\nprintf '0, 50, 1000\\n1, 0, 10\\n0, 100, 3000\\n1, [N/A], 10\\n'\nexec sleep 30\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with common.GpuSampler(period_ms=50) as gpu:
+        deadline = time.monotonic() + 10
+        while len(gpu.samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert gpu.figures() == {"samples": 3, "period_ms": 50, "busy_percent": {"0": 75.0, "1": 0.0},
+                             "peak_memory_mib": {"0": 3000.0, "1": 10.0}}
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with common.GpuSampler() as gpu:
+        pass
+    assert gpu.figures() is None
 
 
 def test_the_accumulation_emulation_benchmark_times_the_baseline_beside_the_current_code(monkeypatch, capsys):
