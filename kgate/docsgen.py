@@ -254,9 +254,10 @@ def gates_page(root: Path = ROOT) -> str:
            "must pass, each with the verdicts `kgate selftest` expects (a gate not named must pass or skip). "
            f"{len(controls)} controls in all; those marked cuda run only with `--device cuda`.\n",
            "| gate | tolerance-free | property |", "|---|---|---|"]
-    gates = registry.all_gates()
-    out += [f"| [`{g.name}`](#{g.name}) | {'yes' if g.tolerance_free else 'no'} | {_cell(g.summary)} |"
-            for g in gates]
+    gates = [registry.get(name) for name in registry.KNOWN_GATES]
+    out += [f"| [`{g.name}`](#{g.name}) | {'yes' if g.tolerance_free else 'no'} | {_cell(g.summary)}"
+            + (" (opt-in: not in `all`; a kernel gets it by naming it or declaring `resources:`)"
+               if g.name in registry.OPTIONAL_GATES else "") + " |" for g in gates]
     out.append("")
     sections = [(g.name, g.summary) for g in gates]
     sections += [(folder, None) for folder in sorted(set(by_folder) - {g.name for g in gates})]

@@ -38,7 +38,7 @@ from pydantic import (
 )
 
 from kgate.errors import ManifestError, Problem
-from kgate.names import BACKWARD_SUFFIX, GATE_NAMES
+from kgate.names import BACKWARD_SUFFIX, GATE_NAMES, KNOWN_GATES, OPTIONAL_GATES
 from kgate.sandbox import allowed_env, kgate_command  # kgate_command: the very command the workers start with
 
 SUPPORTED_VERSIONS = (1,)
@@ -194,6 +194,17 @@ class Tolerance(_Strict):
     atol: float = Field(0.0, ge=0, description="absolute floor added to the bound")
 
 
+class Resources(_Strict):
+    """A budget for each compiled GPU kernel of a kernel, judged by the `resources` gate (opt-in: declaring a
+    budget adds the gate). Figures come from Triton's compiled kernels and from `cuobjdump` of CUDA
+    extensions, so the gate is skipped on the CPU and under Triton's interpreter."""
+
+    max_registers: int | None = Field(None, ge=0, le=65536, description="registers per thread")
+    spills: int | None = Field(None, ge=0, le=2**31,
+                               description="bytes of local memory per thread (where registers spill); 0: no spills")
+    max_shared: int | None = Field(None, ge=0, le=2**31, description="bytes of shared memory per block")
+
+
 class GateSelection(_Strict):
     include: list[str] | None = Field(None, description="gates to run (default: all)")
     exclude: list[str] = Field(default_factory=list, description="gates not to run")
@@ -225,6 +236,7 @@ class Defaults(_Strict):
     seeds: list[Seed] = Field(default_factory=lambda: [0, 1], min_length=1)
     tolerance: Tolerance = Field(default_factory=Tolerance)
     limits: Limits = Field(default_factory=Limits)
+    resources: Resources | None = Field(None, description="a resource budget for every kernel (see Resources)")
 
 
 class KernelEntry(_Strict):
@@ -255,6 +267,9 @@ class KernelEntry(_Strict):
     tolerance: Tolerance | None = None
     device: Device | None = None
     limits: Limits | None = None
+    resources: Resources | None = Field(
+        None, description="registers, spills and shared memory each compiled GPU kernel may use; adds the "
+        "`resources` gate (see Resources)")
     files: list[str] = Field(default_factory=list, description=(
         "globs of more files whose change gates this kernel (the pre-commit hook, kgate run --changed, the "
         "Action's changed-only), relative to the manifest's folder; ../ reaches outside it"))
@@ -365,10 +380,22 @@ class ResolvedKernel:
         self.tolerance = entry.tolerance or defaults.tolerance
         self.device = entry.device or defaults.device
         self.limits = entry.limits or defaults.limits
+        self.resources = entry.resources or defaults.resources
         self.line = manifest.line_of(("kernels", index))
 
     def selected_gates(self, all_names: list[str]) -> list[str]:
-        return _selected(self.gate_spec, all_names)
+        """The gates of `all_names` (the twelve: `all`) that `gates:` selects, then each opt-in gate that
+        `gates:` names or, for `resources`, that a declared budget asks for (unless `gates:` excludes it)."""
+        spec = self.gate_spec
+        chosen = _selected(spec, all_names)
+        named = _names(spec, include_only=True)
+        # a list or an `include:` chooses exactly; `all` or an `exclude:` alone leaves room for a budget's gate
+        open_ended = spec == "all" or isinstance(spec, GateSelection) and spec.include is None
+        for gate in OPTIONAL_GATES:
+            asked = gate == "resources" and self.resources is not None and open_ended
+            if gate not in chosen and (gate in named or asked and gate not in _names(spec)):
+                chosen.append(gate)
+        return chosen
 
     def import_path(self, role: str) -> list[str]:
         """The sys.path the worker imports the module of `role` (kernel, reference or inputs) with: its
@@ -422,6 +449,15 @@ class ResolvedKernel:
         if path is None or not path.exists():
             return None, None
         return str(path), _definition_line(path, self.kernel.attr)
+
+
+def _names(spec: Any, include_only: bool = False) -> list[str]:
+    """The gate names a `gates:` setting lists (with `include_only`, those it selects by name)."""
+    if spec == "all" or spec is None:
+        return []
+    if isinstance(spec, list):
+        return list(spec)
+    return list(spec.include or []) + ([] if include_only else list(spec.exclude))
 
 
 def _selected(spec: Any, all_names: list[str]) -> list[str]:
@@ -916,13 +952,12 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
     def gate_problems(spec: Any, loc: tuple) -> None:
         if spec == "all" or spec is None:
             return
-        names = spec if isinstance(spec, list) else (spec.include or []) + list(spec.exclude)
-        unknown = [name for name in names if name not in GATE_NAMES]
+        unknown = [name for name in _names(spec) if name not in KNOWN_GATES]
         line, col = at(loc)
         for name in unknown:
             problems.append(Problem(file, line, col, _dotted(loc), f"unknown gate {_show(name)}",
-                                    _suggest(name, GATE_NAMES) or "`kgate gates` lists the gates"))
-        if not unknown and not _selected(spec, GATE_NAMES):  # a pass with nothing judged would read as a pass
+                                    _suggest(name, KNOWN_GATES) or "`kgate gates` lists the gates"))
+        if not unknown and not _selected(spec, KNOWN_GATES):  # a pass with nothing judged would read as a pass
             problems.append(Problem(file, line, col, _dotted(loc), "selects no gate",
                                     "name at least one gate (`kgate gates` lists them), or leave `gates` out for all"))
 
@@ -944,11 +979,12 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
                                             f"indices count from 0: 0 to {len(entry.inputs) - 1} here"))
         for gate in entry.expect or {}:  # gate ids: a gate name, or NAME[backward] with `backward: true`
             base, backward_id = gate.removesuffix(BACKWARD_SUFFIX), gate.endswith(BACKWARD_SUFFIX)
-            if base in GATE_NAMES and (entry.backward or not backward_id):
+            if base in KNOWN_GATES and (not backward_id or entry.backward and base in GATE_NAMES):
                 continue
             line, col = at(("kernels", i, "expect", gate))
             hint = ("add `backward: true` or drop the [backward] id" if base in GATE_NAMES
-                    else _suggest(base, GATE_NAMES) or "`kgate gates` lists the gates")
+                    else f"{base} has no gradients' phase: drop the [backward] id" if base in KNOWN_GATES
+                    else _suggest(base, KNOWN_GATES) or "`kgate gates` lists the gates")
             problems.append(Problem(file, line, col, f"kernels[{i}].expect", f"unknown gate id {gate!r}", hint))
         if not check_files:
             continue

@@ -14,6 +14,11 @@ GATE_NAMES: list[str] = [
     "input_integrity", "initialization", "bounds", "isolation",
 ]
 
+# Gates a kernel gets only when asked: by name (`gates:`, `--gate`) or, for `resources`, by declaring a
+# budget (`resources:` in the manifest). `all` is GATE_NAMES. They have no gradients' phase.
+OPTIONAL_GATES: list[str] = ["resources"]
+KNOWN_GATES: list[str] = GATE_NAMES + OPTIONAL_GATES
+
 # A gate's result on the gradients (`backward: true`) has the gate's name plus this suffix.
 BACKWARD_SUFFIX = "[backward]"
 
@@ -29,7 +34,7 @@ def is_backward(gate_id: str) -> bool:
 
 def phase_ids(names: list[str], backward: bool) -> list[str]:
     """The gate ids a kernel gets: its gates, then (backward: true) the same gates on the gradients."""
-    return list(names) + ([n + BACKWARD_SUFFIX for n in names] if backward else [])
+    return list(names) + ([n + BACKWARD_SUFFIX for n in names if n not in OPTIONAL_GATES] if backward else [])
 
 
 def parse_option(values: list[str], phases: bool = True) -> list[str]:
@@ -37,7 +42,7 @@ def parse_option(values: list[str], phases: bool = True) -> list[str]:
     phases; with `phases`, NAME[backward] selects the gradients' phase alone (`Runner.gates_for`)."""
     chosen = [v.strip() for value in values for v in value.split(",") if v.strip()]
     for g in chosen:
-        if (base_name(g) if phases else g) not in GATE_NAMES:
-            known = ", ".join(GATE_NAMES) + (f" (NAME{BACKWARD_SUFFIX}: the gradients' phase alone)" if phases else "")
+        if (base_name(g) if phases else g) not in KNOWN_GATES:
+            known = ", ".join(KNOWN_GATES) + (f" (NAME{BACKWARD_SUFFIX}: the gradients' phase alone)" if phases else "")
             raise UsageError(f"--gate {g}: unknown gate; known: {known}")
     return chosen

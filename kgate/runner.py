@@ -193,7 +193,7 @@ class Runner:
         backward = kernel.entry.backward
         selected = registry.phase_ids(kernel.selected_gates(registry.GATE_NAMES), backward)
         if self.options.gates:
-            selected = [g for g in registry.phase_ids(registry.GATE_NAMES, backward)
+            selected = [g for g in registry.phase_ids(registry.KNOWN_GATES, backward)
                         if g in self.options.gates or registry.base_name(g) in self.options.gates]
         return selected
 

@@ -1,5 +1,5 @@
 """The pre-commit hook: mapping changed files to manifest entries, `kgate hook`'s quick profile, the
-hooks manifest, and `pre-commit try-repo` of a committed snapshot of this tree from a temporary
+hooks manifest, and `pre-commit run` with a committed snapshot of this tree as the hook repository, in a temporary
 kernel repository."""
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def test_hooks_manifest_is_valid():
 
 
 # --------------------------------------------------------------------------------------------------
-# pre-commit try-repo, for real.
+# pre-commit, for real: the hook installed from a repository and run on a commit.
 
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -236,9 +236,9 @@ def _pip_env(tmp: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def pre_commit(tmp_path_factory):
-    """Runs `pre-commit ARGS` in a kernel repository against a committed snapshot of this tree.
-    try-repo installs the hook's environment (kgate and torch) into a fresh store on every call, so
-    only the first case uses it; the others go through a config naming the snapshot, with one store."""
+    """Runs `pre-commit ARGS` in a kernel repository whose .pre-commit-config.yaml names a committed snapshot
+    of this tree, as a user's config names kgate's repository. Every case shares one store, so the hook's
+    environment (kgate and torch) is installed once, by the first case, as pre-commit does for a user."""
     base = tmp_path_factory.mktemp("pre-commit")
     snapshot = _snapshot_of_this_tree(base / "kgate-snapshot")
     rev = _git(snapshot, "rev-parse", "HEAD").stdout.strip()
@@ -246,27 +246,24 @@ def pre_commit(tmp_path_factory):
     env.pop("PRE_COMMIT", None)
 
     def run(repo: Path, *args: str) -> subprocess.CompletedProcess:
-        if args[0] == "try-repo":
-            args = ("try-repo", str(snapshot), *args[1:])
-        else:
-            (repo / ".pre-commit-config.yaml").write_text(textwrap.dedent(f"""\
-                repos:
-                  - repo: {snapshot}
-                    rev: {rev}
-                    hooks:
-                      - id: kgate
-                """))
+        (repo / ".pre-commit-config.yaml").write_text(textwrap.dedent(f"""\
+            repos:
+              - repo: {snapshot}
+                rev: {rev}
+                hooks:
+                  - id: kgate
+            """))
         return subprocess.run([PRE_COMMIT, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=900)
 
     return run
 
 
 @pytest.mark.slow
-def test_pre_commit_try_repo_fails_on_a_broken_kernel_naming_the_gate(pre_commit, tmp_path):
+def test_pre_commit_fails_on_a_broken_kernel_naming_the_gate(pre_commit, tmp_path):
     repo = _kernel_repo(tmp_path / "kernels-repo")
     _git(repo, "init", "-q", "-b", "main")
     _git(repo, "add", "-A")
-    proc = pre_commit(repo, "try-repo", "kgate", "--verbose")  # on the staged files
+    proc = pre_commit(repo, "run", "kgate", "--verbose")  # on the staged files
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "kgate (quick gates on the changed kernels)" in out and "Failed" in out

@@ -158,7 +158,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _gates(values: list[str]) -> list[str]:
     chosen = registry.parse_option(values, phases=False)  # a KernelBench candidate has no backward phase
-    return [g for g in registry.GATE_NAMES if g in chosen] if chosen else list(registry.GATE_NAMES)
+    return [g for g in registry.KNOWN_GATES if g in chosen] if chosen else list(registry.GATE_NAMES)
 
 
 def _dtypes(value: str) -> list[str]:

@@ -7,14 +7,16 @@ import ast
 import importlib.util
 from typing import Any
 
-from kgate.names import GATE_NAMES
+from kgate.names import GATE_NAMES, OPTIONAL_GATES
 
 _FIELDS = ("name", "tolerance_free", "summary")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gates", help="list the gates", description="List every gate: name, whether its verdict "
-                       "depends on a tolerance, and the property it checks.")
+                       "depends on a tolerance, and the property it checks. The twelve of `all` first, then the "
+                       "opt-in ones, which a kernel gets only when its manifest names them or, for resources, "
+                       "declares a budget (`resources:`).")
     p.set_defaults(func=main)
 
 
@@ -53,7 +55,8 @@ def main(args: argparse.Namespace) -> int:
     table.add_column("gate", no_wrap=True)
     table.add_column("tolerance-free", justify="center")
     table.add_column("property")
-    for name, tolerance_free, summary in map(describe, GATE_NAMES):
-        table.add_row(name, "yes" if tolerance_free else "no", summary)
+    for name, tolerance_free, summary in map(describe, GATE_NAMES + OPTIONAL_GATES):
+        opt_in = " (opt-in: not in `all`)" if name in OPTIONAL_GATES else ""
+        table.add_row(name, "yes" if tolerance_free else "no", summary + opt_in)
     Console(highlight=False).print(table)
     return 0

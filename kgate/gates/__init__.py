@@ -5,10 +5,19 @@ from __future__ import annotations
 import importlib
 
 from kgate.gates.base import ERROR, FAIL, PASS, SKIP, Gate, GateResult
-from kgate.names import BACKWARD_SUFFIX, GATE_NAMES, base_name, is_backward, parse_option, phase_ids
+from kgate.names import (
+    BACKWARD_SUFFIX,
+    GATE_NAMES,
+    KNOWN_GATES,
+    OPTIONAL_GATES,
+    base_name,
+    is_backward,
+    parse_option,
+    phase_ids,
+)
 
 # name -> module under kgate.gates; each module defines exactly one Gate subclass named GATE.
-_MODULES = {name: name for name in GATE_NAMES}
+_MODULES = {name: name for name in KNOWN_GATES}
 _cache: dict[str, Gate] = {}
 
 
@@ -25,5 +34,5 @@ def all_gates() -> list[Gate]:
     return [get(n) for n in GATE_NAMES]
 
 
-__all__ = ["BACKWARD_SUFFIX", "ERROR", "FAIL", "GATE_NAMES", "PASS", "SKIP", "Gate", "GateResult", "all_gates",
+__all__ = ["BACKWARD_SUFFIX", "ERROR", "FAIL", "GATE_NAMES", "KNOWN_GATES", "OPTIONAL_GATES", "PASS", "SKIP", "Gate", "GateResult", "all_gates",
            "base_name", "get", "is_backward", "parse_option", "phase_ids"]

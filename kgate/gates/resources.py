@@ -4,7 +4,8 @@ Registers per thread, local memory per thread (where register spills go) and sha
 decide how many blocks a GPU keeps resident and whether a kernel spills to slow memory; a change that
 doubles a kernel's registers passes every numeric gate. This gate reads them for every compiled kernel
 the kernel's code holds, reports them per kernel, and fails the ones over the budget the manifest
-declares (`resources: {max_registers: 128, spills: 0, max_shared: 49152}`):
+declares (`resources: {max_registers: 128, spills: 0, max_shared: 49152}`). Opt-in: not part of `all`;
+a kernel gets it by declaring a budget, or by naming it (`gates:`, `--gate resources`). Read from
 
 - Triton: the compiled kernels in the caches of each `triton.jit` function the kernel's module holds
   (autotuned and heuristics wrappers too): `n_regs`, `n_spills` (32-bit words of local memory per
@@ -260,12 +261,15 @@ def judge(kernels: list[KernelResources], budget: Budget) -> list[tuple[KernelRe
 
 
 def budget_of(subject: Subject) -> Budget:
-    """The budget a kernel declares: its manifest entry's `resources:` mapping, or a `Budget` set on the
-    subject as `resource_budget`; none where neither is."""
+    """The budget a kernel declares: a `Budget` set on the subject as `resource_budget`, else its manifest's
+    `resources:` (the entry's, else the defaults'); none where neither is (an audit's pair)."""
     given = getattr(subject, "resource_budget", None)
     if isinstance(given, Budget):
         return given
-    return Budget.from_mapping(getattr(subject.entry.entry, "resources", None))
+    declared = getattr(subject.entry, "resources", None)
+    if declared is None:
+        return Budget()
+    return Budget.from_mapping(declared.model_dump() if hasattr(declared, "model_dump") else dict(declared))
 
 
 class ResourcesGate(Gate):
