@@ -297,6 +297,14 @@ class Defaults(_Strict):
     limits: Limits = Field(default_factory=Limits)
 
 
+# keys of an entry that `defaults` does not take, and why
+_PER_KERNEL = {
+    "kwargs": "kwargs are set per kernel: they are parameters of one op (a cross-entropy's ignore_index), which "
+              "other kernels do not take; share them between entries with an anchor (`x-ce: &ce {ignore_index: "
+              "-100}` at the top, `kwargs: *ce` in each entry)",
+}
+
+
 class KernelEntry(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$", max_length=MAX_NAME,
                       description="unique name, used by -k and in reports")
@@ -896,7 +904,9 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict, data: Any) 
             owner = _owner(item)
             word = str(loc[-1])
             message = f"unknown key {word!r}"
-            if owner is not None:
+            if owner is Defaults and word in _PER_KERNEL:
+                hint = _PER_KERNEL[word]
+            elif owner is not None:
                 hint = _suggest(word, list(owner.model_fields)) or (
                     "valid keys here: " + ", ".join(owner.model_fields))
         elif kind == "missing":
@@ -970,6 +980,20 @@ def load(path: str | Path | None = None, *, check_files: bool = True) -> LoadedM
     return loaded
 
 
+# text YAML reads as a string where a number was meant: 1e-5 (YAML 1.1 needs 1.0e-5), inf, nan
+_READ_AS_TEXT = re.compile(r"^[-+]?(\d+[eE][-+]?\d+|inf(inity)?|nan)$", re.IGNORECASE)
+
+
+def _yaml_number(text: str) -> str:
+    """How to write the number `text` (one _READ_AS_TEXT matches) so that YAML reads a number."""
+    number = float(text)
+    if math.isnan(number):
+        return ".nan"
+    if math.isinf(number):
+        return "-.inf" if number < 0 else ".inf"
+    return re.sub(r"^([-+]?\d+)([eE])", r"\1.0\2", text)
+
+
 def _extension(key: Any) -> bool:
     return isinstance(key, str) and key.startswith("x-")
 
@@ -1020,6 +1044,16 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
                     problems.append(Problem(file, line, col, f"kernels[{i}].inplace",
                                             f"argument {index} is not one of the {len(entry.inputs)} declared inputs",
                                             f"indices count from 0: 0 to {len(entry.inputs) - 1} here"))
+        for name, value in entry.kwargs.items():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, str) and _READ_AS_TEXT.match(item):
+                    line, col = at(("kernels", i, "kwargs", name))
+                    number = _yaml_number(item)
+                    problems.append(Problem(file, line, col, f"kernels[{i}].kwargs.{name}",
+                                            f"keyword argument {name!r}: {item!r} is read as text, not a number "
+                                            "(YAML 1.1 reads a number with an exponent only with a '.', and "
+                                            "infinities and NaN only as .inf and .nan)",
+                                            f"write {number}"))
         for gate in entry.expect or {}:  # gate ids: a gate name, or NAME[backward] with `backward: true`
             base, backward_id = gate.removesuffix(BACKWARD_SUFFIX), gate.endswith(BACKWARD_SUFFIX)
             if base in GATE_NAMES and (entry.backward or not backward_id):
