@@ -349,3 +349,17 @@ def test_bind_refuses_a_name_the_signature_does_not_take():
     with pytest.raises(LoadError, match="takes no keyword argument 'eps'"):
         bind(_Scaled(), {"eps": 1e-6}, "the reference")
     assert bind(print, {"sep": ""}, "the kernel")  # no signature to read: its own call says
+
+
+def test_the_sanitizers_subprocess_calls_the_kernel_with_the_kwargs(write_manifest, capsys):
+    """kgate.gates.bounds runs the kernel once more in a process of its own (under compute-sanitizer): it
+    imports the kernel as the worker does, so the kwargs come with it."""
+    from kgate.gates import bounds as bounds_module
+
+    kernel = "def kern(x, *, scale):\n    print('kernel ran with scale', scale)\n    return x * scale\n"
+    path = write_manifest(BASE.replace("k.py:ref", "k.py:kern") + "    kwargs: {scale: 3}\n", {"k.py": kernel})
+    job = path.parent / "job.json"
+    job.write_text(json.dumps({"manifest": str(path), "kernel": "scaled", "device": "cpu",
+                               "case": {"shape": None, "dtype": "float32", "seed": 0}}))
+    assert bounds_module._sanitize_main(str(job)) == 0
+    assert "kernel ran with scale 3" in capsys.readouterr().out
