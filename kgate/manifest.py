@@ -1268,13 +1268,17 @@ def _kwargs_problems(ref: Ref, role: str, kernel: ResolvedKernel) -> list[tuple[
 
 
 def _bound_names(node: ast.stmt) -> set[str]:
-    """Top-level names a statement other than a def or class binds (assignments, imports)."""
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return {alias.asname or alias.name.split(".")[0] for alias in node.names}
-    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
-    return set()
+    """Names a top-level statement other than a def or class may bind: assigned or imported anywhere in it
+    (`if ...: kern = torch.compile(kern)` counts)."""
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in sub.names)
+        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            names.add(sub.id)
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub is not node:
+            names.add(sub.name)
+    return names
 
 
 def _module_classes(tree: ast.Module) -> set[str]:

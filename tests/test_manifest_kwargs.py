@@ -304,6 +304,13 @@ def test_positional_only_parameters_cannot_be_given_by_keyword(write_manifest):
     assert p.key == "kernels[0].kwargs.scale" and "takes 'scale' by position only" in p.message, p.format()
 
 
+def test_a_def_rebound_later_is_left_to_the_worker(write_manifest):
+    """`kern = some_wrapper(kern)` (even inside an `if`) may change the signature: the manifest cannot read it."""
+    for rebind in ("kern = wrap(kern)\n", "if True:\n    kern = wrap(kern)\n", "from elsewhere import kern\n"):
+        text = BASE.replace("k.py:ref", "k.py:kern") + "    kwargs: {scael: 2.0}\n"
+        assert load(write_manifest(text, {"k.py": KERN_PY + rebind})).kernels[0].kwargs == {"scael": 2.0}
+
+
 def test_good_kwargs_resolve_with_their_python_types(write_manifest):
     extra = "    kwargs: {scale: 2, bias: .inf, mode: sum, flag: true, none: null, sizes: [1, 2.5, .nan]}\n"
     text = BASE.replace("k.py:kern", "k.py:ref") + extra
