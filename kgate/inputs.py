@@ -20,10 +20,13 @@ from kgate.compare import map_tensors
 from kgate.manifest import ArgSpec
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+# the dtypes a declarative argument may also have (kgate.manifest.INTEGER_DTYPES): made in their own dtype
+ARGUMENT_DTYPES = {**DTYPES, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32,
+                   "int64": torch.int64, "uint8": torch.uint8, "bool": torch.bool}
 
 
 def dtype_of(name: str) -> torch.dtype:
-    return DTYPES[name]
+    return ARGUMENT_DTYPES[name]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -103,5 +106,8 @@ class InputFactory:
             if shape is None:
                 raise InputError(f"argument {i} has no shape: give it `shape:` or give the kernel `shapes:`")
             arg_dtype = dtype_of(spec.dtype) if spec.dtype else dtype
-            args.append(make_tensor(tuple(shape), dtype=arg_dtype, device=device, low=spec.low, high=spec.high))
+            low, high = spec.low, spec.high
+            if not arg_dtype.is_floating_point:  # whole numbers (the manifest checked), as make_tensor takes them
+                low, high = (None if v is None else int(v) for v in (low, high))
+            args.append(make_tensor(tuple(shape), dtype=arg_dtype, device=device, low=low, high=high))
         return tuple(args)

@@ -3,13 +3,19 @@
 A file reference is loaded as a fresh module for each role (kernel, reference, inputs), so a kernel
 that rewrites its own module's globals cannot reach the copy the reference runs from, even when both
 live in the same file.
+
+The manifest's `kwargs:` are bound here, once, to the kernel and the reference as they are imported
+(`bind`): every caller (the gates through `kgate.subject.Subject`, the float64 oracle, the backward pass,
+the compute-sanitizer's subprocess) calls them with the inputs only and gets the keyword arguments too.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from typing import Any
@@ -68,7 +74,50 @@ def resolve(ref: Ref, role: str, base: Path) -> Any:
         # that names nothing; the manifest's check sees the classes its file defines, not imported ones
         raise LoadError(f"{ref.text} is the nn.Module class {obj.__name__!r}; the {role} must be an instance "
                         f"(make one in the file, `{obj.__name__.lower()} = {obj.__name__}(...)`, and name it)")
-    return obj
+    return bind(obj, ref.kwargs, f"the {role} {ref.text}") if ref.kwargs else obj
+
+
+def bind(fn: Any, kwargs: dict[str, Any], what: str) -> Any:
+    """`fn` called with `kwargs` added to every call. An `nn.Module` stays itself (the oracle converts a
+    module reference to float64, the backward pass and the parameter probes read its parameters): a
+    forward pre-hook adds them, and copies of the module (`copy.deepcopy`) keep it. Any other callable
+    becomes a `functools.partial` that looks like it (name, module, `__wrapped__`), so what finds a
+    kernel's compiled code or module through it still does. Raises LoadError where the signature shows
+    that `fn` takes some name by no keyword."""
+    _check_accepts(fn, kwargs, what)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        bound = dict(kwargs)
+
+        def add_kwargs(_module: Any, args: tuple, given: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+            return args, {**bound, **given}
+
+        fn.register_forward_pre_hook(add_kwargs, with_kwargs=True)
+        return fn
+    partial = functools.partial(fn, **kwargs)
+    try:
+        functools.update_wrapper(partial, fn)
+    except (AttributeError, TypeError):  # a callable without a __dict__ to copy: the partial as it is
+        pass
+    return partial
+
+
+def _check_accepts(fn: Any, kwargs: dict[str, Any], what: str) -> None:
+    torch = sys.modules.get("torch")
+    target = fn.forward if torch is not None and isinstance(fn, torch.nn.Module) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a builtin or an extension's function: its own call says
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    by_keyword = {p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                       inspect.Parameter.KEYWORD_ONLY)}
+    missing = [name for name in kwargs if name not in by_keyword]
+    if missing:
+        raise LoadError(f"{what} takes no keyword argument {missing[0]!r} (kwargs: in the manifest passes "
+                        f"{', '.join(map(repr, kwargs))} to both the kernel and the reference); it takes "
+                        f"{', '.join(sorted(by_keyword)) or 'none'} by keyword")
 
 
 def _is_module_class(cls: type) -> bool:

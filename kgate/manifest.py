@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib.machinery
 import json
+import keyword
 import math
 import os
 import re
@@ -32,9 +33,13 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from kgate.errors import ManifestError, Problem
@@ -55,6 +60,16 @@ DTYPE_ALIASES = {
     "fp64": "float64", "double": "float64", "f64": "float64",
 }
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+# Declarative arguments may also be integer or boolean tensors (indices, labels, masks): made in their own
+# dtype whatever floating-point dtype is swept. Each: the values `low`/`high` may take (high exclusive).
+INTEGER_DTYPES: dict[str, tuple[int, int] | None] = {
+    "int8": (-2**7, 2**7), "int16": (-2**15, 2**15), "int32": (-2**31, 2**31), "int64": (-2**63, 2**63),
+    "uint8": (0, 2**8), "bool": None,
+}
+INTEGER_DTYPE_ALIASES = {"long": "int64", "short": "int16", "byte": "uint8", "i8": "int8", "i16": "int16",
+                         "i32": "int32", "i64": "int64", "u8": "uint8"}
+# torch.testing.make_tensor's range for an integer dtype when `low` / `high` are not given
+DEFAULT_INTEGER_RANGE = (-9, 10)
 VERDICTS = ("pass", "fail", "error", "skip")
 _DEVICE_RE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 MIN_MEMORY = 64 * 2**20  # below this no worker starts (the Python interpreter and torch alone take more)
@@ -81,27 +96,33 @@ _INTEGER_DTYPE_RE = re.compile(r"^(torch\.)?(u?int\d*|bool|long|short|byte|char)
 
 
 def _unsupported_dtype(value: str, *, declarative: bool) -> InvalidValue:
+    integers = ", ".join(INTEGER_DTYPES)
     if _INTEGER_DTYPE_RE.match(value):
         if declarative:
             return InvalidValue(
-                f"integer dtype {value!r}: declarative arguments are made in floating-point dtypes only "
-                f"({_DTYPE_LIST})",
-                "make integer arguments (indices, masks, lengths) in an inputs factory "
-                "(`inputs: file.py:make_inputs`); kgate passes integer tensors through unchanged")
+                f"integer dtype {value!r}: declarative arguments are made in {_DTYPE_LIST} or {integers}",
+                f"write one of {integers} (aliases: {', '.join(INTEGER_DTYPE_ALIASES)}); other integer tensors "
+                "come from an inputs factory (`inputs: file.py:make_inputs`), which kgate passes through unchanged")
         return InvalidValue(
             f"integer dtype {value!r} cannot be swept: `dtypes` are the floating-point precisions a kernel is "
             f"judged in ({_DTYPE_LIST})",
             "kgate casts the floating-point inputs to each one and scales the oracle bound by its eps; integer "
-            "tensors (indices, masks) come from an inputs factory and pass through unchanged, and integer "
+            "tensors (indices, masks) are declarative arguments with their own dtype (`{shape: [8], dtype: "
+            "int64, low: 0, high: 4}`) or come from an inputs factory, and pass through unchanged; integer "
             "outputs are compared exactly")
-    options = list(DTYPES) + list(DTYPE_ALIASES)
-    return InvalidValue(f"unsupported dtype {value!r}: kgate judges {_DTYPE_LIST}",
+    options = list(DTYPES) + list(DTYPE_ALIASES) + (list(INTEGER_DTYPES) if declarative else [])
+    return InvalidValue(f"unsupported dtype {value!r}: kgate judges {_DTYPE_LIST}"
+                        + (f"; declarative arguments may also be {integers}" if declarative else ""),
                         _suggest(value, options) or "aliases: " + ", ".join(DTYPE_ALIASES))
 
 
 def _dtype(value: Any, *, declarative: bool = False) -> Any:
     if isinstance(value, str):
         value = DTYPE_ALIASES.get(value.lower(), value)
+        if declarative:
+            value = INTEGER_DTYPE_ALIASES.get(value.lower(), value)
+            if value.lower() in INTEGER_DTYPES:
+                return value.lower()
         if value not in DTYPES:
             raise _unsupported_dtype(value, declarative=declarative)
     return value
@@ -147,7 +168,8 @@ def _device(value: Any) -> Any:
 
 
 DType = Annotated[Literal["float16", "bfloat16", "float32", "float64"], BeforeValidator(_dtype)]
-ArgumentDType = Annotated[Literal["float16", "bfloat16", "float32", "float64"], BeforeValidator(_argument_dtype)]
+ArgumentDType = Annotated[Literal["float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+                                  "uint8", "bool"], BeforeValidator(_argument_dtype)]
 Device = Annotated[str, BeforeValidator(_device)]
 Memory = Annotated[int, BeforeValidator(parse_memory)]
 
@@ -214,14 +236,62 @@ GateSpec = Literal["all"] | list[str] | GateSelection
 
 
 class ArgSpec(_Strict):
-    """A declarative input: one positional argument made by torch.testing.make_tensor."""
+    """A declarative input: one positional argument made by torch.testing.make_tensor. Floating-point
+    arguments are made in the dtype being swept (or their own `dtype`); integer and bool arguments
+    (indices, labels, masks) in their own dtype at every case: the gates that change floating-point values
+    leave them alone, and the distributions gate probes integer tensors with repeated and equal values."""
 
     shape: Shape | None = Field(None, description="shape; omitted = the shape being swept")
-    dtype: ArgumentDType | None = Field(None, description="dtype; omitted = the dtype being swept")
-    low: float | None = None
-    high: float | None = None
+    dtype: ArgumentDType | None = Field(
+        None, description="dtype; omitted = the dtype being swept. int8, int16, int32, int64, uint8 and bool make "
+        "a tensor of that dtype at every case (not swept)")
+    low: int | float | None = Field(
+        None, description="least value (inclusive); integer dtypes: a whole number, default -9 (uint8: 0)")
+    high: int | float | None = Field(
+        None, description="greatest value (exclusive); integer dtypes: a whole number, default 10")
     value: Annotated[float, Field(allow_inf_nan=True)] | int | bool | None = Field(
         None, description="a Python scalar argument instead of a tensor (inf and nan allowed)")
+
+    @model_validator(mode="after")
+    def _integer_range(self) -> ArgSpec:
+        if self.value is not None or self.dtype not in INTEGER_DTYPES:
+            return self
+        limits = INTEGER_DTYPES[self.dtype]
+        given = {key: getattr(self, key) for key in ("low", "high") if getattr(self, key) is not None}
+        if limits is None:
+            if given:
+                raise InvalidValue(f"a bool argument takes no {' or '.join(given)}: its values are True and False",
+                                   "leave out low and high (make_tensor draws both values)")
+            return self
+        for key, bound in given.items():
+            if isinstance(bound, float) and not bound.is_integer():
+                raise InvalidValue(f"{key} {_show(bound)} of an argument of dtype {self.dtype} is not a whole number",
+                                   f"write {key}: {math.floor(bound) if key == 'low' else math.ceil(bound)}")
+            if not limits[0] <= bound <= limits[1]:
+                raise InvalidValue(f"{key} {_show(bound)} is outside what {self.dtype} holds "
+                                   f"({limits[0]} to {limits[1] - 1})",
+                                   "choose a wider dtype or a narrower range")
+        low = int(given.get("low", max(DEFAULT_INTEGER_RANGE[0], limits[0])))
+        high = int(given.get("high", DEFAULT_INTEGER_RANGE[1]))
+        if low >= high:
+            raise InvalidValue(f"empty range: low {low} >= high {high} for an argument of dtype {self.dtype} (values "
+                               "are drawn from low to high, high excluded)",
+                               f"give both, with low < high (unset: low {max(DEFAULT_INTEGER_RANGE[0], limits[0])},"
+                               f" high {DEFAULT_INTEGER_RANGE[1]})")
+        return self
+
+
+def _check_kwarg_name(name: str) -> str:
+    if not name.isidentifier() or keyword.iskeyword(name):
+        why = "a Python keyword" if keyword.iskeyword(name) else "not a Python identifier"
+        raise InvalidValue(f"keyword argument name {_show(name)} is {why}",
+                           "kwargs are passed as name=value to the kernel and the reference: use the name of a "
+                           "parameter of both, e.g. ignore_index")
+    return name
+
+
+KwargScalar = Annotated[float, Field(allow_inf_nan=True)] | StrictBool | StrictInt | StrictStr | None
+KwargName = Annotated[str, AfterValidator(_check_kwarg_name)]
 
 
 class Limits(_Strict):
@@ -239,6 +309,14 @@ class Defaults(_Strict):
     resources: Resources | None = Field(None, description="a resource budget for every kernel (see Resources)")
 
 
+# keys of an entry that `defaults` does not take, and why
+_PER_KERNEL = {
+    "kwargs": "kwargs are set per kernel: they are parameters of one op (a cross-entropy's ignore_index), which "
+              "other kernels do not take; share them between entries with an anchor (`x-ce: &ce {ignore_index: "
+              "-100}` at the top, `kwargs: *ce` in each entry)",
+}
+
+
 class KernelEntry(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-/]+$", max_length=MAX_NAME,
                       description="unique name, used by -k and in reports")
@@ -247,6 +325,11 @@ class KernelEntry(_Strict):
     inputs: str | list[ArgSpec] | None = Field(
         None, description="factory 'file.py:make_inputs' (called as make_inputs(seed, shape=, dtype=, device=)) "
         "or a list of declarative argument specs")
+    kwargs: dict[KwargName, KwargScalar | list[KwargScalar]] = Field(
+        default_factory=dict, description="keyword arguments passed to both the kernel and the reference (so the "
+        "float64 oracle) on every call, by every gate: name -> a number (.inf, -.inf and .nan allowed), integer, "
+        "true/false, string, null or a list of those, e.g. {ignore_index: -100, reduction: sum}; a name must be "
+        "a parameter both accept by keyword and not one the declarative inputs fill by position")
     shapes: list[Shape] | None = Field(None, description="shapes passed to the inputs factory")
     dtypes: list[DType] | None = Field(None, min_length=1)
     gates: GateSpec | None = None
@@ -344,10 +427,12 @@ def json_schema() -> dict[str, Any]:
 
 
 class Ref:
-    """A parsed 'target:attr' reference, resolved against the manifest's folder."""
+    """A parsed 'target:attr' reference, resolved against the manifest's folder, with the keyword arguments
+    (`kwargs:`) bound to every call of what it names (kgate.loading binds them when it imports it)."""
 
-    def __init__(self, text: str, base: Path):
+    def __init__(self, text: str, base: Path, kwargs: dict[str, Any] | None = None):
         self.text = text
+        self.kwargs = dict(kwargs or {})
         target, _, self.attr = text.rpartition(":")
         self.is_file = target.endswith(".py") or "/" in target or "\\" in target
         self.path: Path | None = (base / target).resolve() if self.is_file else None
@@ -369,8 +454,9 @@ class ResolvedKernel:
         self.manifest = manifest
         self.name = entry.name
         base = manifest.base
-        self.kernel = Ref(entry.kernel, base)
-        self.reference = Ref(entry.reference, base)
+        self.kwargs = dict(entry.kwargs)
+        self.kernel = Ref(entry.kernel, base, self.kwargs)
+        self.reference = Ref(entry.reference, base, self.kwargs)
         self.inputs: Ref | list[ArgSpec] | None = (
             Ref(entry.inputs, base) if isinstance(entry.inputs, str) else entry.inputs)
         self.shapes = [tuple(s) for s in entry.shapes] if entry.shapes else [None]
@@ -854,7 +940,9 @@ def _pydantic_problems(exc: ValidationError, file: str, marks: dict, data: Any) 
             owner = _owner(item)
             word = str(loc[-1])
             message = f"unknown key {word!r}"
-            if owner is not None:
+            if owner is Defaults and word in _PER_KERNEL:
+                hint = _PER_KERNEL[word]
+            elif owner is not None:
                 hint = _suggest(word, list(owner.model_fields)) or (
                     "valid keys here: " + ", ".join(owner.model_fields))
         elif kind == "missing":
@@ -928,6 +1016,20 @@ def load(path: str | Path | None = None, *, check_files: bool = True) -> LoadedM
     return loaded
 
 
+# text YAML reads as a string where a number was meant: 1e-5 (YAML 1.1 needs 1.0e-5), inf, nan
+_READ_AS_TEXT = re.compile(r"^[-+]?(\d+[eE][-+]?\d+|inf(inity)?|nan)$", re.IGNORECASE)
+
+
+def _yaml_number(text: str) -> str:
+    """How to write the number `text` (one _READ_AS_TEXT matches) so that YAML reads a number."""
+    number = float(text)
+    if math.isnan(number):
+        return ".nan"
+    if math.isinf(number):
+        return "-.inf" if number < 0 else ".inf"
+    return re.sub(r"^([-+]?\d+)([eE])", r"\1.0\2", text)
+
+
 def _extension(key: Any) -> bool:
     return isinstance(key, str) and key.startswith("x-")
 
@@ -977,6 +1079,16 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
                     problems.append(Problem(file, line, col, f"kernels[{i}].inplace",
                                             f"argument {index} is not one of the {len(entry.inputs)} declared inputs",
                                             f"indices count from 0: 0 to {len(entry.inputs) - 1} here"))
+        for name, value in entry.kwargs.items():
+            for item in value if isinstance(value, list) else [value]:
+                if isinstance(item, str) and _READ_AS_TEXT.match(item):
+                    line, col = at(("kernels", i, "kwargs", name))
+                    number = _yaml_number(item)
+                    problems.append(Problem(file, line, col, f"kernels[{i}].kwargs.{name}",
+                                            f"keyword argument {name!r}: {item!r} is read as text, not a number "
+                                            "(YAML 1.1 reads a number with an exponent only with a '.', and "
+                                            "infinities and NaN only as .inf and .nan)",
+                                            f"write {number}"))
         for gate in entry.expect or {}:  # gate ids: a gate name, or NAME[backward] with `backward: true`
             base, backward_id = gate.removesuffix(BACKWARD_SUFFIX), gate.endswith(BACKWARD_SUFFIX)
             if base in KNOWN_GATES and (not backward_id or entry.backward and base in GATE_NAMES):
@@ -997,6 +1109,10 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
             if problem:
                 message, hint = problem
                 problems.append(Problem(file, line, col, f"kernels[{i}].{key}", message, hint))
+            elif key in ("kernel", "reference"):
+                for name, message, hint in _kwargs_problems(ref, key, kernel):
+                    line, col = at(("kernels", i, "kwargs", name))
+                    problems.append(Problem(file, line, col, f"kernels[{i}].kwargs.{name}", message, hint))
     for i, entry in enumerate(loaded.model.kernels):
         if not isinstance(entry, KernelBenchEntry) or not check_files:
             continue
@@ -1145,6 +1261,60 @@ def _check_ref(ref: Ref, role: str, kernel: ResolvedKernel) -> tuple[str, str | 
     public = sorted(n for n in names if not n.startswith("_"))
     hint = _suggest(head, public) or (f"{path.name} defines: {', '.join(public[:12])}" if public else None)
     return (f"attribute {head!r} not found in {path}", hint)
+
+
+def _kwargs_problems(ref: Ref, role: str, kernel: ResolvedKernel) -> list[tuple[str, str, str]]:
+    """(name, message, hint) for each of `kwargs` that the function `ref` names cannot take by keyword, as its
+    definition reads (a plain top-level `def` of a Python file; a decorated one, a module, a method or a
+    compiled callable is checked when the worker imports it), or that a declarative input fills by position."""
+    if not ref.kwargs or "." in ref.attr:
+        return []
+    path = ref.path if ref.is_file else kernel.ref_file(role)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8")) if path is not None and path.suffix == ".py" else None
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return []
+    binding = None
+    for node in tree.body if tree is not None else []:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == ref.attr:
+            binding = node
+        elif ref.attr in _bound_names(node):
+            binding = None
+    if not isinstance(binding, (ast.FunctionDef, ast.AsyncFunctionDef)) or binding.decorator_list:
+        return []
+    args = binding.args
+    positional = [a.arg for a in args.posonlyargs + args.args]
+    filled = len(kernel.inputs) if isinstance(kernel.inputs, list) else 0
+    found = []
+    for name in ref.kwargs:
+        where = f"{role} {ref.text}({', '.join(positional + [a.arg for a in args.kwonlyargs])})"
+        if name in [a.arg for a in args.posonlyargs]:
+            found.append((name, f"keyword argument {name!r}: the {where} takes {name!r} by position only",
+                          "give it as a declarative input in its position, or drop the '/' from the signature"))
+        elif name in positional and positional.index(name) < filled:
+            index = positional.index(name)
+            found.append((name, f"keyword argument {name!r} is also argument {index} of the {where}, which the "
+                          f"declarative input {index} fills by position: the call would get {name!r} twice",
+                          f"drop {name!r} from kwargs or input {index} from inputs"))
+        elif name not in positional + [a.arg for a in args.kwonlyargs] and args.kwarg is None:
+            found.append((name, f"the {where} takes no keyword argument {name!r}",
+                          _suggest(name, positional + [a.arg for a in args.kwonlyargs])
+                          or "kwargs go to both the kernel and the reference: both must take each name"))
+    return found
+
+
+def _bound_names(node: ast.stmt) -> set[str]:
+    """Names a top-level statement other than a def or class may bind: assigned or imported anywhere in it
+    (`if ...: kern = torch.compile(kern)` counts)."""
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.Import, ast.ImportFrom)):
+            names.update(alias.asname or alias.name.split(".")[0] for alias in sub.names)
+        elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            names.add(sub.id)
+        elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub is not node:
+            names.add(sub.name)
+    return names
 
 
 def _module_classes(tree: ast.Module) -> set[str]:

@@ -182,11 +182,14 @@ def test_integer_dtypes_say_which_dtypes_and_why(write_manifest):
     (p,) = found
     assert (p.line, p.key) == (7, "kernels[0].dtypes[1]")
     assert "integer dtype 'int32'" in p.message and "float16, bfloat16, float32, float64" in p.message
-    assert "inputs factory" in p.hint and "eps" in p.hint
-    text = GOOD.replace("    inputs: k.py:make_inputs\n", "    inputs: [{shape: [4], dtype: int64}]\n")
+    assert "inputs factory" in p.hint and "eps" in p.hint and "dtype: int64" in p.hint
+    text = GOOD.replace("    inputs: k.py:make_inputs\n", "    inputs: [{shape: [4], dtype: uint32}]\n")
     (p,) = problems(write_manifest(text, {"k.py": KERNEL_PY}))
-    assert p.key == "kernels[0].inputs[0].dtype" and "integer dtype 'int64'" in p.message
-    assert "inputs factory" in p.hint
+    assert p.key == "kernels[0].inputs[0].dtype" and "integer dtype 'uint32'" in p.message
+    assert "int8, int16, int32, int64, uint8, bool" in p.message and "inputs factory" in p.hint
+    text = GOOD.replace("    inputs: k.py:make_inputs\n", "    inputs: [{shape: [4], dtype: long}, {dtype: bool}]\n")
+    assert [spec.dtype for spec in load(write_manifest(text, {"k.py": KERNEL_PY})).kernels[0].inputs] == \
+        ["int64", "bool"]
 
 
 @pytest.mark.parametrize("entry, key, message, hint", [
