@@ -5,16 +5,20 @@ PY := $(VENV)/bin/python
 # The CPU wheel of torch 2.13.0 lies on local disk on the project's machines; override elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.kgate-installed
+# The third-party kernel libraries the field manifests judge (examples/field/*/), pinned; installed without
+# their dependencies, which pin CUDA builds of torch (the CPU wheel above serves them).
+FIELD_REQUIREMENTS := $(wildcard examples/field/*/requirements.txt)
 
 .PHONY: demo test lint venv clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(FIELD_REQUIREMENTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	$(if $(FIELD_REQUIREMENTS),$(PY) -m pip install -q --no-deps $(addprefix -r ,$(FIELD_REQUIREMENTS)))
 	touch $@
 
 # Runs kgate on the bundled example manifest on the CPU. kgate exits 1 when it finds violations,
