@@ -190,9 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows[: 1 if args.gates_only else 2]:
         print(f"{row['mode']}: median seconds from a candidate's start to: "
               + ", ".join(f"{k} {v}" for k, v in row["timeline_median"].items()))
-        gpu = row.get("gpu")
-        print(f"{row['mode']}: judges idle {100 * (row['judges_idle_fraction'] or 0):.1f} % of "
-              f"{row['judges']} x {row['wall_s']} judge-seconds; "
+        gpu, idle = row.get("gpu"), row.get("judges_idle_fraction")
+        print(f"{row['mode']}: judges idle "
+              + (f"{100 * idle:.1f} % of {row.get('judges')} x {row['wall_s']} judge-seconds; " if idle is not None
+                 else "(not measured); ")
               + ("GPU busy " + ", ".join(f"cuda:{g} {u} %" for g, u in gpu["busy_percent"].items())
                  + " (NVML), peak memory " + ", ".join(f"{m:.0f} MiB" for m in gpu["peak_memory_mib"].values())
                  if gpu else "no GPU sampled"))
