@@ -15,6 +15,7 @@ the summed terms (sum of |per-token dg|), the condition number of a sum.
 """
 
 import contextlib
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -54,9 +55,25 @@ def bound(dtype):
 @pytest.fixture(params=gk.STATE_BWD_VARIANTS)
 def state_bwd_variant(request, monkeypatch):
     """Runs the test once per reverse-state kernel variant (`chunk.STATE_BWD_VARIANT`, read by
-    `chunk_state_bwd` at every call; v2 is the default, v1 and v2u the alternatives timed against it)."""
+    `chunk_state_bwd` at every call; v2 is the default, v1 and v2u the alternatives timed against it),
+    or with the variants `with_variants` gives it."""
     monkeypatch.setattr(gk, "STATE_BWD_VARIANT", request.param)
     return request.param
+
+
+def with_variants(names: str, *axes: list, ids: dict[int, object] | None = None):
+    """Parametrize `names` over the product of `axes` and the reverse-state variants. On a GPU: the whole
+    product. In Triton's interpreter (the CPU, 20-100x slower) one variant per case, the k-th for k the sum
+    of the case's indices into the axes: every variant still meets every value of every axis of two or
+    more values, and every case runs once. `ids`: an id function for an axis, by position."""
+    variants = gk.STATE_BWD_VARIANTS
+    cases = []
+    for index in itertools.product(*(range(len(axis)) for axis in axes)):
+        values = [axis[i] for axis, i in zip(axes, index)]
+        label = "-".join((ids or {}).get(n, str)(v) for n, v in enumerate(values))
+        chosen = variants if ON_GPU else [variants[sum(index) % len(variants)]]
+        cases += [pytest.param(*values, v, id=f"{label}-{v}") for v in chosen]
+    return pytest.mark.parametrize(f"{names}, state_bwd_variant", cases, indirect=["state_bwd_variant"])
 
 
 def rel_err(x, ref, mag=None):
@@ -134,8 +151,8 @@ else:
     ]
 
 
-@pytest.mark.parametrize("member", list(MEMBERS))
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"B{c[0]}T{c[1]}H{c[2]}K{c[3]}V{c[4]}{'h0' if c[5] else ''}-{str(c[6])[6:]}")
+@with_variants("cfg, member", CONFIGS, list(MEMBERS),
+               ids={0: lambda c: f"B{c[0]}T{c[1]}H{c[2]}K{c[3]}V{c[4]}{'h0' if c[5] else ''}-{str(c[6])[6:]}"})
 def test_forward_and_gradients(member, cfg, state_bwd_variant):
     B, T, H, DK, DV, h0, dtype = cfg
     gate, delta = MEMBERS[member]
@@ -194,8 +211,7 @@ HUGE_GATES = {  # variant: (b, t, h, log gate) set in the inputs; chunk 0 is tok
 }
 
 
-@pytest.mark.parametrize("variant", list(HUGE_GATES))
-@pytest.mark.parametrize("member", ["gated_deltanet", "mamba2_gla"])
+@with_variants("member, variant", ["gated_deltanet", "mamba2_gla"], list(HUGE_GATES))
 def test_huge_gates_keep_the_decays_exact(member, variant, state_bwd_variant):
     """After a huge log gate every later cumulative gate G_i of its chunk is huge too, and one float32
     G_i - G_j then lost ~eps * |G| (4e-3 at g = -74622: exp(G_i - G_j) off by 0.4 %; found by kgate's
@@ -302,9 +318,8 @@ def test_stage_state_fwd_and_out(gate, delta):
     check("out_fwd.o", o, o64, F32)
 
 
-@pytest.mark.parametrize("bv", [None, 64], ids=["narrow_bv", "wide_bv"])
-@pytest.mark.parametrize("delta", [True, False])
-@pytest.mark.parametrize("gate", ["data", "none"])
+@with_variants("gate, delta, bv", ["data", "none"], [True, False], [None, 64],
+               ids={2: lambda bv: "narrow_bv" if bv is None else "wide_bv"})
 def test_stage_state_bwd_and_grad(gate, delta, bv, state_bwd_variant, monkeypatch):
     """The reverse-state stage, then `chunk_grad_bwd` (two kernels; float32 here, so the WY half's dk
     partial goes through dk's own buffer). V blocks: the one chosen for few heads (32), the one used
@@ -332,14 +347,14 @@ def test_stage_state_bwd_and_grad(gate, delta, bv, state_bwd_variant, monkeypatc
             check(f"grad_bwd.{name}", a, b, F32)
 
 
-@pytest.mark.parametrize("T", [45, 131])
-@pytest.mark.parametrize("gate, delta", [("data", True), ("none", False)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, F32], ids=["bf16", "fp32"])
-def test_stage_state_bwd_at_head_dim_128(dtype, gate, delta, T, state_bwd_variant):
+@with_variants("dtype, gate_delta, T", [torch.bfloat16, F32], [("data", True), ("none", False)], [45, 131],
+               ids={0: lambda d: "bf16" if d == torch.bfloat16 else "fp32", 1: lambda gd: f"{gd[0]}-{gd[1]}"})
+def test_stage_state_bwd_at_head_dim_128(dtype, gate_delta, T, state_bwd_variant):
     """The reverse-state stage at DK = 128, where the variants differ (v2 keeps dh as two 64-row
     tiles, v2u as one; the stage shape above has DK = 64), against its float64 reference on the
     kernel's own stored w and gates: one chunk (T = 45, the NT == 1 kernel) and three with a partial
     one; bf16 (products on rounded operands) and float32."""
+    gate, delta = gate_delta
     B, H, DK, DV = 1, 2, 128, 128
     q, k, v, g, beta, h0 = make(B, T, H, DK, DV, gate, delta, dtype, True, seed=21)
     scale = DK ** -0.5
