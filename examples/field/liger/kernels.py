@@ -6,10 +6,11 @@ positional tensors; a thin wrapper where an entry point needs keyword arguments 
 (`F.rms_norm`, `F.layer_norm`, `F.cross_entropy`, `F.kl_div`, ...) and a plain-torch formula
 otherwise (JSD, RoPE). kgate derives the float64 oracle by running a reference on float64 copies.
 
-Contracts Liger documents and the references follow (each cited where it is used):
-- the teacher/target distribution of KL divergence and JSD gets no gradient (Liger's backward returns
-  None for it), so the references detach it;
-- RoPE's cos/sin tables get no gradient (Liger's backward returns None), so the reference detaches them.
+References that declare a domain raise ValueError outside it (KL divergence and JSD: rows of
+log-probabilities); kgate skips the probes a reference rejects. RoPE's cos/sin tables are built from
+integer positions inside both the wrapper and the reference (they are not trained: Liger's backward
+returns no gradient for them). The KL/JSD references differentiate the target as torch does; Liger
+does not (docs/field/liger.md reads that finding).
 
 Every factory is `make_inputs(seed, shape=, dtype=, device=)`: it draws from a generator seeded by
 `seed` in float32, casts floating-point tensors to `dtype` and puts everything on `device`; integer
@@ -27,6 +28,7 @@ from liger_kernel.transformers.functional import (
     liger_kl_div,
     liger_layer_norm,
     liger_rms_norm,
+    liger_rope,
 )
 
 IGNORE_INDEX = -100
@@ -119,12 +121,24 @@ def make_glu_inputs(seed, shape=(4, 128, 2816), dtype=torch.float32, device="cpu
 
 # --- cross-entropy ------------------------------------------------------------------------------
 
+def _cross_entropy_reference(logits, target, reduction, label_smoothing=0.0):
+    """F.cross_entropy with ignore_index as torch documents it: an ignored target "does not contribute
+    to the input gradient". Computed on the kept rows alone, since torch's eager backward still runs
+    log_softmax's backward over ignored rows, which turns a NaN/Inf logit there into a NaN gradient."""
+    keep = target != IGNORE_INDEX
+    kept = F.cross_entropy(logits[keep], target[keep], reduction="none", label_smoothing=label_smoothing)
+    if reduction == "none":
+        return torch.zeros(target.shape, dtype=logits.dtype, device=logits.device).masked_scatter(keep, kept)
+    total = kept.sum()
+    return total / keep.sum() if reduction == "mean" else total
+
+
 def cross_entropy_mean(logits, target):
     return liger_cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="mean")
 
 
 def cross_entropy_mean_reference(logits, target):
-    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="mean")
+    return _cross_entropy_reference(logits, target, "mean")
 
 
 def cross_entropy_sum(logits, target):
@@ -132,7 +146,7 @@ def cross_entropy_sum(logits, target):
 
 
 def cross_entropy_sum_reference(logits, target):
-    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return _cross_entropy_reference(logits, target, "sum")
 
 
 def cross_entropy_none(logits, target):
@@ -140,7 +154,7 @@ def cross_entropy_none(logits, target):
 
 
 def cross_entropy_none_reference(logits, target):
-    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="none")
+    return _cross_entropy_reference(logits, target, "none")
 
 
 def cross_entropy_smooth(logits, target):
@@ -149,8 +163,7 @@ def cross_entropy_smooth(logits, target):
 
 
 def cross_entropy_smooth_reference(logits, target):
-    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="mean",
-                           label_smoothing=LABEL_SMOOTHING)
+    return _cross_entropy_reference(logits, target, "mean", LABEL_SMOOTHING)
 
 
 def make_cross_entropy_inputs(seed, shape=(1024, 32000), dtype=torch.float32, device="cpu"):
@@ -165,8 +178,7 @@ def make_cross_entropy_inputs(seed, shape=(1024, 32000), dtype=torch.float32, de
 # --- fused linear cross-entropy -----------------------------------------------------------------
 
 def fused_linear_cross_entropy_reference(hidden, weight, target):
-    logits = F.linear(hidden, weight)
-    return F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="mean")
+    return _cross_entropy_reference(F.linear(hidden, weight), target, "mean")
 
 
 def make_fused_linear_cross_entropy_inputs(seed, shape=(512, 1024, 8192), dtype=torch.float32, device="cpu"):
@@ -183,47 +195,73 @@ def make_fused_linear_cross_entropy_inputs(seed, shape=(512, 1024, 8192), dtype=
 
 # --- RoPE ---------------------------------------------------------------------------------------
 
+def rotary_tables(positions, dim, dtype):
+    """Llama's rotary cos/sin tables (base 10000, halves duplicated as HF's `cat((freqs, freqs))`),
+    (batch, seq, dim), from integer positions (batch, seq). Built the same way for kernel and reference:
+    they are position tables, not trained (Liger's backward returns no gradient for them), so kgate
+    judges the rotation, with the positions as integer inputs."""
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=work, device=positions.device) / dim))
+    angles = positions.to(work)[..., None] * inv_freq
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope(q, k, positions):
+    """liger_rope on q, k (batch, heads, seq, head_dim) with the tables of `positions`."""
+    cos, sin = rotary_tables(positions, q.shape[-1], q.dtype)
+    return liger_rope(q, k, cos, sin)
+
+
 def _rotate_half(x):
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rope_reference(q, k, cos, sin):
-    """HF transformers' apply_rotary_pos_emb (unsqueeze_dim=1). Liger's backward returns no gradient
-    for cos/sin (ops/rope.py: `return dq, dk, None, ...`): they are position tables, not trained."""
-    cos, sin = cos.detach().unsqueeze(1), sin.detach().unsqueeze(1)
+def rope_reference(q, k, positions):
+    """HF transformers' apply_rotary_pos_emb (unsqueeze_dim=1), the formula Liger's docstring names."""
+    cos, sin = rotary_tables(positions, q.shape[-1], q.dtype)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def make_rope_inputs(seed, shape=(2, 256, 32, 128), dtype=torch.float32, device="cpu"):
     """shape (batch, seq, q_heads, head_dim); k has a quarter of the heads (grouped-query attention,
-    at least one). q, k are (batch, heads, seq, head_dim); cos, sin (1, seq, head_dim) from Llama's
-    rotary frequencies (base 10000)."""
+    at least one). q, k are contiguous (batch, heads, seq, head_dim); positions (batch, seq) int64, a
+    packed sequence's restarts included (each row counts from a random offset)."""
     if len(shape) != 4:
         raise ValueError(f"expected a (batch, seq, heads, head_dim) shape, got {tuple(shape)}")
     batch, seq, heads, dim = (int(s) for s in shape)
-    if dim % 2:
-        raise ValueError(f"rotary embedding needs an even head_dim, got {dim}")
+    if dim % 2 or dim == 0:
+        raise ValueError(f"rotary embedding needs an even, positive head_dim, got {dim}")
     kv_heads = max(1, heads // 4)
     gen = _gen(seed)
     q = torch.randn(batch, heads, seq, dim, generator=gen)
     k = torch.randn(batch, kv_heads, seq, dim, generator=gen)
-    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / max(dim, 1)))
-    angles = torch.outer(torch.arange(seq, dtype=torch.float64), inv_freq)
-    emb = torch.cat((angles, angles), dim=-1)
-    cos, sin = emb.cos()[None].float(), emb.sin()[None].float()
-    return _place((q, k, cos, sin), dtype, device)
+    positions = torch.arange(seq)[None] + torch.randint(0, 4096, (batch, 1), generator=gen)
+    return _place((q, k, positions), dtype, device)
 
 
 # --- KL divergence ------------------------------------------------------------------------------
+
+def _check_distribution(*log_probs):
+    """The domain of the divergences: each finite row of exp(log-probabilities) sums to one (within
+    0.1, which low-precision log-probabilities over a large vocabulary keep). Rows holding NaN/Inf
+    pass, so the special-value probes still run."""
+    for lp in log_probs:
+        finite = torch.isfinite(lp).all(dim=-1)
+        sums = lp[finite].double().exp().sum(dim=-1)
+        if sums.numel() and (sums - 1).abs().max() > 0.1:
+            raise ValueError(f"rows must be log-probabilities (exp sums to one); a row sums to "
+                             f"{sums[(sums - 1).abs().argmax()].item():.4g}")
 
 def kl_div_batchmean(log_q, p):
     return liger_kl_div(log_q, p, reduction="batchmean")
 
 
 def kl_div_batchmean_reference(log_q, p):
-    # Liger's backward returns no gradient for the target (ops/kl_div.py: `return derivative, None, ...`).
-    return F.kl_div(log_q, p.detach(), reduction="batchmean")
+    _check_distribution(log_q, p.log())
+    return F.kl_div(log_q, p, reduction="batchmean")
 
 
 def kl_div_log_target(log_q, log_p):
@@ -231,7 +269,8 @@ def kl_div_log_target(log_q, log_p):
 
 
 def kl_div_log_target_reference(log_q, log_p):
-    return F.kl_div(log_q, log_p.detach(), reduction="sum", log_target=True)
+    _check_distribution(log_q, log_p)
+    return F.kl_div(log_q, log_p, reduction="sum", log_target=True)
 
 
 def make_kl_inputs(seed, shape=(512, 32000), dtype=torch.float32, device="cpu"):
@@ -258,7 +297,7 @@ def _jsd_terms(log_q, log_p, beta):
     """Liger's generalised JSD (ops/jsd.py docstring): beta * KL(P || M) + (1 - beta) * KL(Q || M),
     M = beta * P + (1 - beta) * Q, with log_q the student's (input) and log_p the teacher's (target)
     log-probabilities; per element, summed by the caller."""
-    log_p = log_p.detach()  # the teacher gets no gradient (ops/jsd.py backward returns None for it)
+    _check_distribution(log_q, log_p)
     p, q = log_p.exp(), log_q.exp()
     log_m = torch.logsumexp(torch.stack((log_p + torch.log(torch.tensor(beta, dtype=log_p.dtype)),
                                          log_q + torch.log(torch.tensor(1 - beta, dtype=log_q.dtype)))),
