@@ -8,8 +8,8 @@ scalar-gate kernels are judged against them directly. GLA's gate is per key (B, 
 naive recurrence does not take; `gla_reference` is that recurrence with a per-key decay.
 
 fla is imported when a kernel is first called, so the manifests load (and the references run) where
-fla's Triton kernels cannot: fla queries the GPU driver when it launches them, which Triton's CPU
-interpreter lacks (docs/field/fla.md).
+fla's Triton kernels cannot: most are autotuned, and Triton's autotuner asks the GPU driver for a
+benchmarker, which Triton's CPU interpreter lacks (docs/field/fla.md).
 """
 
 from __future__ import annotations
