@@ -69,6 +69,43 @@ def test_memo_keyed_on_address_version_and_a_sampled_value_fails():
     assert "without a version bump" in result.message
 
 
+def nonnegative_ref(x):
+    """A reference that declares its domain: it rejects negative inputs (see README, the reference's domain)."""
+    if (x < 0).any():
+        raise ValueError("x must be >= 0")
+    return torch.sqrt(x)
+
+
+def nonnegative_rows(seed, shape=None, dtype=torch.float32):
+    return (rows(seed, shape, dtype)[0].abs(),)
+
+
+def test_unversioned_change_outside_the_reference_domain_is_skipped_not_an_error():
+    """The unversioned probe writes -2x into one element: a non-negative domain rejects it, and the probe is
+    skipped rather than the gate reporting the reference's ValueError as an error."""
+    result = check("isolation", torch.sqrt, nonnegative_ref, nonnegative_rows)
+    assert result.verdict == "pass", result.message
+
+
+def test_memo_still_fails_under_a_reference_with_a_domain():
+    cache = {}
+
+    def memo(x):
+        key = (x.data_ptr(), x._version, float(x.reshape(-1)[0]))
+        if key not in cache:
+            cache.clear()
+            cache[key] = torch.sqrt(x.abs())
+        return cache[key]
+
+    def bounded_ref(x):
+        if (x.abs() > 1e3).any():
+            raise ValueError("|x| must be <= 1e3")
+        return torch.sqrt(x.abs())
+
+    result = check("isolation", memo, bounded_ref, nonnegative_rows)
+    assert result.verdict == "fail" and result.details.get("unversioned"), result.message
+
+
 def test_memo_is_caught_even_when_declared_nondeterministic():
     cache = {}
 

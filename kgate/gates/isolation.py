@@ -46,7 +46,7 @@ from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
 from kgate.oracle import measure
-from kgate.subject import ModuleState, Subject, UserCodeError, synchronize
+from kgate.subject import ModuleState, Subject, UserCodeError, synchronize, unless_rejected
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
 HOLD_S = 0.5  # how long a thread the kernel starts is held before it runs (first call of each case)
@@ -726,7 +726,9 @@ class Isolation(Gate):
         if any(not torch.equal(a, b) for a, b in zip(changed, args) if isinstance(a, torch.Tensor)):
             return None  # the change leaves the inputs' known structure (a triangular matrix's zeros)
         second = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
-        truth = dict(_leaves(subject.oracle(clone_tree(args))))
+        truth = unless_rejected(lambda: dict(_leaves(subject.oracle(clone_tree(args)))))
+        if truth is None:
+            return None  # the changed element leaves the reference's domain: no truth to be stale against
         before = dict(_leaves(base.oracle))
         for (path, was), (_, now) in zip(first, second):
             if path not in truth or path not in before or truth[path].shape != was.shape:
