@@ -29,8 +29,12 @@ demo: $(STAMP)
 	  rc=$$?; [ $$rc -le 1 ] || exit $$rc; \
 	  echo; echo "demo: JUnit XML in kgate-out/demo-junit.xml, JSON report in kgate-out/demo-report.json"
 
+# pytest-xdist workers: the suite's tests are independent (tests/xdist_groups.py keeps those that share an
+# expensive fixture on one worker); 2 matches CI's two cores. `make test TEST_JOBS=0` runs it in one process.
+TEST_JOBS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup --durations=15
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check kgate tests fixtures gates hooks examples
