@@ -689,6 +689,8 @@ class PairEntry:
         self.device = device
         self.gate_spec = "all"
         self.inputs = None
+        self.kwargs: dict = {}  # a KernelBench Model takes its inputs positionally
+        self.resources = None  # no budget: `--gate resources` reports the figures
 
 
 # --dtypes: the precisions a candidate is judged at (KernelBench's fp32/fp16/bf16: floating inputs and both
