@@ -342,7 +342,8 @@ class KernelEntry(_Strict):
         default_factory=list, description="with backward: true, indices of positional arguments that get no "
         "gradient by contract (a teacher's distribution, a target, a lookup table): the gradients' phase passes "
         "them to the kernel and to the reference as plain tensors that do not require grad, and judges the "
-        "gradients of the other inputs only; the forward phase is unchanged")
+        "gradients of the other inputs only; the forward phase judges values as before (its requires_grad check "
+        "also passes them without grad)")
     nondeterministic: bool = Field(False, description="declare run-to-run differences as intended")
     bitwise_layouts: bool = Field(
         False, description="layouts gate: results on strided inputs must be bitwise equal to those on contiguous "
