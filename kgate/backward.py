@@ -8,6 +8,11 @@ gate result with the id suffix `[backward]` (`oracle[backward]`, `determinism[ba
   floating-point output of the reference (random, seeded by the case, in the output's dtype);
 - output: the gradients w.r.t. every floating-point input, then w.r.t. the parameters when kernel
   and reference are both `nn.Module`s with the same parameter names (an unused input gets zeros);
+- arguments declared `no_grad` (indices; a teacher's distribution, a target) get no gradient by
+  contract: kernel, reference and float64 oracle are called with them as plain tensors that do not
+  require grad (as training calls them), no gradient of theirs is asked for or judged, and gradcheck
+  leaves them fixed. A gradient the kernel's backward computes for them anyway is never seen: autograd
+  discards a gradient for an input that does not require grad;
 - the float64 oracle is autograd of the reference on float64 copies (modules are converted with
   `.double()`); before the first case is judged, `torch.autograd.gradcheck` (fast mode) checks that
   the reference's own float64 autograd agrees with finite differences, since it is the oracle. If
@@ -49,11 +54,13 @@ def shared_parameters(kernel: Any, reference: Any) -> bool:
 class GradientOf:
     """fn(*inputs) -> out becomes g(*inputs, *cotangents) -> (d<out, cot>/d input_i ..., d/d param ...)."""
 
-    def __init__(self, fn: Any, role: str, layout: _Layout, with_params: bool):
+    def __init__(self, fn: Any, role: str, layout: _Layout, with_params: bool,
+                 no_grad: frozenset[int] = frozenset()):
         self.fn = fn
         self.role = role
         self.layout = layout
         self.with_params = with_params
+        self.no_grad = no_grad
         self._converted: dict[tuple[torch.dtype, torch.device], torch.nn.Module] = {}
 
     def _module_for(self, leaves: list[Any]) -> Any:
@@ -75,7 +82,9 @@ class GradientOf:
             raise ValueError("backward subject called before its inputs were made (kgate bug)")
         inputs, cotangents = args[:n], args[n:]
         with torch.enable_grad():
-            leaves = [a.detach().requires_grad_(True) if _float_tensor(a) else a for a in inputs]
+            leaves = [a.detach() if i in self.no_grad and isinstance(a, torch.Tensor)
+                      else a.detach().requires_grad_(True) if _float_tensor(a) else a
+                      for i, a in enumerate(inputs)]
             fn = self._module_for(leaves)
             out = fn(*leaves)
             outs = [t for _, t in flatten(out) if _float_tensor(t)]
@@ -83,12 +92,15 @@ class GradientOf:
                 raise ValueError(f"the {self.role} returned {len(outs)} floating-point output(s), the reference "
                                  f"{len(cotangents)}: cannot pair them with cotangents")
             params = list(fn.parameters()) if self.with_params else []
-            wrt = [a for a in leaves if _float_tensor(a)] + params
+            wrt = [a for a in leaves if _float_tensor(a) and a.requires_grad] + params
             pairs = [(o, c.to(o.dtype) if c.dtype != o.dtype else c) for o, c in zip(outs, cotangents)
                      if o.requires_grad]
             if not pairs:
+                declared = (f" (arguments {sorted(self.no_grad)} are declared no_grad: is every input that gets "
+                            "a gradient among them?)" if self.no_grad else "")
                 raise RuntimeError(f"no output of the {self.role} requires grad: it has no backward (wrap a "
-                                   "custom kernel in a torch.autograd.Function), or declare backward: false")
+                                   "custom kernel in a torch.autograd.Function), or declare backward: false"
+                                   + declared)
             grads = torch.autograd.grad([o for o, _ in pairs], wrt, [c for _, c in pairs], allow_unused=True)
         result = []
         for g, w in zip(grads, wrt):
@@ -109,9 +121,10 @@ class _CotangentFactory:
     """Inputs of a backward case: the forward inputs, then seeded cotangents shaped like the
     reference's floating-point outputs."""
 
-    def __init__(self, forward: Subject, layout: _Layout):
+    def __init__(self, forward: Subject, layout: _Layout, no_grad: frozenset[int] = frozenset()):
         self.forward = forward
         self.layout = layout
+        self.no_grad = no_grad
 
     @property
     def source(self) -> Any:
@@ -120,6 +133,11 @@ class _CotangentFactory:
 
     def __call__(self, case: Case, device: torch.device) -> tuple[Any, ...]:
         args = self.forward.inputs(case)
+        beyond = sorted(i for i in self.no_grad if i >= len(args))
+        if beyond:
+            raise UserCodeError("manifest (no_grad)", IndexError(
+                f"no_grad names argument(s) {beyond}, but the inputs factory made {len(args)} argument(s) "
+                f"(indices 0 to {len(args) - 1}); fix no_grad in {self.forward.repro_manifest}"))
         out = self.forward.run_reference(clone_tree(args))
         gen = torch.Generator().manual_seed(COTANGENT_SEED + case.seed)
         cotangents = []
@@ -137,9 +155,11 @@ class BackwardSubject(Subject):
     def __init__(self, forward: Subject):
         layout = _Layout()
         with_params = shared_parameters(forward.raw_kernel_fn, forward.raw_reference_fn)
-        super().__init__(forward.entry, GradientOf(forward.raw_kernel_fn, "kernel", layout, with_params),
-                         GradientOf(forward.raw_reference_fn, "reference", layout, with_params),
-                         _CotangentFactory(forward, layout), forward.device, forward.cases,
+        no_grad = frozenset(forward.no_grad)
+        super().__init__(forward.entry,
+                         GradientOf(forward.raw_kernel_fn, "kernel", layout, with_params, no_grad),
+                         GradientOf(forward.raw_reference_fn, "reference", layout, with_params, no_grad),
+                         _CotangentFactory(forward, layout, no_grad), forward.device, forward.cases,
                          repro_manifest=forward.repro_manifest, oracle_device=forward.oracle_device,
                          judge_inplace=False)
         self.forward = forward
@@ -165,7 +185,8 @@ class BackwardSubject(Subject):
         inputs = self.forward.inputs(case)
         device = self.oracle_device
         args = list(upcast(inputs, device))
-        slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype == torch.float64]
+        slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype == torch.float64
+                 and i not in self.forward.no_grad]  # arguments declared no_grad stay fixed
         if not slots:
             return None
         fn = self.reference_fn._module_for(args)

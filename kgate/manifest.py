@@ -21,6 +21,7 @@ import re
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -337,6 +338,12 @@ class KernelEntry(_Strict):
     backward: bool = Field(False, description="also judge gradients against float64 autograd of the reference")
     inplace: list[Size] = Field(default_factory=list,
                                           description="indices of arguments the kernel may modify")
+    no_grad: list[Size] = Field(
+        default_factory=list, description="with backward: true, indices of positional arguments that get no "
+        "gradient by contract (a teacher's distribution, a target, a lookup table): the gradients' phase passes "
+        "them to the kernel and to the reference as plain tensors that do not require grad, and judges the "
+        "gradients of the other inputs only; the forward phase judges values as before (its requires_grad check "
+        "also passes them without grad)")
     nondeterministic: bool = Field(False, description="declare run-to-run differences as intended")
     bitwise_layouts: bool = Field(
         False, description="layouts gate: results on strided inputs must be bitwise equal to those on contiguous "
@@ -370,6 +377,15 @@ class KernelEntry(_Strict):
     def _inputs_syntax(cls, value: Any) -> Any:
         if isinstance(value, str):
             _check_ref_syntax(value)
+        return value
+
+    @field_validator("no_grad", mode="before")
+    @classmethod
+    def _no_grad_is_indices(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise InvalidValue(f"no_grad takes the indices of the arguments that get no gradient, not {_show(value)}",
+                               "e.g. no_grad: [1] for a second argument (a target) that gets none; to judge no "
+                               "gradients at all, leave out backward: true")
         return value
 
 
@@ -1016,6 +1032,35 @@ def load(path: str | Path | None = None, *, check_files: bool = True) -> LoadedM
     return loaded
 
 
+def _no_grad_problems(entry: KernelEntry, file: str, i: int, at: Callable[[tuple], tuple]) -> list[Problem]:
+    """`no_grad` names arguments of the gradients' phase: it needs `backward: true`, and with declarative
+    inputs each index must be one of them and a floating-point tensor (the others get no gradient anyway)."""
+    if not entry.no_grad:
+        return []
+    line, col = at(("kernels", i, "no_grad"))
+    key = f"kernels[{i}].no_grad"
+    if not entry.backward:
+        return [Problem(file, line, col, key, "no_grad names arguments that get no gradient, but this kernel's "
+                        "gradients are not judged (backward is false)",
+                        "add `backward: true`, or leave out no_grad")]
+    if not isinstance(entry.inputs, list):
+        return []  # a factory's arguments are known when it runs (kgate/backward.py checks them there)
+    problems = []
+    for index in sorted(set(entry.no_grad)):
+        if index >= len(entry.inputs):
+            problems.append(Problem(file, line, col, key,
+                                    f"argument {index} is not one of the {len(entry.inputs)} declared inputs",
+                                    f"indices count from 0: 0 to {len(entry.inputs) - 1} here"))
+            continue
+        spec = entry.inputs[index]
+        if spec.value is not None or spec.dtype in INTEGER_DTYPES:
+            what = "a Python scalar" if spec.value is not None else f"a tensor of dtype {spec.dtype}"
+            problems.append(Problem(file, line, col, key,
+                                    f"argument {index} is {what}: only floating-point tensors get gradients",
+                                    f"leave {index} out of no_grad"))
+    return problems
+
+
 # text YAML reads as a string where a number was meant: 1e-5 (YAML 1.1 needs 1.0e-5), inf, nan
 _READ_AS_TEXT = re.compile(r"^[-+]?(\d+[eE][-+]?\d+|inf(inity)?|nan)$", re.IGNORECASE)
 
@@ -1079,6 +1124,7 @@ def _semantic_problems(loaded: LoadedManifest, file: str, check_files: bool) -> 
                     problems.append(Problem(file, line, col, f"kernels[{i}].inplace",
                                             f"argument {index} is not one of the {len(entry.inputs)} declared inputs",
                                             f"indices count from 0: 0 to {len(entry.inputs) - 1} here"))
+        problems += _no_grad_problems(entry, file, i, at)
         for name, value in entry.kwargs.items():
             for item in value if isinstance(value, list) else [value]:
                 if isinstance(item, str) and _READ_AS_TEXT.match(item):

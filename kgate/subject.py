@@ -189,6 +189,7 @@ class Subject:
         self.cases = cases
         self.tolerance: Tolerance = kernel.tolerance
         self.inplace = set(kernel.entry.inplace)
+        self.no_grad = set(kernel.entry.no_grad)  # arguments that get no gradient by contract (kgate/backward.py)
         self.nondeterministic = kernel.entry.nondeterministic
         self.backward = kernel.entry.backward
         self.repro_manifest = repro_manifest

@@ -19,3 +19,23 @@ class _SiLUWrongGrad(torch.autograd.Function):
 
 def silu_wrong_backward(x):
     return _SiLUWrongGrad.apply(x)
+
+
+class _KLDivStudentWrongSign(torch.autograd.Function):
+    """KL divergence whose backward returns None for the declared `no_grad` target, as it may, but the
+    student's gradient with its sign flipped (p * grad for -p * grad): declaring the target must not
+    hide an error in the other gradients."""
+
+    @staticmethod
+    def forward(ctx, log_q, p):
+        ctx.save_for_backward(p)
+        return torch.nn.functional.kl_div(log_q, p, reduction="sum")
+
+    @staticmethod
+    def backward(ctx, grad):
+        (p,) = ctx.saved_tensors
+        return p * grad, None
+
+
+def kl_div_student_wrong_sign(log_q, p):
+    return _KLDivStudentWrongSign.apply(log_q, p)

@@ -182,12 +182,16 @@ class Contract(Gate):
     def requires_grad(self, subject: Subject, case: Case) -> GateResult | None:
         """A kernel that declares `backward: true` is called as training calls it: floating-point inputs that
         require grad, grad mode on. Each output must require grad exactly where the reference's does: an
-        output that does not is cut from the graph (its inputs and parameters silently get no gradient)."""
+        output that does not is cut from the graph (its inputs and parameters silently get no gradient).
+        Arguments declared `no_grad` do not require grad, as training passes them."""
         base = subject.baseline(case)
 
+        def leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
+            return t.detach().clone().requires_grad_(grad and (t.is_floating_point() or t.is_complex()))
+
         def leaves() -> tuple:
-            return tuple(map_tensors(base.args, lambda t: t.detach().clone().requires_grad_(
-                t.is_floating_point() or t.is_complex())))
+            return tuple(map_tensors(arg, lambda t, grad=i not in subject.no_grad: leaf(t, grad))
+                         for i, arg in enumerate(base.args))
 
         with torch.enable_grad():
             out = subject.run_kernel(leaves())

@@ -10,7 +10,7 @@ References that declare a domain raise ValueError outside it (KL divergence and 
 log-probabilities); kgate skips the probes a reference rejects. RoPE's cos/sin tables are built from
 integer positions inside both the wrapper and the reference (they are not trained: Liger's backward
 returns no gradient for them). The KL/JSD references differentiate the target as torch does; Liger
-does not (docs/field/liger.md reads that finding).
+does not, by design, and the manifests declare the target `no_grad` (docs/field/liger.md, finding 7).
 
 Every factory is `make_inputs(seed, shape=, dtype=, device=)`: it draws from a generator seeded by
 `seed` in float32, casts floating-point tensors to `dtype` and puts everything on `device`; integer
