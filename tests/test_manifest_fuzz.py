@@ -12,7 +12,8 @@ from kgate.manifest import load
 
 KEYS = ["version", "defaults", "kernels", "name", "kernel", "reference", "inputs", "shapes", "dtypes", "gates",
         "include", "exclude", "seeds", "tolerance", "factor", "ulps", "atol", "limits", "memory", "timeout",
-        "inplace", "format", "problems", "candidates", "expect", "device", "shape", "dtype", "value", "x-base"]
+        "inplace", "no_grad", "kwargs", "resources", "max_registers", "spills", "format", "problems", "candidates",
+        "expect", "device", "shape", "dtype", "value", "x-base"]
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(KEYS),
