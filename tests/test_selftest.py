@@ -24,6 +24,17 @@ def test_cpu_catalogue_all_as_expected(tmp_path, capsys):
     assert good == total and int(total) >= 27
     assert "skipped: needs cuda" in out  # the CUDA variants are listed, not run
     assert (tmp_path / "out" / "report.json").is_file()
+    # the correct controls: every gate they select judged them, stacked in one worker (forward and backward),
+    # and passed; a skip is the exception (a gate with nothing to judge there), never the rule
+    import json
+
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    correct = [k for k in report["kernels"] if "-correct-" in k["name"]]
+    assert len(correct) >= 12
+    for kernel in correct:
+        verdicts = [g["verdict"] for g in kernel["gates"]]
+        assert set(verdicts) <= {"pass", "skip"}, (kernel["name"], kernel["gates"])
+        assert verdicts.count("pass") >= len(verdicts) - 2, (kernel["name"], verdicts)
 
 
 CATALOGUE = """\
