@@ -94,6 +94,15 @@ def test_factory_without_shape_is_skipped_with_the_reason():
     assert result.verdict == "skip" and "takes no `shape`" in result.message
 
 
+def test_declared_inputs_of_fixed_shapes_are_skipped_naming_the_key():
+    from kgate.manifest import ArgSpec
+
+    result = check("shapes", correct.softmax_rows, correct.reference, [ArgSpec(shape=[4, 8])])
+    assert result.verdict == "skip" and "fixed `shape:`" in result.message, result.message
+    swept = check("shapes", correct.softmax_rows, correct.reference, [ArgSpec()], shapes=[[4, 8]])
+    assert swept.verdict == "pass", swept.message  # an input without its own shape follows the sweep
+
+
 def test_default_shape_is_derived_when_the_factory_takes_shape_but_none_is_declared():
     result = check("shapes", violating.softmax_block128, correct.reference, correct.make_inputs)
     assert result.verdict == "fail" and result.details["found_at"] != [16, 1024]

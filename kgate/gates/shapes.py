@@ -119,6 +119,10 @@ class Shapes(Gate):
 
     def check(self, subject: Subject) -> GateResult:
         if not takes_shape(subject):
+            if isinstance(subject.factory.source, list):  # declarative inputs, each with its own shape
+                return self.skipped("every declared input has a fixed `shape:` (or is a `value:`), so only that "
+                                    "shape exists (the oracle gate judges it); leave `shape:` out of the inputs "
+                                    "that follow the kernel's `shapes:` to sweep shapes")
             return self.skipped("the inputs factory takes no `shape` keyword, so only its default shape exists "
                                 "(the oracle gate judges it); give make_inputs a `shape` parameter and the "
                                 "kernel `shapes:` to sweep shapes")
