@@ -226,12 +226,14 @@ def _snapshot_of_this_tree(dest: Path) -> Path:
 
 def _pip_env(tmp: Path) -> dict[str, str]:
     """Pin the hook environment's torch to the one installed here, so pip takes the local CPU wheel
-    (find-links) rather than a multi-gigabyte CUDA build."""
+    (find-links) rather than a multi-gigabyte CUDA build; and skip pip's one-file-at-a-time byte
+    compilation of torch (30 s), as `make venv` does: the hook compiles what it imports. (pip reads
+    PIP_NO_COMPILE as the value of its `compile` setting: "0" is --no-compile, "1" compiles.)"""
     import torch
 
     constraints = tmp / "constraints.txt"
     constraints.write_text(f"torch=={torch.__version__}\n")
-    return {"PIP_CONSTRAINT": str(constraints)}
+    return {"PIP_CONSTRAINT": str(constraints), "PIP_NO_COMPILE": "0"}
 
 
 @pytest.fixture(scope="module")
