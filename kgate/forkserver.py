@@ -66,12 +66,13 @@ SWITCH_ENV = "KGATE_FORKSERVER"  # 0: every worker is a process of its own (`pyt
 PER_JOB_ENV = frozenset({"HOME", "TMPDIR", "XDG_CACHE_HOME", "KGATE_PRIVATE_DIR", "TORCH_EXTENSIONS_DIR",
                          "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES", "MAX_JOBS"})
 # What the template imports before it serves (none of these imports Triton, touches CUDA or starts threads).
+# The template imports the worker module too, and with it what that module imports (kgate.audit.worker).
 WARM = ("torch", "kgate.gates", "kgate.inputs", "kgate.loading", "kgate.manifest", "kgate.subject",
         "kgate.oracle", "kgate.standard_test", "kgate.kernelbench", "kgate.backward", "kgate.faults",
         "kgate.shrink", "kgate.gates.contract", "kgate.gates.oracle", "kgate.gates.special_values",
         "kgate.gates.determinism", "kgate.gates.shapes", "kgate.gates.layouts", "kgate.gates.distributions",
         "kgate.gates.input_integrity", "kgate.gates.initialization", "kgate.gates.bounds",
-        "kgate.gates.isolation")
+        "kgate.gates.isolation", "kgate.gates.accumulation", "torch.utils._device")
 MAX_TEMPLATES = 4  # templates kept at once (an idle one is ended to start another)
 START_TIMEOUT_S = 120.0  # for a template to import torch and kgate (as long as a worker's load budget)
 JOB_START_TIMEOUT_S = 30.0  # for a job's sandbox to be made

@@ -1855,3 +1855,29 @@ def test_the_console_keeps_a_precisions_gate_ids_whole():
     render(console, summarize(records, ["oracle", "oracle[float16]"]))
     rows = [line for line in console.export_text().splitlines() if "oracle" in line]
     assert any("oracle[float16]" in line and " 1 " in line for line in rows), rows
+
+
+def test_an_audit_worker_forked_from_its_template_loads_a_problem_without_importing_anything_heavy():
+    """A worker forked from a template (kgate.forkserver) has what the template imported; what a worker
+    imports itself is paid by every candidate. Loading a problem and counting its dimensions on the meta
+    device (kgate.kernelbench.free_dims) imported sympy in each worker: 0.5-0.9 s of a 1.5 s candidate."""
+    problem = CORPUS / "problems" / "level1" / "19_ReLU.py"
+    code = textwrap.dedent(f"""\
+        import importlib, sys
+        from pathlib import Path
+        from kgate.forkserver import WARM
+        for name in (*WARM, "kgate.audit.worker"):
+            importlib.import_module(name)
+        before = set(sys.modules)
+        from kgate import kernelbench as kb
+        module = kb.exec_problem(Path({str(problem)!r}), "inputs")
+        kb.free_dims(module)
+        kb.exec_candidate(Path({str(CORPUS / "candidates" / "level1" / "19_ReLU.py")!r}), Path({str(problem)!r}))
+        new = sorted(m for m in set(sys.modules) - before if not m.startswith(("kgate_kb_", "_kgate_kb_")))
+        print(new)
+        """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    new = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printed list
+    assert not [m for m in new if m.split(".")[0] in ("sympy", "mpmath") or m.startswith("torch.fx")], new
+    assert len(new) <= 5, new

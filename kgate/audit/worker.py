@@ -27,6 +27,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+# What torch's first operation on the meta device imports (sympy with it: 0.5-0.9 s), which every audit
+# worker makes (kgate.kernelbench.free_dims): imported here, it is imported once by a worker template
+# (kgate.forkserver) instead of once by each worker forked from it.
+import torch.fx.experimental.symbolic_shapes  # noqa: F401
+
 from kgate.faults import context_lost
 from kgate.worker import Channel, _error_result, prepare_device, prepare_process, reporting_start, run_gates
 
