@@ -273,22 +273,24 @@ def kl_div_log_target_reference(log_q, log_p):
     return F.kl_div(log_q, log_p, reduction="sum", log_target=True)
 
 
-def make_kl_inputs(seed, shape=(512, 32000), dtype=torch.float32, device="cpu"):
-    """Student log-probabilities and teacher probabilities (rows sum to one), (tokens, vocab)."""
+def _student_and_teacher_logits(seed, shape):
+    """The student's log-probabilities and the teacher's logits, (tokens, vocab), from one seeded draw."""
     rows, vocab = _rows_cols(shape)
     gen = _gen(seed)
     log_q = torch.log_softmax(2 * torch.randn(rows, vocab, generator=gen), dim=-1)
-    p = torch.softmax(2 * torch.randn(rows, vocab, generator=gen), dim=-1)
-    return _place((log_q, p), dtype, device)
+    return log_q, 2 * torch.randn(rows, vocab, generator=gen)
+
+
+def make_kl_inputs(seed, shape=(512, 32000), dtype=torch.float32, device="cpu"):
+    """Student log-probabilities and teacher probabilities (rows sum to one), (tokens, vocab)."""
+    log_q, teacher = _student_and_teacher_logits(seed, shape)
+    return _place((log_q, torch.softmax(teacher, dim=-1)), dtype, device)
 
 
 def make_kl_log_inputs(seed, shape=(512, 32000), dtype=torch.float32, device="cpu"):
     """Student and teacher log-probabilities, (tokens, vocab)."""
-    rows, vocab = _rows_cols(shape)
-    gen = _gen(seed)
-    log_q = torch.log_softmax(2 * torch.randn(rows, vocab, generator=gen), dim=-1)
-    log_p = torch.log_softmax(2 * torch.randn(rows, vocab, generator=gen), dim=-1)
-    return _place((log_q, log_p), dtype, device)
+    log_q, teacher = _student_and_teacher_logits(seed, shape)
+    return _place((log_q, torch.log_softmax(teacher, dim=-1)), dtype, device)
 
 
 # --- JSD ----------------------------------------------------------------------------------------
