@@ -66,7 +66,7 @@ SWITCH_ENV = "KGATE_FORKSERVER"  # 0: every worker is a process of its own (`pyt
 PER_JOB_ENV = frozenset({"HOME", "TMPDIR", "XDG_CACHE_HOME", "KGATE_PRIVATE_DIR", "TORCH_EXTENSIONS_DIR",
                          "TRITON_CACHE_DIR", "CUDA_VISIBLE_DEVICES", "MAX_JOBS"})
 # What the template imports before it serves (none of these imports Triton, touches CUDA or starts threads).
-# The template imports the worker module too, and with it what that module imports (kgate.audit.worker).
+# The template imports the worker module too, and what that module lists in TEMPLATE_WARM.
 WARM = ("torch", "kgate.gates", "kgate.inputs", "kgate.loading", "kgate.manifest", "kgate.subject",
         "kgate.oracle", "kgate.standard_test", "kgate.kernelbench", "kgate.backward", "kgate.faults",
         "kgate.shrink", "kgate.gates.contract", "kgate.gates.oracle", "kgate.gates.special_values",
@@ -788,6 +788,8 @@ def main(argv: list[str] | None = None) -> int:
         import importlib
 
         for name in (*WARM, config["module"]):
+            importlib.import_module(name)
+        for name in getattr(sys.modules[config["module"]], "TEMPLATE_WARM", ()):
             importlib.import_module(name)
         if not callable(getattr(sys.modules[config["module"]], "run_job", None)):
             raise TemplateError(f"{config['module']} has no run_job(job)")

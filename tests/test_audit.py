@@ -1868,6 +1868,8 @@ def test_an_audit_worker_forked_from_its_template_loads_a_problem_without_import
         from kgate.forkserver import WARM
         for name in (*WARM, "kgate.audit.worker"):
             importlib.import_module(name)
+        for name in sys.modules["kgate.audit.worker"].TEMPLATE_WARM:
+            importlib.import_module(name)
         before = set(sys.modules)
         from kgate import kernelbench as kb
         module = kb.exec_problem(Path({str(problem)!r}), "inputs")

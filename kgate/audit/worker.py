@@ -27,13 +27,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-# What torch's first operation on the meta device imports (sympy with it: 0.5-0.9 s), which every audit
-# worker makes (kgate.kernelbench.free_dims): imported here, it is imported once by a worker template
-# (kgate.forkserver) instead of once by each worker forked from it.
-import torch.fx.experimental.symbolic_shapes  # noqa: F401
-
 from kgate.faults import context_lost
 from kgate.worker import Channel, _error_result, prepare_device, prepare_process, reporting_start, run_gates
+
+# What a worker template (kgate.forkserver) imports besides its own list, once for all the workers it forks:
+# what torch's first operation on the meta device imports (sympy with it: 0.5-0.9 s), which every audit
+# worker makes (kgate.kernelbench.free_dims). A worker started on its own imports it when it needs it, inside
+# its reported start (a torch that cannot import is then said as such).
+TEMPLATE_WARM = ("torch.fx.experimental.symbolic_shapes",)
 
 
 def _compile(channel: Channel, job: dict[str, Any]) -> None:
