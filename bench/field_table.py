@@ -4,7 +4,7 @@
 
 DIR is field_kgate.sh's --out: DIR/LIB/results.jsonl for each library. For each library: one row a kernel
 (in the manifest's order), one column a gate (forward, then each gate's backward phase), each cell the
-verdict (pass, FAIL, ERROR, skip; blank where the run judged nothing), then every failure and error with
+verdict (pass, FAIL, ERROR, skip; `cut` where a stop cancelled it, blank where the run did not reach it), then every failure and error with
 kgate's message. Kernels and gates the run did not reach are counted, so a table of a run cut short says so.
 """
 
@@ -41,6 +41,17 @@ def read_results(path: Path) -> dict[tuple[str, str], dict]:
     return results
 
 
+def cut(row: dict) -> bool:
+    """A result the run's stop left unjudged (kgate records the gates it cancelled as errors)."""
+    return row.get("verdict") == "error" and "cancelled (the run was interrupted)" in str(row.get("message"))
+
+
+def cell(row: dict | None) -> str:
+    if row is None:
+        return ""
+    return "cut" if cut(row) else CELL.get(row["verdict"], row["verdict"])
+
+
 def gate_order(gates: set[str]) -> list[str]:
     forward = sorted(g for g in gates if "[" not in g)
     backward = sorted(g for g in gates if "[" in g)
@@ -56,11 +67,14 @@ def table(library: str, results: dict[tuple[str, str], dict]) -> str:
     if gates:
         lines += ["| kernel | " + " | ".join(gates) + " |", "|---" * (len(gates) + 1) + "|"]
         for kernel in kernels:
-            cells = [CELL.get(results[(kernel, g)]["verdict"], results[(kernel, g)]["verdict"])
-                     if (kernel, g) in results else "" for g in gates]
+            cells = [cell(results.get((kernel, g))) for g in gates]
             lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
         lines.append("")
-    findings = [(k, g, r) for (k, g), r in sorted(results.items()) if r.get("verdict") in ("fail", "error")]
+    stopped = sum(cut(r) for r in results.values())
+    if stopped:
+        lines += [f"`cut`: {stopped} results the run's stop left unjudged.", ""]
+    findings = [(k, g, r) for (k, g), r in sorted(results.items())
+                if r.get("verdict") in ("fail", "error") and not cut(r)]
     if findings:
         lines += ["Failures and errors:", ""]
         for kernel, gate, row in findings:

@@ -4,6 +4,7 @@ CPU subset's verdicts are the ones its page in docs/field/ records."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -37,7 +38,8 @@ def check_manifest_loads(folder: Path, manifest: str) -> None:
 
 def check_factories_on_meta(folder: Path) -> None:
     """The GPU manifest's factories take the device as an argument (no .cuda(), no CPU assumption): on the
-    meta device every tensor they return is there, at the manifest's own first shape."""
+    meta device every tensor they return is there, at the manifest's own first shape; and the kernel and the
+    reference (functions) take what the factory returns, with the entry's kwargs."""
     import torch
 
     for entry in entries(folder, "kgate.yaml"):
@@ -45,6 +47,14 @@ def check_factories_on_meta(folder: Path) -> None:
         args = factory(0, shape=entry.shapes[0], dtype=torch.bfloat16, device="meta")
         devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
         assert devices == {"meta"}, f"{entry.name}: factory put inputs on {devices}, expected only 'meta'"
+        for role, ref in (("kernel", entry.kernel), ("reference", entry.reference)):
+            fn = resolve(ref, role, folder)
+            if inspect.isfunction(fn):  # a module's signature is its forward's, checked where it is built
+                try:
+                    inspect.signature(fn).bind(*args, **(entry.kwargs or {}))
+                except TypeError as exc:
+                    raise AssertionError(f"{entry.name}: its {role} {ref} does not take the factory's "
+                                         f"{len(args)} inputs: {exc}") from None
 
 
 def check_cpu_subset(folder: Path, tmp_path: Path, not_pass: dict[str, dict[str, str]]) -> None:
