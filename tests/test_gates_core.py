@@ -650,3 +650,20 @@ def test_a_float16_running_total_fails_where_the_reference_sums_in_float32():
 def test_a_float32_running_total_passes_where_the_reference_sums_in_float32():
     result = check("oracle", _float_running_total, _sum_in_float32, _half_rows, dtypes=["float16"])
     assert result.verdict == "pass", result.message
+
+
+def test_determinism_calls_see_their_inputs_aligned_first_and_unaligned_after_on_every_allocator():
+    """A path chosen by address (a wide path for 128-byte aligned operands) is seen only if one call gets
+    aligned operands and another does not. The CPU's allocator aligns at 64 bytes, sometimes at 128: the
+    first call's copies used to land where they fell, so every call could take the same path."""
+    import torch
+
+    from kgate.gates.determinism import ALIGN_BYTES, OFFSET_BYTES, at_offset
+
+    for n in range(1, 40):
+        for dtype in (torch.float32, torch.float16, torch.float64, torch.int8):
+            x = torch.arange(n, dtype=torch.float64).to(dtype)
+            for offset in OFFSET_BYTES:
+                (copy,) = at_offset((x,), offset)
+                assert torch.equal(copy, x)
+                assert copy.data_ptr() % ALIGN_BYTES == offset // x.element_size() * x.element_size(), (n, dtype)

@@ -32,21 +32,24 @@ CALLS = 3
 RNG_SHIFT = 7919  # call k of the second round runs with torch's generators seeded with k * RNG_SHIFT
 
 
-OFFSET_BYTES = (0, 16, 80)  # where each call's contiguous inputs start inside a buffer of their own
+OFFSET_BYTES = (0, 16, 80)  # where each call's contiguous inputs start past an ALIGN_BYTES boundary
+ALIGN_BYTES = 512  # CUDA's caching allocator's block alignment; the CPU's allocator gives 64 only
 
 
 def at_offset(args: Any, offset: int) -> Any:
-    """Copies of `args` whose contiguous tensors start `offset` bytes (rounded down to whole elements) into a
-    fresh buffer of their dtype and device; other leaves cloned (`clone_tree`)."""
-    if offset == 0:
-        return clone_tree(args)
+    """Copies of `args` whose contiguous tensors start `offset` bytes (rounded down to whole elements) past an
+    ALIGN_BYTES boundary of a fresh buffer of their dtype and device; other leaves cloned (`clone_tree`). So the
+    first call's inputs are aligned as widely as any allocator aligns, and the others' are not, on every
+    device (a CPU allocation is aligned at 64 bytes, sometimes at 128: a path chosen by address could
+    otherwise be taken by every call)."""
 
     def place(t: torch.Tensor) -> torch.Tensor:
-        pad = offset // t.element_size()
-        if pad == 0 or not t.is_contiguous() or t.numel() == 0:
+        size = t.element_size()
+        if not t.is_contiguous() or t.numel() == 0 or ALIGN_BYTES % size:
             return clone_tree(t)
-        view = torch.empty(t.numel() + pad, dtype=t.dtype, device=t.device)[pad:].view(t.shape)
-        return view.copy_(t.detach())
+        buffer = torch.empty(t.numel() + (ALIGN_BYTES + offset) // size, dtype=t.dtype, device=t.device)
+        start = ((-buffer.data_ptr()) % ALIGN_BYTES) // size + offset // size
+        return buffer[start:start + t.numel()].view(t.shape).copy_(t.detach())
 
     return map_tensors(args, place)
 
@@ -62,7 +65,7 @@ def first_difference(run: Callable[[Any], Any], args: Any, device: torch.device,
         # Shift the caching allocator so each call sees its inputs at other addresses.
         keep.append(torch.empty(4096 * (call + 1) + 64 * call, dtype=torch.uint8, device=device))
         # Earlier calls' inputs stay alive, so no allocator can hand their addresses out again; the later calls'
-        # start OFFSET_BYTES into a larger buffer (an allocator aligns every block: a kernel whose path depends
+        # start OFFSET_BYTES past an aligned boundary (an allocator aligns every block: a kernel whose path depends
         # on its operands' alignment, as a vectorised or split path chosen by address, shows only so).
         copy = at_offset(args, OFFSET_BYTES[call % len(OFFSET_BYTES)])
         keep.append(copy)
