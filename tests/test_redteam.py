@@ -217,9 +217,13 @@ def show_aliases(name, spec):
 def show_nondeterministic(name, spec):
     _, _, candidate = load(name)
     inputs = demo_inputs(name)
+    from kgate.gates.determinism import OFFSET_BYTES, at_offset
+
     kept, outs = [], []
-    for _ in range(spec.get("calls", 3)):
-        kept.append([a.clone() for a in inputs])  # kept alive: every call at other addresses
+    for i in range(spec.get("calls", 3)):
+        # kept alive: every call at other addresses, the first aligned at 512 bytes and the others not (plain
+        # clones land where malloc puts them: all aligned alike half the time)
+        kept.append(at_offset([a.clone() for a in inputs], OFFSET_BYTES[i % len(OFFSET_BYTES)]))
         outs.append(call(candidate, kept[-1]).clone())
     differing = [i for i, o in enumerate(outs) if not bitwise_equal(o, outs[0])]
     return f"calls {differing} differ bitwise from call 0 on equal inputs" if differing else None
