@@ -36,19 +36,7 @@ jobs_of() {  # jobs_of LIB: its N in --jobs, else 2
   for pair in ${JOBS//,/ }; do [ "${pair%%=*}" = "$1" ] && { echo "${pair#*=}"; return; }; done
   echo 2
 }
-{
-  date -u +%Y-%m-%dT%H:%M:%SZ
-  if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; else echo "no nvidia-smi"; fi
-  python3 - <<'EOF' 2>&1
-from importlib import metadata
-for name in ("torch", "triton", "liger-kernel", "flag-gems", "fla-core"):
-    try:
-        print(name, metadata.version(name))
-    except metadata.PackageNotFoundError:
-        print(name, "not installed")
-EOF
-  echo "kgate $(git rev-parse --short HEAD 2>/dev/null || echo '(not a git checkout)')"
-} >"$OUT/environment.txt"
+python3 bench/environment.py torch triton liger-kernel flag-gems fla-core >"$OUT/environment.txt"
 cat "$OUT/environment.txt"
 for lib in ${LIBS//,/ }; do
   manifest=examples/field/$lib/kgate.yaml

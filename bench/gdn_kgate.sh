@@ -30,13 +30,7 @@ done
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-{
-  date -u +%Y-%m-%dT%H:%M:%SZ
-  if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; else echo "no nvidia-smi"; fi
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)' 2>&1 | tail -1
-  python3 -c 'import fla; print("fla-core", getattr(fla, "__version__", "?"))' 2>&1 | tail -1
-  echo "kgate $(git rev-parse --short HEAD 2>/dev/null || echo '(not a git checkout)')"
-} >"$OUT/environment.txt"
+python3 bench/environment.py torch triton fla-core >"$OUT/environment.txt"
 cat "$OUT/environment.txt"
 [ -n "$MEMCHECK" ] && python3 bench/gdn_memcheck.py >"$OUT/memcheck.log" 2>&1
 if [ -n "$TESTS" ]; then

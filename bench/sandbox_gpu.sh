@@ -16,8 +16,7 @@ cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
 log="$OUT/sandbox-gpu.log"
 {
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  python3 bench/environment.py torch triton
   bwrap --version
   python3 -c 'from kgate import sandbox; print("sandbox:", sandbox.choose("auto").describe())'
   echo "--- kgate selftest --device cuda --sandbox require"
