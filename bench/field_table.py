@@ -4,52 +4,37 @@
 
 DIR is field_kgate.sh's --out: DIR/LIB/results.jsonl for each library. For each library: one row a kernel
 (in the manifest's order), one column a gate (forward, then each gate's backward phase), each cell the
-verdict (pass, FAIL, ERROR, skip; `cut` where a stop cancelled it, blank where the run did not reach it), then every failure and error with
-kgate's message. Kernels and gates the run did not reach are counted, so a table of a run cut short says so.
+verdict (pass, FAIL, ERROR, skip; blank where nothing was judged: a stop cancelled it, or the run did not
+reach it), then every failure and error with kgate's message. The results are read as `kgate run --resume`
+reads them (kgate.runner.read_judged), so a table of a run cut short counts what it judged.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-import yaml
+from kgate.manifest import load
+from kgate.runner import read_judged
 
 ROOT = Path(__file__).resolve().parent.parent
 CELL = {"pass": "pass", "fail": "**FAIL**", "error": "**ERROR**", "skip": "skip"}
 
 
 def manifest_kernels(library: str) -> list[str]:
-    data = yaml.safe_load((ROOT / "examples" / "field" / library / "kgate.yaml").read_text())
-    return [k["name"] for k in data.get("kernels", [])]
+    return [k.name for k in load(ROOT / "examples" / "field" / library / "kgate.yaml").kernels]
 
 
 def read_results(path: Path) -> dict[tuple[str, str], dict]:
-    """The last result of each (kernel, gate) in a results.jsonl (a resumed run appends)."""
-    results: dict[tuple[str, str], dict] = {}
-    if not path.exists():
-        return results
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a stop
-        if isinstance(row, dict) and "kernel" in row and "gate" in row:
-            results[(row["kernel"], row["gate"])] = row
-    return results
-
-
-def cut(row: dict) -> bool:
-    """A result the run's stop left unjudged (kgate records the gates it cancelled as errors)."""
-    return row.get("verdict") == "error" and "cancelled (the run was interrupted)" in str(row.get("message"))
+    """(kernel, gate) -> the result a results.jsonl judged (the last of a resumed run's; none where a stop
+    cancelled it), as JSON."""
+    judged, _ = read_judged(path.read_text() if path.exists() else "")
+    return {(kernel, gate): result.to_json() for kernel, gates in judged.items() for gate, result in gates.items()}
 
 
 def cell(row: dict | None) -> str:
-    if row is None:
-        return ""
-    return "cut" if cut(row) else CELL.get(row["verdict"], row["verdict"])
+    return "" if row is None else CELL.get(row["verdict"], row["verdict"])
 
 
 def gate_order(gates: set[str]) -> list[str]:
@@ -70,11 +55,7 @@ def table(library: str, results: dict[tuple[str, str], dict]) -> str:
             cells = [cell(results.get((kernel, g))) for g in gates]
             lines.append(f"| `{kernel}` | " + " | ".join(cells) + " |")
         lines.append("")
-    stopped = sum(cut(r) for r in results.values())
-    if stopped:
-        lines += [f"`cut`: {stopped} results the run's stop left unjudged.", ""]
-    findings = [(k, g, r) for (k, g), r in sorted(results.items())
-                if r.get("verdict") in ("fail", "error") and not cut(r)]
+    findings = [(k, g, r) for (k, g), r in sorted(results.items()) if r.get("verdict") in ("fail", "error")]
     if findings:
         lines += ["Failures and errors:", ""]
         for kernel, gate, row in findings:
