@@ -1863,7 +1863,7 @@ def test_an_audit_worker_forked_from_its_template_loads_a_problem_without_import
     device (kgate.kernelbench.free_dims) imported sympy in each worker: 0.5-0.9 s of a 1.5 s candidate."""
     problem = CORPUS / "problems" / "level1" / "19_ReLU.py"
     code = textwrap.dedent(f"""\
-        import importlib, sys
+        import importlib, json, sys
         from pathlib import Path
         from kgate.forkserver import WARM
         for name in (*WARM, "kgate.audit.worker"):
@@ -1876,10 +1876,10 @@ def test_an_audit_worker_forked_from_its_template_loads_a_problem_without_import
         kb.free_dims(module)
         kb.exec_candidate(Path({str(CORPUS / "candidates" / "level1" / "19_ReLU.py")!r}), Path({str(problem)!r}))
         new = sorted(m for m in set(sys.modules) - before if not m.startswith(("kgate_kb_", "_kgate_kb_")))
-        print(new)
+        print(json.dumps(new))
         """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr
-    new = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - our own printed list
+    new = json.loads(done.stdout.strip().splitlines()[-1])
     assert not [m for m in new if m.split(".")[0] in ("sympy", "mpmath") or m.startswith("torch.fx")], new
     assert len(new) <= 5, new

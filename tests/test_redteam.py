@@ -223,7 +223,7 @@ def show_nondeterministic(name, spec):
     for i in range(spec.get("calls", 3)):
         # kept alive: every call at other addresses, the first aligned at 512 bytes and the others not (plain
         # clones land where malloc puts them: all aligned alike half the time)
-        kept.append(at_offset([a.clone() for a in inputs], OFFSET_BYTES[i % len(OFFSET_BYTES)]))
+        kept.append(at_offset(list(inputs), OFFSET_BYTES[i % len(OFFSET_BYTES)]))  # fresh copies
         outs.append(call(candidate, kept[-1]).clone())
     differing = [i for i, o in enumerate(outs) if not bitwise_equal(o, outs[0])]
     return f"calls {differing} differ bitwise from call 0 on equal inputs" if differing else None
