@@ -21,6 +21,7 @@ import re
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -1218,9 +1219,23 @@ def _found_on(module: str, search: list[str]) -> str | None:
     return next((p for p in search if importlib.machinery.PathFinder.find_spec(top, [p]) is not None), None)
 
 
+# CPython 3.11's AST constructor keeps its recursion depth in the interpreter state, not per thread: two
+# threads parsing at once can fail with "SystemError: AST constructor recursion depth mismatch" (gh-106905,
+# seen when kgate run's workers' threads looked up their kernels' source lines together).
+_PARSE_LOCK = threading.RLock()  # reentrant: a finalizer run during a parse may parse too
+
+
+def _parse_source(path: Path) -> ast.Module:
+    """The module at `path` parsed (OSError, UnicodeDecodeError and SyntaxError as `ast.parse` raises them),
+    one parse at a time in this process."""
+    source = path.read_text(encoding="utf-8")
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=str(path))
+
+
 def _definition_line(path: Path, attr: str) -> int | None:
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = _parse_source(path)
     except (OSError, SyntaxError, UnicodeDecodeError):
         return None
     head = attr.split(".")[0]
@@ -1293,7 +1308,7 @@ def _check_ref(ref: Ref, role: str, kernel: ResolvedKernel) -> tuple[str, str | 
     if path.suffix != ".py":
         return None  # compiled module: its attributes are checked when the worker imports it
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = _parse_source(path)
     except SyntaxError as exc:
         return (f"{path}:{exc.lineno}: syntax error: {exc.msg}", None)
     except (OSError, UnicodeDecodeError) as exc:
@@ -1317,7 +1332,7 @@ def _kwargs_problems(ref: Ref, role: str, kernel: ResolvedKernel) -> list[tuple[
         return []
     path = ref.path if ref.is_file else kernel.ref_file(role)
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8")) if path is not None and path.suffix == ".py" else None
+        tree = _parse_source(path) if path is not None and path.suffix == ".py" else None
     except (OSError, SyntaxError, UnicodeDecodeError):
         return []
     binding = None
