@@ -177,8 +177,16 @@ def make_cross_entropy_inputs(seed, shape=(1024, 32000), dtype=torch.float32, de
 
 # --- fused linear cross-entropy -----------------------------------------------------------------
 
+def _float32_loss(loss):
+    """A loss Liger returns in float32 for half-precision inputs (and in the inputs' dtype from float32 on,
+    so the float64 oracle keeps float64): fused linear cross-entropy ("loss_1d is always fp32",
+    `fused_linear_cross_entropy_forward`) and KL divergence (`kldiv_forward_triton` allocates its output
+    with dtype=torch.float32). The value is computed in the inputs' dtype, as torch computes it."""
+    return loss.to(torch.promote_types(loss.dtype, torch.float32))
+
+
 def fused_linear_cross_entropy_reference(hidden, weight, target):
-    return _cross_entropy_reference(F.linear(hidden, weight), target, "mean")
+    return _float32_loss(_cross_entropy_reference(F.linear(hidden, weight), target, "mean"))
 
 
 def make_fused_linear_cross_entropy_inputs(seed, shape=(512, 1024, 8192), dtype=torch.float32, device="cpu"):
@@ -261,7 +269,7 @@ def kl_div_batchmean(log_q, p):
 
 def kl_div_batchmean_reference(log_q, p):
     _check_distribution(log_q, p.log())
-    return F.kl_div(log_q, p, reduction="batchmean")
+    return _float32_loss(F.kl_div(log_q, p, reduction="batchmean"))
 
 
 def kl_div_log_target(log_q, log_p):
@@ -270,7 +278,7 @@ def kl_div_log_target(log_q, log_p):
 
 def kl_div_log_target_reference(log_q, log_p):
     _check_distribution(log_q, log_p)
-    return F.kl_div(log_q, log_p, reduction="sum", log_target=True)
+    return _float32_loss(F.kl_div(log_q, log_p, reduction="sum", log_target=True))
 
 
 def _student_and_teacher_logits(seed, shape):
