@@ -150,3 +150,29 @@ def test_a_buffer_is_scaled_not_shifted():
     assert isolation(Normalize, Normalize()).verdict == "pass"
     result = isolation(NormalizeFolded, Normalize())
     assert result.verdict == "fail" and "every parameter and buffer" in result.message
+
+
+def test_a_large_parameter_is_changed_a_piece_at_a_time(monkeypatch):
+    # A weight of billions of elements must not be copied whole into float64 (several copies of a 4 GiB
+    # weight took a GPU audit's worker past its 32 GiB host limit): the change is drawn in pieces, and the
+    # probe still catches a stale cache and passes a kernel that follows its parameters.
+    import kgate.gates.isolation as isolation_module
+
+    monkeypatch.setattr(isolation_module, "STEP_PIECE", 16)
+    drawn = []
+    real_rand = torch.rand
+
+    def rand(*args, **kwargs):
+        out = real_rand(*args, **kwargs)
+        drawn.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch, "rand", rand)
+    (parameter_class, *_) = parameter_classes(Linear(), Linear())
+    change = parameter_class.change(7)
+    assert drawn and max(drawn) <= 16 and sum(drawn) == 2 * parameter_class.numel  # factor and noise
+    assert change.shape == parameter_class.reference[0][1].shape and change.dtype == torch.float32
+    assert torch.equal(change, parameter_class.change(7)) and not torch.equal(change, parameter_class.change(8))
+    assert bool((change != 0).all())
+    assert isolation(CachedByAddress).verdict == "fail"
+    assert isolation(Linear).verdict == "pass"

@@ -55,6 +55,7 @@ PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
 OWNED_CALLS = 8  # outputs-stay-owned probe: calls whose outputs are kept (a buffer reused every k < 8 calls shows)
 PARAMETER_SEED = 104729  # seeds the new values of the parameters probe
+STEP_PIECE = 1 << 22  # parameters probe: elements of a class drawn at once (float64, on the CPU)
 SINGLE_CLASS_PROBES = 6  # parameters probe: how many groups of equal parameters are also changed alone
 
 _WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
@@ -349,26 +350,40 @@ class ParameterClass:
         reference = ", ".join(n for n, _ in self.reference[:3]) + (" ..." if len(self.reference) > 3 else "")
         return f"the kernel's {kernel} (the reference's {reference})"
 
-    def step(self, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """What an optimizer step does to every tensor of the class, as (tensor, change): a parameter gets
-        `add_(delta)`, delta ~ +-50% of the values plus noise of their mean magnitude; a buffer (running
-        statistics, masks) `mul_(factor)`, factor in [0.5, 1.5): signs and zeros kept, so a variance stays
-        positive and a 0/1 mask keeps its pattern. The change depends only on the class's values and seed."""
-        values = self.reference[0][1].detach().to("cpu", torch.float64)
+    def change(self, seed: int) -> torch.Tensor:
+        """What an optimizer step does to every tensor of the class: a parameter gets `add_(change)`, change
+        ~ +-50% of the values plus noise of their mean magnitude; a buffer (running statistics, masks)
+        `mul_(change)`, change in [0.5, 1.5): signs and zeros kept, so a variance stays positive and a 0/1 mask
+        keeps its pattern. The change depends only on the class's values and seed. It is drawn in float64
+        on the CPU a piece of STEP_PIECE elements at a time and kept in the class's dtype on its device, so
+        a weight of billions of elements costs one more tensor like it, not several float64 copies."""
+        values = self.reference[0][1].detach()
+        flat = values.reshape(-1)
         gen = torch.Generator().manual_seed(seed)
-        factor = 0.5 + torch.rand(values.shape, generator=gen, dtype=torch.float64)
-        if self.kind == "parameter":
-            scale = float(values.abs().mean()) if values.numel() else 0.0
-            noise = torch.rand(values.shape, generator=gen, dtype=torch.float64) - 0.5
-            change = values * (factor - 1.0) + (scale or 1.0) * noise
-        else:
-            change = factor
-        tensors = {id(t): t for _, t in [*self.reference, *self.kernel]}  # once each: kernel and reference may share
-        return [(t, change.to(device=t.device, dtype=t.dtype)) for t in tensors.values()]
+        scale = 0.0
+        if self.kind == "parameter" and flat.numel():
+            total = sum(float(flat[i:i + STEP_PIECE].to("cpu", torch.float64).abs().sum())
+                        for i in range(0, flat.numel(), STEP_PIECE))
+            scale = total / flat.numel()
+        out = torch.empty_like(values, memory_format=torch.contiguous_format)
+        dest = out.view(-1)
+        for i in range(0, flat.numel(), STEP_PIECE):
+            piece = flat[i:i + STEP_PIECE].to("cpu", torch.float64)
+            factor = 0.5 + torch.rand(piece.shape, generator=gen, dtype=torch.float64)
+            if self.kind == "parameter":
+                noise = torch.rand(piece.shape, generator=gen, dtype=torch.float64) - 0.5
+                factor = piece * (factor - 1.0) + (scale or 1.0) * noise
+            dest[i:i + piece.numel()] = factor.to(dest.dtype)
+        return out
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor of the class, once each (kernel and reference may share one)."""
+        return list({id(t): t for _, t in [*self.reference, *self.kernel]}.values())
 
     def apply_step(self, seed: int) -> None:
+        change = self.change(seed)
         with torch.no_grad():
-            for t, change in self.step(seed):
+            for t in self.tensors():
                 if self.kind == "parameter":
                     t.add_(change)
                 else:
@@ -410,12 +425,15 @@ def parameter_classes(kernel: torch.nn.Module, reference: torch.nn.Module) -> li
 
 def _load_changed(modules: tuple[torch.nn.Module, ...], classes: list[ParameterClass], seed: int) -> None:
     """load_state_dict of new weights into each module: its state dict with every tensor of `classes`
-    stepped (as ParameterClass.step, computed on copies, once for all modules), loaded as load_state_dict
+    stepped (as ParameterClass.change, one new tensor per class for all modules), loaded as load_state_dict
     loads (in place: the same tensors, the same addresses)."""
     new: dict[int, torch.Tensor] = {}
     for c in classes:
-        for t, change in c.step(seed):
-            new[id(t)] = t.detach() + change if c.kind == "parameter" else t.detach() * change
+        change = c.change(seed)
+        value = c.reference[0][1].detach()
+        value = value + change if c.kind == "parameter" else value * change
+        del change
+        new.update((id(t), value) for t in c.tensors())  # the class's tensors are equal: one new value for all
     for module in modules:
         names = {n: id(t) for _, n, t in _named_state(module)}
         state = module.state_dict()
