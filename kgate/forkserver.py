@@ -321,8 +321,16 @@ def _started(sock: socket.socket) -> tuple[int, bytes]:
 
 def _key(box: Any, module: str, cwd: Path, env: Mapping[str, str], readable: Iterable[Path],
          parents: list[str]) -> tuple:
+    """What makes a template fit for a job: the sandbox, the worker module, the environment (less PER_JOB_ENV),
+    the folders that hold the writable ones, and the view (sandbox.layout: the folders shown, each once, none
+    inside another), not the working folder and readable folders as given. Jobs in other folders of one
+    view share a template: a job's working folder is its own (the child changes to it) and never on sys.path
+    (sandbox.kgate_command); an audit's candidates, each in its run's folder under the corpus, share one."""
+    from kgate import sandbox
+
     fixed = tuple(sorted((k, v) for k, v in env.items() if k not in PER_JOB_ENV))
-    return (box.mode, box.bwrap, module, str(cwd), tuple(sorted(str(p) for p in readable)), fixed, tuple(parents))
+    _, shown, _ = sandbox.layout(cwd, env, readable)
+    return (box.mode, box.bwrap, module, tuple(shown), fixed, tuple(parents))
 
 
 def start(module: str, job: dict[str, Any], *, box: Any, cell: Any, cwd: Path, env: Mapping[str, str],

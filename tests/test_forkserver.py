@@ -95,6 +95,37 @@ def test_jobs_start_from_the_template_in_well_under_a_second(folder, mode):
     assert "workers forked from a sandboxed template" in sandbox.choose().describe()
 
 
+def test_jobs_in_other_folders_of_one_view_share_a_template_each_in_its_own_folder(folder, mode):
+    """An audit's candidates lie in their runs' folders under one corpus: one template serves them all, and
+    each job works in its own folder, which is not on its sys.path (nor the template's)."""
+    mode("require")
+    found = {}
+    for name in ("run_a", "run_b"):
+        (folder / name).mkdir(exist_ok=True)
+
+        def on_event(event, name=name):
+            if event.get("event") == "probe":
+                found[name] = event["result"]
+            return "probe" if event.get("event") == "started" else None
+
+        exit_ = runner.supervise("fs_probe", {"probe": "environment"}, log_path=folder / f"{name}.log",
+                                 cwd=folder / name, timeout=60, memory=4 * GIB, on_event=on_event,
+                                 env={**os.environ, "PYTHONPATH": str(folder)}, readable=[folder])
+        assert exit_.returncode == 0, exit_
+    a, b = found["run_a"], found["run_b"]
+    assert a["cwd"] == str(folder / "run_a") and b["cwd"] == str(folder / "run_b")
+    assert not any(p in (a["cwd"], b["cwd"], "") for p in a["sys_path"] + b["sys_path"])
+    key = forkserver._key(sandbox.choose(), "fs_probe", folder / "run_a", {**os.environ, "PYTHONPATH": str(folder)},
+                          [folder], [])
+    assert key == forkserver._key(sandbox.choose(), "fs_probe", folder / "run_b",
+                                  {**os.environ, "PYTHONPATH": str(folder)}, [folder], [])
+    assert key != forkserver._key(sandbox.choose(), "fs_probe", folder.parent, {**os.environ,
+                                  "PYTHONPATH": str(folder)}, [folder], [])  # a wider view: another template
+    assert a["cmdline"] == b["cmdline"] and "kgate.forkserver" in a["cmdline"]
+    assert sum(1 for t in forkserver._templates.values() if t.key[2] == "fs_probe" and t.key[3] ==
+               key[3]) == 1
+
+
 def test_a_job_sees_and_signals_no_process_but_its_own(folder, mode):
     """A job holds a worker open while another looks for it, for the template, for kgate; the control: the same
     with an unsandboxed template, where it sees them."""

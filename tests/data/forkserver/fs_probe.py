@@ -100,7 +100,7 @@ def child(job):
 
 
 def environment(job):
-    return {"env": dict(os.environ), "argv": sys.argv, "cmdline": Path("/proc/self/cmdline").read_bytes().decode(
+    return {"env": dict(os.environ), "argv": sys.argv, "cwd": os.getcwd(), "sys_path": sys.path, "cmdline": Path("/proc/self/cmdline").read_bytes().decode(
         errors="replace").split("\0")}
 
 
