@@ -4,8 +4,8 @@ starting Python and importing torch cost.
 
 The template (`Template`, one per worker module, view (the folders shown, whichever of them is the job's
 working folder) and environment; up to MAX_TEMPLATES kept) runs no code under judgment. It imports torch
-without touching CUDA and without running a torch operation (no CUDA context, no OpenMP threads: nothing that a fork would break); each child makes its
-own CUDA context. With the sandbox (kgate.sandbox) the template runs inside bubblewrap with the very view a
+without touching CUDA and without running a torch operation (no CUDA context, no OpenMP threads: nothing
+that a fork would break); each child makes its own CUDA context. With the sandbox (kgate.sandbox) the template runs inside bubblewrap with the very view a
 worker gets, but in a user namespace of its own holding the capabilities it needs to make one more sandbox
 per job (`sandbox.TEMPLATE_CAPS`; none over the host). For each job it forks:
 
