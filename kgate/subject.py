@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import torch
 
 from kgate import procmem
-from kgate.compare import clone_tree, flatten, map_tensors, tensors
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, tensors
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
 from kgate.oracle import DtypeDispatch, upcast
@@ -353,10 +353,23 @@ class ModuleState:
     def __init__(self, subject: Subject, modules: tuple[torch.nn.Module, torch.nn.Module]):
         self.subject = subject
         seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for module in modules:
-            for t in [*module.parameters(), *module.buffers()]:
-                if id(t) not in seen:
-                    seen[id(t)] = (t, t.detach().clone())
+        copies: dict[tuple, list[torch.Tensor]] = {}  # by shape, dtype, device: the copies made so far
+        with torch.no_grad():
+            for module in modules:
+                for t in [*module.parameters(), *module.buffers()]:
+                    if id(t) in seen:
+                        continue
+                    # kernel and reference mostly hold equal weights: one copy serves every tensor equal
+                    # to it bitwise (a model's worth of GPU memory less, in an audit's share of the GPU)
+                    same = copies.setdefault((tuple(t.shape), t.dtype, t.device), [])
+                    try:
+                        saved = next((c for c in same if bitwise_mismatch(c, t) is None), None)
+                    except (RuntimeError, TypeError, KeyError):  # a layout without a bit view (sparse...)
+                        saved = None
+                    if saved is None:
+                        saved = t.detach().clone()
+                        same.append(saved)
+                    seen[id(t)] = (t, saved)
         self._saved = list(seen.values())
         self._copies = [(d, dict(d._copies)) for d in (subject._dispatch, subject.raw_reference_fn)
                         if isinstance(d, DtypeDispatch)]

@@ -176,3 +176,24 @@ def test_a_large_parameter_is_changed_a_piece_at_a_time(monkeypatch):
     assert bool((change != 0).all())
     assert isolation(CachedByAddress).verdict == "fail"
     assert isolation(Linear).verdict == "pass"
+
+
+def test_equal_parameters_of_kernel_and_reference_are_saved_once_and_each_restored():
+    # kernel and reference hold equal weights: one saved copy serves both (a model's worth of memory less
+    # in an audit's share of a GPU); a tensor of one side that differs gets its own, and each comes back
+    from kgate.subject import ModuleState
+
+    kernel, reference = Linear(), Linear()
+    with torch.no_grad():
+        kernel.bias.add_(1.0)  # differs from the reference's
+    subject = subject_for(kernel, reference, features)
+    before = [t.detach().clone() for t in [*kernel.parameters(), *reference.parameters()]]
+    state = ModuleState(subject, (kernel, reference))
+    saved = {id(s) for _, s in state._saved}
+    assert len(state._saved) == 4 and len(saved) == 3  # the two weights share one copy, the biases do not
+    with torch.no_grad():
+        for t in [*kernel.parameters(), *reference.parameters()]:
+            t.mul_(3.0)
+    state.close()
+    after = [t.detach() for t in [*kernel.parameters(), *reference.parameters()]]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
