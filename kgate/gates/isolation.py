@@ -45,7 +45,7 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of, overl
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
-from kgate.oracle import measure
+from kgate.oracle import LeafError, measure
 from kgate.subject import ModuleState, Subject, UserCodeError, synchronize, unless_rejected
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
@@ -635,13 +635,11 @@ class Isolation(Gate):
         now = _leaves(self.call_zeroed(subject, clone_tree(args)))
         reference = dict(_leaves(subject.run_reference(clone_tree(args))))
         oracle = dict(_leaves(subject.oracle(args)))
-        tol = subject.tolerance
         for (path, old), (_, got) in zip(previous, now):
-            if path not in oracle or oracle[path].shape != old.shape or bitwise_mismatch(old, got) is not None:
+            if bitwise_mismatch(old, got) is not None:
                 continue
-            moved = measure(old, reference.get(path), oracle[path], path=path, factor=tol.factor, ulps=tol.ulps,
-                            atol=tol.atol)
-            if moved.passed:
+            moved = stale(subject, path, old, reference, oracle)
+            if moved is None:
                 continue  # the change does not show in this output beyond the bound: nothing to tell
             return self.failed(
                 subject, f"{path}: after {what}, alike in kernel and reference, the kernel returned its previous "
@@ -685,18 +683,19 @@ class Isolation(Gate):
                     got=repr(mismatch.got), where=f"{path}{list(mismatch.index)}"), 1
         # The previous result for new values: memoized on identity or address, whatever else happens.
         new_oracle = dict(_leaves(subject.oracle(other)))
-        old_oracle = dict(_leaves(base.oracle))
+        new_reference = dict(_leaves(subject.run_reference(clone_tree(other))))
         for (path, old), (_, now) in zip([(p, c) for p, _, c in first], second):
-            if path not in new_oracle or path not in old_oracle or new_oracle[path].shape != old.shape:
+            if bitwise_mismatch(old, now) is not None:
                 continue
-            # Only where the truth, rounded to the output's dtype, changed with the new values.
-            truth_changed = bitwise_mismatch(new_oracle[path].to(old.dtype), old_oracle[path].to(old.dtype))
-            if truth_changed and bitwise_mismatch(old, now) is None:
+            moved = stale(subject, path, old, new_reference, new_oracle)
+            if moved is not None:
                 return self.failed(
                     subject, f"{path}: after the inputs were overwritten in place with other values (same "
-                    "addresses), the kernel returned its previous result again (memoized on the tensors' "
-                    "identity or address?)", case=case, expected="a result for the new values",
-                    got="the previous result", where=path, details={"stale": True}), 1
+                    f"addresses), the kernel returned its previous result again, {moved_by(moved)} (memoized on "
+                    "the tensors' identity or address?)", case=case,
+                    expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                    got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                    details={"stale": True}), 1
         quiet = self.memo_unversioned(subject, case)
         if quiet is not None:
             return quiet, 1
@@ -745,21 +744,42 @@ class Isolation(Gate):
             return None  # the change leaves the inputs' known structure (a triangular matrix's zeros)
         second = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
         truth = unless_rejected(lambda: dict(_leaves(subject.oracle(clone_tree(args)))))
-        if truth is None:
+        reference = unless_rejected(lambda: dict(_leaves(subject.run_reference(clone_tree(args)))))
+        if truth is None or reference is None:
             return None  # the changed element leaves the reference's domain: no truth to be stale against
-        before = dict(_leaves(base.oracle))
         for (path, was), (_, now) in zip(first, second):
-            if path not in truth or path not in before or truth[path].shape != was.shape:
+            if bitwise_mismatch(was, now) is not None:
                 continue
-            if bitwise_mismatch(truth[path].to(was.dtype), before[path].to(was.dtype)) and \
-                    bitwise_mismatch(was, now) is None:
+            moved = stale(subject, path, was, reference, truth)
+            if moved is not None:
                 return self.failed(
                     subject, f"{path}: after argument {i}[{', '.join(map(str, index))}] was changed in place "
                     f"without a version bump (through .data, as a kernel's own write leaves it), the kernel "
-                    "returned its previous result again (a cache keyed on the address, the version counter or a "
-                    "sample of the values?)", case=case, expected="a result for the new values",
-                    got="the previous result", where=path, details={"stale": True, "unversioned": True})
+                    f"returned its previous result again, {moved_by(moved)} (a cache keyed on the address, the "
+                    "version counter or a sample of the values?)", case=case,
+                    expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                    got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                    details={"stale": True, "unversioned": True})
         return None
+
+
+def stale(subject: Subject, path: str, old: torch.Tensor, reference: dict, oracle: dict) -> LeafError | None:
+    """The one criterion of every stale-result probe: `old`, a kernel output from before the inputs or
+    parameters changed, judged against the oracle for the changed ones (`oracle`, `reference`: their leaves
+    by path) with the oracle gate's bound. The LeafError where the previous output is off by more than the
+    bound (the change shows, so returning it again is stale), None where it is within the bound (a kernel
+    within the bound need not move with a one-ulp move of the rounded truth) or the leaf is not comparable."""
+    want = oracle.get(path)
+    if not isinstance(want, torch.Tensor) or want.shape != old.shape:
+        return None
+    tol = subject.tolerance
+    moved = measure(old, reference.get(path), want, path=path, factor=tol.factor, ulps=tol.ulps, atol=tol.atol)
+    return None if moved.passed else moved
+
+
+def moved_by(moved: LeafError) -> str:
+    """'which is now off by E at PATH[I], bound B' for a stale-result failure message."""
+    return f"which is now off by {moved.err:.3g} at {moved.path}{moved.index} (bound {moved.bound:.3g})"
 
 
 GATE = Isolation
