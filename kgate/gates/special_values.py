@@ -42,6 +42,13 @@ diagonal matrices) may have those zeros skipped by the kernel rather than multip
 NaN/Inf reaches an output only through such a product (the oracle there is the same, and finite, with 0
 and with 1 in place of the injected value), a finite output is allowed and counted.
 
+The oracle runs on the kernel's device. Where the kernel's class differs from it there and that device is not
+the CPU, the oracle is evaluated on the CPU as well (`Subject.oracle_on_cpu`), and an element whose kernel class
+matches either evaluation passes, counted in the pass message and `details["devices"]`: the reference's own
+special-value semantics may differ by device (torch's CUDA rms_norm spreads one Inf input to a NaN row through
+its Welford statistics, its CPU path and the formula give 0 at the finite elements). A class that no evaluation
+of the reference gives (a NaN dropped where both give NaN) still fails.
+
 A probe the reference (or the float64 oracle) rejects by raising, outside its declared domain, is
 skipped and listed in the pass message; the overflow probe is then retried one input at a time. If
 the reference rejects every probe the gate is skipped. A kernel that raises on a probe the reference
@@ -182,6 +189,7 @@ class SpecialValues(Gate):
         tried, rejected = 0, []
         spread: list[dict] = []
         structural: list[dict] = []
+        devices: list[dict] = []
         cut = None  # the probe a spent search budget stopped the later rounds before
         for case, later in [(c, later) for later in (False, True) for c in subject.first_seed_cases()]:
             if cut is not None:
@@ -211,7 +219,7 @@ class SpecialValues(Gate):
                     if label in (SUBNORMAL, UNDERFLOW):
                         reference = unless_rejected(lambda inputs=inputs: subject.run_reference(clone_tree(inputs)))
                     result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural,
-                                        reference)
+                                        reference, devices)
                     if result is not None:
                         return result
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before the probe "
@@ -243,6 +251,12 @@ class SpecialValues(Gate):
                         f"comes only from a declared zero of a structured input (0 x NaN: a kernel may skip "
                         f"those zeros)")
             details["structural"] = structural
+        if devices:
+            message += (f"; {sum(d['outputs'] for d in devices)} output(s) of the class the reference gives on the "
+                        f"CPU where its float64 evaluation on {devices[0]['device']} gives another (after "
+                        f"{len({(d['probe'], str(d['case'])) for d in devices})} probe(s)): the reference's own "
+                        f"special-value semantics differ by device, and either is allowed")
+            details["devices"] = devices
         return self.passed(message + rejected_note(rejected), details=details)
 
     @staticmethod
@@ -271,12 +285,15 @@ class SpecialValues(Gate):
 
     def judge(self, subject: Subject, case: Case, label: str, probe: tuple, oracle, injected: str | None = None,
               spread: list | None = None, skipped: Callable[[], dict | None] | None = None,
-              structural: list | None = None, reference=None) -> GateResult | None:
+              structural: list | None = None, reference=None, devices: list | None = None) -> GateResult | None:
         """A failure, or None. Under `spread`, outputs that only the injected value made non-finite are
         appended to `spread` ({"probe", "injected", "path", "outputs"}). `skipped` (`skipped_zeros`, called
         only where some class differs) names the outputs the injected value reaches only through declared
-        zeros: finite is allowed there, and counted in `structural`."""
+        zeros: finite is allowed there, and counted in `structural`. Where a class still differs and the
+        oracle runs on another device than the CPU, the oracle on the CPU is asked too (`Subject.oracle_on_cpu`):
+        a class that either evaluation of the reference gives is allowed, and counted in `devices`."""
         mode = subject.entry.entry.special_values_match
+        on_cpu = functools.cache(lambda: subject.oracle_on_cpu(clone_tree(probe)))
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
@@ -310,14 +327,25 @@ class SpecialValues(Gate):
                 if extra.any():
                     found.append({"probe": label, "case": case.to_json(), "injected": injected, "path": path,
                                   "outputs": int(extra.sum())})
+            if diff.any() and on_cpu() is not None:
+                elsewhere = dict(flatten(on_cpu())).get(path)
+                if isinstance(elsewhere, torch.Tensor) and elsewhere.shape == got.shape:
+                    other = classify(elsewhere.to(device=got.device, dtype=got.dtype))
+                    other = other if mode == "exact" else other.clamp(max=1)
+                    agrees = diff & (actual == other)
+                    diff &= ~agrees
+                    if agrees.any() and devices is not None:
+                        devices.append({"probe": label, "case": case.to_json(), "path": path,
+                                        "outputs": int(agrees.sum()), "device": str(subject.oracle_device)})
             if diff.any():
                 flat = int(diff.reshape(-1).nonzero()[0, 0])
                 index = list(index_of(flat, tuple(got.shape)))
                 names = _NAMES if mode == "exact" else _NONFINITE_NAMES
                 e, a = names[int(expected.reshape(-1)[flat])], names[int(actual.reshape(-1)[flat])]
                 value = float(got.detach().reshape(-1)[flat].double().cpu())
+                also = " (on the CPU too)" if on_cpu() is not None else ""  # asked above: diff was non-empty
                 return self.failed(
-                    subject, f"{path}{index}: the oracle gives {e}, the kernel gives {value!r} "
+                    subject, f"{path}{index}: the oracle gives {e}{also}, the kernel gives {value!r} "
                     f"({int(diff.sum())} of {diff.numel()} elements differ in class) after {label}",
                     case=case, expected=e, got=f"{a} ({value!r})", where=f"{path}{index}", details={"probe": label})
             ref = references.get(path)
