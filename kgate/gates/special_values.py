@@ -20,7 +20,11 @@ rounded to the output's dtype, is clearly subnormal (at least `CLEARLY_SUBNORMAL
 above what another summation order's rounding can move to zero), the kernel may not flush to zero a
 result the reference keeps (FTZ/DAZ builds), nor keep one the reference flushes: element by element on
 subnormal inputs; on the products probe only where it does so to every such output (a chained product
-whose intermediate underflows in the kernel's order loses some subnormal results without any flush).
+whose intermediate underflows in the kernel's order loses some subnormal results without any flush). A 0
+counts as a flush only where the inputs determine the result to within its own magnitude: where moving every
+input by an ulp of its dtype (SENSITIVITY_DRAWS seeded sign draws, the largest move per element:
+`distributions.oracle_moves`) moves the oracle by at least |oracle|, a 0 is the rounding of a computation in the
+dtype (a float16 sum whose running sums are a thousand times its result), in the reference or the kernel alike.
 
 The probes run in rounds: first, for every case, the last element of each input, the overflow probe and
 the two subnormal probes; then the whole lines and the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
@@ -65,6 +69,7 @@ import torch
 
 from kgate.compare import clone_tree, flatten, index_of, structure
 from kgate.gates.base import Gate, GateResult
+from kgate.gates.distributions import oracle_moves
 from kgate.inputs import Case
 from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
@@ -77,6 +82,8 @@ UNDERFLOW = "inputs scaled so that their products are subnormal"
 # Where the oracle's magnitude is at least this share of the smallest normal, a result is clearly subnormal: a
 # rounding of another summation order cannot make it zero, a flush to zero (FTZ/DAZ) does.
 CLEARLY_SUBNORMAL = 1 / 16
+# Sign draws of the inputs' one-ulp move that tells a reference's rounding 0 from a flush (`subnormals`).
+SENSITIVITY_DRAWS = 4
 # Seeded positions injected beside the last, first and centre elements (rows or tiles other than those).
 RANDOM_POSITIONS = 2
 
@@ -294,6 +301,8 @@ class SpecialValues(Gate):
         a class that either evaluation of the reference gives is allowed, and counted in `devices`."""
         mode = subject.entry.entry.special_values_match
         on_cpu = functools.cache(lambda: subject.oracle_on_cpu(clone_tree(probe)))
+        # asked only for a subnormal finding
+        moves = functools.cache(lambda: oracle_moves(subject, probe, oracle, draws=SENSITIVITY_DRAWS))
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
@@ -350,7 +359,8 @@ class SpecialValues(Gate):
                     case=case, expected=e, got=f"{a} ({value!r})", where=f"{path}{index}", details={"probe": label})
             ref = references.get(path)
             if isinstance(ref, torch.Tensor) and ref.shape == got.shape and got.is_floating_point():
-                failure = self.subnormals(subject, case, label, path, got.detach(), ref, want)
+                failure = self.subnormals(subject, case, label, path, got.detach(), ref, want,
+                                          lambda path=path: moves().get(path))
                 if failure is not None:
                     return failure
         if spread is not None:
@@ -359,9 +369,13 @@ class SpecialValues(Gate):
 
 
     def subnormals(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor, ref: torch.Tensor,
-                   want: torch.Tensor) -> GateResult | None:
+                   want: torch.Tensor, moves: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
         """Where the oracle, rounded to the output's dtype, is clearly subnormal (`CLEARLY_SUBNORMAL`): the kernel
-        flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes."""
+        flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes. Only
+        where the inputs determine the result to within its own magnitude (`moves()`, the oracle's move per
+        element when every input moves by an ulp of its dtype, `oracle_moves`, is below |oracle|): elsewhere a 0
+        is a rounding of the computation in the dtype (a float16 prefix sum whose running sums are a thousand
+        times its result), not a flush."""
         tiny = torch.finfo(got.dtype).tiny
         o = want.to(device=got.device, dtype=got.dtype)
         clearly = (o.abs() >= tiny * CLEARLY_SUBNORMAL) & (o.abs() < tiny)
@@ -372,6 +386,10 @@ class SpecialValues(Gate):
                 (kept, "the subnormal the reference keeps", "the kernel flushes it to zero", got == 0),
                 (flushed, "0, as the reference flushes it", "the kernel keeps a subnormal", (got != 0) & (got.abs() < tiny))):
             diff = mask & bad
+            moved = moves() if diff.any() else None
+            if moved is not None and moved.shape == o.shape:
+                rounding = moved.to(got.device) >= want.to(got.device).abs()
+                mask, diff = mask & ~rounding, diff & ~rounding
             # On the products probe a chained computation may underflow in an intermediate another order keeps
             # (a * b * c as (a * b) * c): some subnormal results lost is a reformulation; every one lost is a flush.
             if diff.any() and (label != UNDERFLOW or bool(diff.sum() == mask.sum())):
