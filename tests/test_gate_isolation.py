@@ -506,3 +506,15 @@ def test_a_sampled_memo_whose_previous_result_is_off_by_more_than_the_bound_stil
     assert result.verdict == "fail" and result.details.get("unversioned"), result.message
     assert "which is now off by 90 at out[] (bound " in result.message
     assert "--gate isolation" in result.repro
+
+
+def test_a_kernel_already_off_before_the_change_is_not_called_stale():
+    """A sum rounded to a multiple of 100 (1000 for 1024.6: off by more than the bound before the change as after
+    it) returns the same 1000 after the probe's change: the oracle gate's finding, not a stale result."""
+    def sum_to_hundreds(x):
+        return (x.float().sum() / 100).round().mul(100).to(x.dtype)
+
+    make = _one_large_and_equal_small(0.0667)
+    assert check("oracle", sum_to_hundreds, lambda x: x.sum(), make, dtypes=["float16"]).verdict == "fail"
+    result = check("isolation", sum_to_hundreds, lambda x: x.sum(), make, dtypes=["float16"])
+    assert result.verdict == "pass", result.message

@@ -46,7 +46,7 @@ from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
 from kgate.oracle import LeafError, measure
-from kgate.subject import ModuleState, Subject, UserCodeError, synchronize, unless_rejected
+from kgate.subject import Baseline, ModuleState, Subject, UserCodeError, synchronize, unless_rejected
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
 HOLD_S = 0.5  # how long a thread the kernel starts is held before it runs (first call of each case)
@@ -621,7 +621,7 @@ class Isolation(Gate):
                     state.restore()
                     continue
                 subject.drop_converted_references()
-                finding = self.stale_after(subject, case, base.args, previous, what, kind)
+                finding = self.stale_after(subject, case, base, previous, what, kind)
                 state.restore()
                 done += 1
                 if finding is not None:
@@ -630,15 +630,17 @@ class Isolation(Gate):
             state.close()
         return None, f"parameters changed in place {done} way(s) ({len(classes)} class(es) of equal parameters)"
 
-    def stale_after(self, subject: Subject, case: Case, args: tuple, previous: list[tuple[str, torch.Tensor]],
+    def stale_after(self, subject: Subject, case: Case, base: Baseline, previous: list[tuple[str, torch.Tensor]],
                     what: str, kind: str) -> GateResult | None:
+        args = base.args
         now = _leaves(self.call_zeroed(subject, clone_tree(args)))
         reference = dict(_leaves(subject.run_reference(clone_tree(args))))
         oracle = dict(_leaves(subject.oracle(args)))
+        before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
         for (path, old), (_, got) in zip(previous, now):
             if bitwise_mismatch(old, got) is not None:
                 continue
-            moved = stale(subject, path, old, reference, oracle)
+            moved = stale(subject, path, old, (reference, oracle), before)
             if moved is None:
                 continue  # the change does not show in this output beyond the bound: nothing to tell
             return self.failed(
@@ -684,10 +686,11 @@ class Isolation(Gate):
         # The previous result for new values: memoized on identity or address, whatever else happens.
         new_oracle = dict(_leaves(subject.oracle(other)))
         new_reference = dict(_leaves(subject.run_reference(clone_tree(other))))
+        before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
         for (path, old), (_, now) in zip([(p, c) for p, _, c in first], second):
             if bitwise_mismatch(old, now) is not None:
                 continue
-            moved = stale(subject, path, old, new_reference, new_oracle)
+            moved = stale(subject, path, old, (new_reference, new_oracle), before)
             if moved is not None:
                 return self.failed(
                     subject, f"{path}: after the inputs were overwritten in place with other values (same "
@@ -747,10 +750,11 @@ class Isolation(Gate):
         reference = unless_rejected(lambda: dict(_leaves(subject.run_reference(clone_tree(args)))))
         if truth is None or reference is None:
             return None  # the changed element leaves the reference's domain: no truth to be stale against
+        before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
         for (path, was), (_, now) in zip(first, second):
             if bitwise_mismatch(was, now) is not None:
                 continue
-            moved = stale(subject, path, was, reference, truth)
+            moved = stale(subject, path, was, (reference, truth), before)
             if moved is not None:
                 return self.failed(
                     subject, f"{path}: after argument {i}[{', '.join(map(str, index))}] was changed in place "
@@ -763,18 +767,25 @@ class Isolation(Gate):
         return None
 
 
-def stale(subject: Subject, path: str, old: torch.Tensor, reference: dict, oracle: dict) -> LeafError | None:
+def stale(subject: Subject, path: str, old: torch.Tensor, now: tuple[dict, dict],
+          before: tuple[dict, dict]) -> LeafError | None:
     """The one criterion of every stale-result probe: `old`, a kernel output from before the inputs or
-    parameters changed, judged against the oracle for the changed ones (`oracle`, `reference`: their leaves
-    by path) with the oracle gate's bound. The LeafError where the previous output is off by more than the
-    bound (the change shows, so returning it again is stale), None where it is within the bound (a kernel
-    within the bound need not move with a one-ulp move of the rounded truth) or the leaf is not comparable."""
-    want = oracle.get(path)
-    if not isinstance(want, torch.Tensor) or want.shape != old.shape:
-        return None
+    parameters changed, judged with the oracle gate's bound against the truth before the change and after it
+    (`before`, `now`: the reference's and the oracle's leaves by path). The LeafError against the truth after,
+    where `old` was within the bound before and is off by more than it after (the change shows, so returning
+    it again is stale); None where it is within the bound after as well (a kernel within the bound need not
+    move with a one-ulp move of the rounded truth), was off before (the oracle gate's finding, not a stale
+    one) or the leaf is not comparable."""
     tol = subject.tolerance
-    moved = measure(old, reference.get(path), want, path=path, factor=tol.factor, ulps=tol.ulps, atol=tol.atol)
-    return None if moved.passed else moved
+    judged = []
+    for reference, oracle in (before, now):
+        want = oracle.get(path)
+        if not isinstance(want, torch.Tensor) or want.shape != old.shape:
+            return None
+        judged.append(measure(old, reference.get(path), want, path=path, factor=tol.factor, ulps=tol.ulps,
+                              atol=tol.atol))
+    was, moved = judged
+    return moved if was.passed and not moved.passed else None
 
 
 def moved_by(moved: LeafError) -> str:
