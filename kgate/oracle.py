@@ -4,12 +4,14 @@ The oracle is the reference evaluated in float64 on the same inputs, upcast. The
 meet is calibrated from the reference's own error in the kernel's dtype, measured on the same inputs:
 
     ref_err = max |reference(x) - oracle(x)|               (reference run in the kernel's dtype)
-    floor   = ulps * eps(dtype) * max |oracle(x)| + atol
+    floor   = ulps * max(eps(dtype) * max |oracle(x)|, smallest subnormal of dtype) + atol
     bound   = factor * ref_err + floor
     pass   <=> max |kernel(x) - oracle(x)| <= bound
 
 maxima over the elements where the oracle, rounded to the output dtype, is finite (the special_values
-gate judges the others; a kernel that is non-finite where the oracle is finite has infinite error).
+gate judges the others; a kernel that is non-finite where the oracle is finite has infinite error, but
+for an Inf of the oracle's sign where the bound, taken at that element's magnitude, reaches past the
+dtype's largest finite value: its error is then the distance to the overflow threshold).
 `factor` (default 8) says how much worse than the reference a kernel may be; `ulps` (default 4) keeps
 the bound meaningful where the reference happens to be exact. `kgate calibrate` re-judges a report
 over a sweep of factors. Integer and boolean outputs must match exactly.
@@ -102,6 +104,7 @@ class LeafError:
     rel_err: float = 0.0
     exact: bool = False
     sensitivity: float = 0.0
+    overflows: int = 0  # Inf outputs counted as within the bound (they round up from within it; see measure)
 
     @property
     def passed(self) -> bool:
@@ -120,9 +123,11 @@ class LeafError:
         ref = "unknown" if self.ref_err is None else f"{self.ref_err:.3g}"
         if self.sensitivity and self.ref_err is not None and self.ref_err <= self.sensitivity:
             ref += " (the input sensitivity: at least the oracle's change when every input moves by an ulp)"
+        overflows = (f"; {self.overflows} Inf output(s) of the oracle's sign counted as overflows from within "
+                     "the bound" if self.overflows else "")
         return (f"max abs error {self.err:.3g}{where} (expected {self.expected:.6g}, got {self.got:.6g}); "
                 f"bound {self.bound:.3g} = {self.factor:g} x reference error {ref} + floor {self.floor:.3g}; "
-                f"max rel error {self.rel_err:.3g}")
+                f"max rel error {self.rel_err:.3g}{overflows}")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -182,7 +187,7 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     zero = torch.zeros((), dtype=torch.float64, device=o64.device)
     scale = float(torch.where(finite, o64.abs(), zero).max()) if has_finite else 0.0
     scale = max(scale, scale_at_least)
-    floor = ulps * eps(dtype) * scale + atol
+    floor = ulps * ulp_at(dtype, scale) + atol
     ref_err: float | None = None
     if reference is not None:
         r = reference.detach()
@@ -203,7 +208,20 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     kd = k.to(torch.float64)
     kernel_finite = torch.isfinite(kd)
     diff = kd.sub(o64).abs_()
-    diff.masked_fill_(~kernel_finite, math.inf).masked_fill_(~finite, 0.0)
+    diff.masked_fill_(~kernel_finite, math.inf)
+    overflows = 0
+    if dtype != torch.float64 and not bool(kernel_finite.all()):
+        # An overflow to Inf of the oracle's sign where the bound, taken at the element's own magnitude,
+        # reaches past the dtype's largest finite value: the true value is within the bound of one that
+        # rounds to Inf. Its error is the distance to the overflow threshold (within the bound by the
+        # condition), never where the truth is moderate.
+        threshold = overflow_threshold(dtype)
+        reach = o64.abs() * (1 + bound / scale) if scale > 0 else torch.zeros_like(o64)
+        rounds_up = torch.isinf(kd) & (torch.sign(kd) == torch.sign(o64)) & finite & (reach >= threshold)
+        overflows = int(rounds_up.sum())
+        if overflows:
+            diff = torch.where(rounds_up, (threshold - o64.abs()).clamp_min_(0.0), diff)
+    diff.masked_fill_(~finite, 0.0)
     err, pos = _max_abs(diff)
     # relative error where the oracle is finite and non-zero (in place: diff is not needed after this)
     rel = diff.div_(o64.abs().clamp_min_(torch.finfo(dtype).tiny))
@@ -212,7 +230,24 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     index = list(index_of(pos, tuple(k.shape)))
     return LeafError(path, err, ref_err, scale, floor, bound, factor, index=index,
                      expected=float(o64.reshape(-1)[pos]), got=float(kd.reshape(-1)[pos]), rel_err=rel_err,
-                     sensitivity=sensitivity)
+                     sensitivity=sensitivity, overflows=overflows)
+
+
+def ulp_at(dtype: torch.dtype, scale: float) -> float:
+    """The unit of the floor: eps(dtype) x scale, but never less than the dtype's smallest subnormal, the
+    spacing of its values below the smallest normal. Outputs near the smallest subnormals (a decaying
+    recurrence at subnormal magnitudes) move by whole subnormal steps with each rounding, which a relative
+    floor alone leaves no room for."""
+    if not dtype.is_floating_point:
+        return 0.0
+    return max(eps(dtype) * scale, float(torch.finfo(dtype).smallest_normal) * eps(dtype))
+
+
+def overflow_threshold(dtype: torch.dtype) -> float:
+    """The least magnitude that rounds to Inf in `dtype` (round to nearest): its largest finite value plus
+    half an ulp there."""
+    info = torch.finfo(dtype)
+    return float(info.max) + 2.0 ** (math.frexp(float(info.max))[1] - 1) * info.eps / 2
 
 
 # Functions that draw random floating values in torch's default dtype (or, *_like, in their input's), and the

@@ -288,11 +288,13 @@ class Subject:
         self._output_elements[_shapes_key(args)] = sum(t.numel() for t in tensors(out))
         return out
 
-    def oracle(self, args: tuple) -> Any:
-        """The reference in float64 on upcast copies of `args`; on the CPU if the device refuses and the
-        worker's host memory can hold it (`host_can_hold`; else the device's error stands: for an audit,
-        a GPU out-of-memory error has the candidate judged again alone, with the whole GPU)."""
-        devices = [self.oracle_device] + ([torch.device("cpu")] if self.oracle_device.type != "cpu" else [])
+    def oracle(self, args: tuple, device: torch.device | None = None) -> Any:
+        """The reference in float64 on upcast copies of `args`, on `device` (by default the oracle's device);
+        on the CPU if the device refuses and the worker's host memory can hold it (`host_can_hold`; else the
+        device's error stands: for an audit, a GPU out-of-memory error has the candidate judged again alone,
+        with the whole GPU)."""
+        first = device or self.oracle_device
+        devices = [first] + ([torch.device("cpu")] if first.type != "cpu" else [])
         last: BaseException | None = None
         for device in devices:
             # the output's size from the reference at the same input shapes (in the working dtype; a
@@ -308,6 +310,16 @@ class Subject:
                 last = exc
         assert last is not None
         raise UserCodeError("reference (float64 oracle)", last) from last
+
+    def oracle_on_cpu(self, args: tuple) -> Any | None:
+        """The float64 oracle evaluated on the CPU too, where it runs on another device: None where it runs on
+        the CPU already, the host cannot hold it or the reference rejects the inputs there. A reference's
+        special-value semantics may differ by device (torch's CUDA rms_norm computes its statistics with a
+        Welford update that spreads one Inf input to a NaN row; its CPU path, and the formula, give 0 at the
+        finite elements): the special_values gate accepts a class that either evaluation gives."""
+        if self.oracle_device.type == "cpu" or not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
+            return None
+        return unless_rejected(lambda: self.oracle(args, device=torch.device("cpu")))
 
     def baseline(self, case: Case) -> Baseline:
         """Pristine inputs, reference and oracle outputs for a case, cached (a few cases at a time)."""

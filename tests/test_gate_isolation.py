@@ -459,3 +459,62 @@ def test_a_launch_fault_surfacing_in_the_early_copies_is_the_kernels(monkeypatch
     with pytest.raises(UserCodeError) as caught:
         isolation.Isolation().plain_and_settled(subject, subject.cases[0])
     assert caught.value.role == "kernel" and "invalid argument" in str(caught.value)
+
+
+# --- a stale result is one off by more than the oracle bound -------------------------------------------
+
+def _one_large_and_equal_small(small):
+    """float16 [1024, small x 9]: the unversioned probe changes one element other than the first (a small one,
+    whichever it draws) to -2x, so the sum moves by 3 x small whatever the position."""
+    def make(seed, shape=None, dtype=torch.float16):
+        return (torch.tensor([1024.0] + [small] * 9, dtype=torch.float16),)
+    return make
+
+
+def _sum_truncated(x):
+    """The sum in float32, rounded to float16 toward zero: within an ulp of the truth (inside the bound)."""
+    total = x.float().sum()
+    out = total.half()
+    return torch.where(out.float().abs() > total.abs(), torch.nextafter(out, torch.zeros_like(out)), out)
+
+
+def test_a_kernel_within_the_bound_need_not_move_with_a_one_ulp_move_of_the_rounded_truth():
+    """The sum moves by 0.2 (an ulp of 1024 is 1) across a rounding boundary: the oracle rounded to float16 moves
+    from 1025 to 1024, the truncating kernel stays at 1024, within the bound both times. Not stale."""
+    make = _one_large_and_equal_small(0.0667)
+    (x,) = make(0)
+    changed = x.clone()
+    changed[1] = -2 * changed[1]
+    assert x.double().sum().half() != changed.double().sum().half()  # the rounded truth moves by an ulp
+    assert torch.equal(_sum_truncated(x), _sum_truncated(changed))  # the kernel does not
+    result = check("isolation", _sum_truncated, lambda x: x.sum(), make, dtypes=["float16"])
+    assert result.verdict == "pass", result.message
+
+
+def test_a_sampled_memo_whose_previous_result_is_off_by_more_than_the_bound_still_fails():
+    """The same inputs with small elements of 30: the change (90) is far beyond the bound (about 4 ulps of 1024)."""
+    cache = {}
+
+    def memo(x):
+        key = (x.data_ptr(), x._version, float(x.reshape(-1)[0]))
+        if key not in cache:
+            cache.clear()
+            cache[key] = x.sum()
+        return cache[key]
+
+    result = check("isolation", memo, lambda x: x.sum(), _one_large_and_equal_small(30.0), dtypes=["float16"])
+    assert result.verdict == "fail" and result.details.get("unversioned"), result.message
+    assert "which is now off by 90 at out[] (bound " in result.message
+    assert "--gate isolation" in result.repro
+
+
+def test_a_kernel_already_off_before_the_change_is_not_called_stale():
+    """A sum rounded to a multiple of 100 (1000 for 1024.6: off by more than the bound before the change as after
+    it) returns the same 1000 after the probe's change: the oracle gate's finding, not a stale result."""
+    def sum_to_hundreds(x):
+        return (x.float().sum() / 100).round().mul(100).to(x.dtype)
+
+    make = _one_large_and_equal_small(0.0667)
+    assert check("oracle", sum_to_hundreds, lambda x: x.sum(), make, dtypes=["float16"]).verdict == "fail"
+    result = check("isolation", sum_to_hundreds, lambda x: x.sum(), make, dtypes=["float16"])
+    assert result.verdict == "pass", result.message

@@ -232,3 +232,138 @@ def test_subnormal_products_are_judged_too():
     assert check("special_values", product, product, pair).verdict == "pass"
     result = check("special_values", product_ftz, product, pair)
     assert result.verdict == "fail" and "products are subnormal" in result.message, result.message
+
+
+# --- a reference whose special-value semantics differ by device ------------------------------------------
+
+def _rms_norm(x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def _nan_rows_on_the_device(reference):
+    """The float64 oracle of `reference` with another device's semantics: every row holding a non-finite input
+    all NaN (as torch's CUDA rms_norm, whose Welford update turns an Inf into NaN for its row)."""
+    def on_device(x):
+        out = reference(x)
+        return torch.where((~torch.isfinite(x)).any(-1, keepdim=True), torch.nan, out)
+    return on_device
+
+
+def device_dependent(kernel, reference, device_reference):
+    """A subject whose oracle runs on a (pretended) CUDA device with `device_reference`'s semantics, and on the
+    CPU with `reference`'s: the subject's `oracle(args, device)` hook evaluates each."""
+    subject = subject_for(kernel, reference, rows, shapes=[SHAPE], seeds=[SEED])
+    plain = subject.oracle
+    subject.oracle_device = torch.device("cuda")
+    device_oracle = subject_for(kernel, device_reference, rows).oracle
+
+    def oracle(args, device=None):
+        if device is not None and device.type == "cpu":
+            return plain(args, device)
+        return device_oracle(args, torch.device("cpu"))
+
+    subject.oracle = oracle
+    return subject
+
+
+def test_a_class_the_reference_gives_on_the_cpu_passes_where_its_device_evaluation_differs():
+    """RMSNorm with one +Inf in a row: the formula (the kernel, torch on the CPU) gives 0 at the finite elements,
+    the device's oracle NaN for the whole row. Either evaluation of the reference is the op's behaviour."""
+    subject = device_dependent(_rms_norm, _rms_norm, _nan_rows_on_the_device(_rms_norm))
+    result = registry.get("special_values").check(subject)
+    assert result.verdict == "pass", result.message
+    assert "output(s) of the class the reference gives on the CPU where its float64 evaluation on cuda" in \
+        result.message
+    assert result.details["devices"] and all(d["outputs"] > 0 for d in result.details["devices"])
+    # without the CPU evaluation (the oracle on the CPU already), the device's classes alone fail the kernel
+    alone = check("special_values", _rms_norm, _nan_rows_on_the_device(_rms_norm), rows, shapes=[SHAPE],
+                  seeds=[SEED])
+    assert alone.verdict == "fail" and "the oracle gives NaN, the kernel gives -0.0" in alone.message
+
+
+def test_a_nan_dropped_where_every_evaluation_gives_nan_still_fails():
+    """amax that ignores NaN: the reference gives NaN on the device and on the CPU alike."""
+    def amax(x):
+        return x.amax(-1)
+
+    def amax_dropping_nan(x):
+        return torch.where(torch.isnan(x), -torch.inf, x).amax(-1)
+
+    subject = device_dependent(amax_dropping_nan, amax, amax)
+    result = registry.get("special_values").check(subject)
+    assert result.verdict == "fail" and result.expected == "NaN" and result.got.startswith("finite"), result.message
+    assert "the oracle gives NaN (on the CPU too), the kernel gives" in result.message
+
+
+def test_a_class_neither_evaluation_gives_still_fails():
+    """RMSNorm that zeroes the non-finite results: at the Inf element the CPU's oracle gives NaN, the device's
+    NaN too; the kernel's 0 matches neither."""
+    def rms_norm_nan_to_num(x):
+        return torch.nan_to_num(_rms_norm(x), nan=0.0)
+
+    subject = device_dependent(rms_norm_nan_to_num, _rms_norm, _nan_rows_on_the_device(_rms_norm))
+    result = registry.get("special_values").check(subject)
+    assert result.verdict == "fail" and "(on the CPU too)" in result.message, result.message
+    assert "--gate special_values" in result.repro
+
+
+# --- a reference's 0 from rounding is not a flush ------------------------------------------------------------
+
+def _half_rows(seed, shape=None, dtype=torch.float16):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (4, 300), generator=gen, dtype=torch.float64).to(dtype),)
+
+
+def _cumsum_float32(x):
+    """A prefix sum that adds in float32 and rounds once to the dtype (FlagGems' cumsum for half inputs)."""
+    return torch.cumsum(x.float(), -1).to(x.dtype)
+
+
+def _absorbing_rows(seed, shape=None, dtype=torch.float16):
+    """Rows [1, c, c, c, c, -1, 1, -1, ... (16 ones)] with c a fraction of float16's half ulp at 1: the ones cancel
+    exactly, the sum is 4c. Scaled so that products are subnormal (peak 7e-3), 4c is a clearly subnormal float16."""
+    gen = torch.Generator().manual_seed(seed)
+    c = 1.6e-4 * (1 + 0.2 * torch.rand(8, 1, generator=gen, dtype=torch.float64))
+    ones = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(8, 8)
+    return (torch.cat([ones[:, :1], c.expand(8, 4), ones[:, 1:]], -1).to(dtype),)
+
+
+def _sum_in_dtype(x):
+    """A row sum whose running sum is rounded to the dtype at every step: each c is absorbed by the 1 before it,
+    and the ones cancel: 0 without any flush."""
+    acc = torch.zeros_like(x[..., 0])
+    for j in range(x.shape[-1]):
+        acc = acc + x[..., j]
+    return acc
+
+
+def _sum_float32(x):
+    return x.float().sum(-1).to(x.dtype)
+
+
+def test_a_reference_zero_from_rounding_is_not_a_flush(monkeypatch):
+    """On inputs scaled so that products are subnormal, the reference (running sum in float16) gives 0 where the
+    truth is a clearly subnormal 4c; the kernel, adding in float32, keeps it as the oracle does. Moving every
+    input by an ulp moves the oracle there by more than the result (the ones are 1000 times larger): the 0 is
+    the computation's rounding, not a flush."""
+    result = check("special_values", _sum_float32, _sum_in_dtype, _absorbing_rows, dtypes=["float16"])
+    assert result.verdict == "pass", result.message
+    # the premise: read as a flush without the criterion
+    from kgate.gates import special_values
+
+    monkeypatch.setattr(special_values, "oracle_moves", lambda *_, **__: {})
+    before = check("special_values", _sum_float32, _sum_in_dtype, _absorbing_rows, dtypes=["float16"])
+    assert before.verdict == "fail" and "the kernel keeps a subnormal" in before.message, before.message
+
+
+def test_a_flush_of_a_determined_subnormal_result_still_fails_in_a_prefix_sum():
+    """The same kernel against a reference that adds in float32 and flushes subnormal results (FTZ): on
+    subnormal inputs the first prefix sums are the inputs themselves, which an ulp of the inputs moves by a
+    fraction of an ulp: a 0 there is a flush, and keeping the subnormal differs from it."""
+    def cumsum_ftz(x):
+        out = _cumsum_float32(x)
+        return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)
+
+    result = check("special_values", _cumsum_float32, cumsum_ftz, _half_rows, dtypes=["float16"])
+    assert result.verdict == "fail" and "the kernel keeps a subnormal" in result.message, result.message
+    assert "inputs scaled to subnormal magnitudes" in result.message and result.details["subnormal"]

@@ -79,3 +79,24 @@ def softmax_worker_joined(x):
     worker.start()
     worker.join()
     return out
+
+
+def make_sum_inputs(seed, shape=None, dtype=torch.float16, device="cpu"):
+    """[1024, 0.0667 x 9] (every seed alike): the unversioned probe changes one element other than the first
+    to -2x, so the sum moves by 0.2 (an ulp of 1024 is 1), across a rounding boundary of float16: the oracle
+    rounded to the dtype moves from 1025 to 1024."""
+    return (torch.tensor([1024.0] + [0.0667] * 9, dtype=dtype, device=device),)
+
+
+def reference_sum(x):
+    return x.sum()
+
+
+def sum_rounded_toward_zero(x):
+    """The sum in float32, rounded to the dtype toward zero where finite: within an ulp of the truth (inside
+    the oracle bound), and the same 1024 before and after the probe's change. A result within the bound need
+    not move with a one-ulp move of the rounded truth: not stale."""
+    total = x.float().sum()
+    out = total.to(x.dtype)
+    away = torch.isfinite(out) & (out.float().abs() > total.abs())
+    return torch.where(away, torch.nextafter(out, torch.zeros_like(out)), out)

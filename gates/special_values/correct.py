@@ -73,3 +73,36 @@ def reference_scale(x):
 def scale(x):
     """x * 0.75 in the input's dtype: subnormal inputs give subnormal results, as in the reference."""
     return x * 0.75
+
+
+# --- a reference's 0 from rounding, not a flush -------------------------------------------------------
+
+def make_inputs_cancelling(seed, shape=None, dtype=torch.float16, device="cpu"):
+    """Rows [1, c, c, c, c, -1, 1, -1, ...] (sixteen ones that cancel exactly) with c a fraction of float16's
+    half ulp at 1: the sum is 4c. Scaled so that products are subnormal (peak 7e-3), 4c is a clearly
+    subnormal float16 (about 5e-6)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = (shape or (8, 21))[0]
+    c = 1.6e-4 * (1 + 0.2 * torch.rand(rows, 1, generator=gen, dtype=torch.float64))
+    ones = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(rows, 8)
+    return (torch.cat([ones[:, :1], c.expand(rows, 4), ones[:, 1:]], -1).to(dtype=dtype, device=device),)
+
+
+def reference_sum_in_dtype(x):
+    """The row sum with its running sum rounded to the dtype at every step: each c is absorbed by the 1 before
+    it and the ones cancel, so the sum is 0 where the truth is a subnormal 4c (rounding, not a flush)."""
+    acc = torch.zeros_like(x[..., 0])
+    for j in range(x.shape[-1]):
+        acc = acc + x[..., j]
+    return acc
+
+
+def sum_float32(x):
+    """Adds in float32, rounds once: keeps the subnormal 4c the oracle has, where the reference rounds to 0."""
+    return x.float().sum(-1).to(x.dtype)
+
+
+def reference_cumsum_ftz(x):
+    """A prefix sum built with flush-to-zero: subnormal results are 0."""
+    out = torch.cumsum(x.float(), -1).to(x.dtype)
+    return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)

@@ -58,3 +58,10 @@ def scale_flush_subnormals(x):
     x = torch.where(x.abs() < tiny, torch.zeros_like(x), x)
     out = x * 0.75
     return torch.where(out.abs() < tiny, torch.zeros_like(out), out)
+
+
+def cumsum_keeps_flushed_subnormals(x):
+    """A prefix sum that keeps subnormal results where its reference (built with flush-to-zero) flushes them: on
+    subnormal inputs the first prefix sums are the inputs themselves, determined to a fraction of an ulp, so
+    the reference's 0 there is a flush, not a rounding (the contract runs both ways)."""
+    return torch.cumsum(x.float(), -1).to(x.dtype)

@@ -398,7 +398,35 @@ def input_sensitivity(subject: Subject, probe: tuple, oracle) -> dict[str, float
     incurs by rounding once at the inputs' magnitude (the mean of values that share a large offset, say),
     which a reference that computes wider inside does not show in its own error. Empty where the reference
     rejects the moved inputs."""
-    gen = torch.Generator().manual_seed(0)
+    found = {}
+    for path, diff in oracle_moves(subject, probe, oracle).items():
+        diff = diff[torch.isfinite(diff)]
+        found[path] = float(diff.max()) if diff.numel() else 0.0
+    return found
+
+
+def oracle_moves(subject: Subject, probe: tuple, oracle, draws: int = 1) -> dict[str, torch.Tensor]:
+    """`input_sensitivity` element by element: per floating output leaf, |oracle(moved inputs) - oracle| (float64,
+    on the oracle's device), the largest over `draws` seeded draws of the signs (one draw can move two terms
+    that cancel alike, and their difference not at all). Empty where the reference rejects the moved inputs."""
+    found: dict[str, torch.Tensor] = {}
+    for draw in range(draws):
+        out = unless_rejected(lambda draw=draw: subject.oracle(_moved_by_an_ulp(subject, probe, draw)))
+        if out is None:
+            return {}
+        outs = dict(flatten(out))
+        for path, want in flatten(oracle):
+            got = outs.get(path)
+            if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.is_floating_point() \
+                    and got.shape == want.shape and want.numel():
+                diff = (got.double() - want.double().to(got.device)).abs()
+                found[path] = torch.maximum(found[path], diff) if path in found else diff
+    return found
+
+
+def _moved_by_an_ulp(subject: Subject, probe: tuple, seed: int) -> tuple:
+    """`probe` with every floating-point input x moved to x * (1 +- eps) in float64, signs drawn from `seed`."""
+    gen = torch.Generator().manual_seed(seed)
 
     def moved(a):
         if not (isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() > 0):
@@ -406,20 +434,7 @@ def input_sensitivity(subject: Subject, probe: tuple, oracle) -> dict[str, float
         sign = torch.where(torch.rand(a.shape, generator=gen) < 0.5, -1.0, 1.0).to(dtype=torch.float64, device=a.device)
         return a.double() * (1 + torch.finfo(a.dtype).eps * sign)
 
-    nudged = subject.conform(probe, tuple(moved(a) for a in probe))
-    out = unless_rejected(lambda: subject.oracle(nudged))
-    if out is None:
-        return {}
-    outs = dict(flatten(out))
-    found = {}
-    for path, want in flatten(oracle):
-        got = outs.get(path)
-        if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.is_floating_point() \
-                and got.shape == want.shape and want.numel():
-            diff = (got.double() - want.double().to(got.device)).abs()
-            diff = diff[torch.isfinite(diff)]
-            found[path] = float(diff.max()) if diff.numel() else 0.0
-    return found
+    return subject.conform(probe, tuple(moved(a) for a in probe))
 
 
 def where_reference_finite(reference, oracle):

@@ -45,8 +45,8 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of, overl
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
-from kgate.oracle import measure
-from kgate.subject import ModuleState, Subject, UserCodeError, synchronize, unless_rejected
+from kgate.oracle import LeafError, measure
+from kgate.subject import Baseline, ModuleState, Subject, UserCodeError, synchronize, unless_rejected
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
 HOLD_S = 0.5  # how long a thread the kernel starts is held before it runs (first call of each case)
@@ -621,7 +621,7 @@ class Isolation(Gate):
                     state.restore()
                     continue
                 subject.drop_converted_references()
-                finding = self.stale_after(subject, case, base.args, previous, what, kind)
+                finding = self.stale_after(subject, case, base, previous, what, kind)
                 state.restore()
                 done += 1
                 if finding is not None:
@@ -630,18 +630,18 @@ class Isolation(Gate):
             state.close()
         return None, f"parameters changed in place {done} way(s) ({len(classes)} class(es) of equal parameters)"
 
-    def stale_after(self, subject: Subject, case: Case, args: tuple, previous: list[tuple[str, torch.Tensor]],
+    def stale_after(self, subject: Subject, case: Case, base: Baseline, previous: list[tuple[str, torch.Tensor]],
                     what: str, kind: str) -> GateResult | None:
+        args = base.args
         now = _leaves(self.call_zeroed(subject, clone_tree(args)))
         reference = dict(_leaves(subject.run_reference(clone_tree(args))))
         oracle = dict(_leaves(subject.oracle(args)))
-        tol = subject.tolerance
+        before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
         for (path, old), (_, got) in zip(previous, now):
-            if path not in oracle or oracle[path].shape != old.shape or bitwise_mismatch(old, got) is not None:
+            if bitwise_mismatch(old, got) is not None:
                 continue
-            moved = measure(old, reference.get(path), oracle[path], path=path, factor=tol.factor, ulps=tol.ulps,
-                            atol=tol.atol)
-            if moved.passed:
+            moved = stale(subject, path, old, (reference, oracle), before)
+            if moved is None:
                 continue  # the change does not show in this output beyond the bound: nothing to tell
             return self.failed(
                 subject, f"{path}: after {what}, alike in kernel and reference, the kernel returned its previous "
@@ -685,18 +685,20 @@ class Isolation(Gate):
                     got=repr(mismatch.got), where=f"{path}{list(mismatch.index)}"), 1
         # The previous result for new values: memoized on identity or address, whatever else happens.
         new_oracle = dict(_leaves(subject.oracle(other)))
-        old_oracle = dict(_leaves(base.oracle))
+        new_reference = dict(_leaves(subject.run_reference(clone_tree(other))))
+        before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
         for (path, old), (_, now) in zip([(p, c) for p, _, c in first], second):
-            if path not in new_oracle or path not in old_oracle or new_oracle[path].shape != old.shape:
+            if bitwise_mismatch(old, now) is not None:
                 continue
-            # Only where the truth, rounded to the output's dtype, changed with the new values.
-            truth_changed = bitwise_mismatch(new_oracle[path].to(old.dtype), old_oracle[path].to(old.dtype))
-            if truth_changed and bitwise_mismatch(old, now) is None:
+            moved = stale(subject, path, old, (new_reference, new_oracle), before)
+            if moved is not None:
                 return self.failed(
                     subject, f"{path}: after the inputs were overwritten in place with other values (same "
-                    "addresses), the kernel returned its previous result again (memoized on the tensors' "
-                    "identity or address?)", case=case, expected="a result for the new values",
-                    got="the previous result", where=path, details={"stale": True}), 1
+                    f"addresses), the kernel returned its previous result again, {moved_by(moved)} (memoized on "
+                    "the tensors' identity or address?)", case=case,
+                    expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                    got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                    details={"stale": True}), 1
         quiet = self.memo_unversioned(subject, case)
         if quiet is not None:
             return quiet, 1
@@ -745,21 +747,50 @@ class Isolation(Gate):
             return None  # the change leaves the inputs' known structure (a triangular matrix's zeros)
         second = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
         truth = unless_rejected(lambda: dict(_leaves(subject.oracle(clone_tree(args)))))
-        if truth is None:
+        reference = unless_rejected(lambda: dict(_leaves(subject.run_reference(clone_tree(args)))))
+        if truth is None or reference is None:
             return None  # the changed element leaves the reference's domain: no truth to be stale against
-        before = dict(_leaves(base.oracle))
+        before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
         for (path, was), (_, now) in zip(first, second):
-            if path not in truth or path not in before or truth[path].shape != was.shape:
+            if bitwise_mismatch(was, now) is not None:
                 continue
-            if bitwise_mismatch(truth[path].to(was.dtype), before[path].to(was.dtype)) and \
-                    bitwise_mismatch(was, now) is None:
+            moved = stale(subject, path, was, (reference, truth), before)
+            if moved is not None:
                 return self.failed(
                     subject, f"{path}: after argument {i}[{', '.join(map(str, index))}] was changed in place "
                     f"without a version bump (through .data, as a kernel's own write leaves it), the kernel "
-                    "returned its previous result again (a cache keyed on the address, the version counter or a "
-                    "sample of the values?)", case=case, expected="a result for the new values",
-                    got="the previous result", where=path, details={"stale": True, "unversioned": True})
+                    f"returned its previous result again, {moved_by(moved)} (a cache keyed on the address, the "
+                    "version counter or a sample of the values?)", case=case,
+                    expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                    got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                    details={"stale": True, "unversioned": True})
         return None
+
+
+def stale(subject: Subject, path: str, old: torch.Tensor, now: tuple[dict, dict],
+          before: tuple[dict, dict]) -> LeafError | None:
+    """The one criterion of every stale-result probe: `old`, a kernel output from before the inputs or
+    parameters changed, judged with the oracle gate's bound against the truth before the change and after it
+    (`before`, `now`: the reference's and the oracle's leaves by path). The LeafError against the truth after,
+    where `old` was within the bound before and is off by more than it after (the change shows, so returning
+    it again is stale); None where it is within the bound after as well (a kernel within the bound need not
+    move with a one-ulp move of the rounded truth), was off before (the oracle gate's finding, not a stale
+    one) or the leaf is not comparable."""
+    tol = subject.tolerance
+    judged = []
+    for reference, oracle in (before, now):
+        want = oracle.get(path)
+        if not isinstance(want, torch.Tensor) or want.shape != old.shape:
+            return None
+        judged.append(measure(old, reference.get(path), want, path=path, factor=tol.factor, ulps=tol.ulps,
+                              atol=tol.atol))
+    was, moved = judged
+    return moved if was.passed and not moved.passed else None
+
+
+def moved_by(moved: LeafError) -> str:
+    """'which is now off by E at PATH[I], bound B' for a stale-result failure message."""
+    return f"which is now off by {moved.err:.3g} at {moved.path}{moved.index} (bound {moved.bound:.3g})"
 
 
 GATE = Isolation

@@ -20,7 +20,11 @@ rounded to the output's dtype, is clearly subnormal (at least `CLEARLY_SUBNORMAL
 above what another summation order's rounding can move to zero), the kernel may not flush to zero a
 result the reference keeps (FTZ/DAZ builds), nor keep one the reference flushes: element by element on
 subnormal inputs; on the products probe only where it does so to every such output (a chained product
-whose intermediate underflows in the kernel's order loses some subnormal results without any flush).
+whose intermediate underflows in the kernel's order loses some subnormal results without any flush). A 0
+counts as a flush only where the inputs determine the result to within its own magnitude: where moving every
+input by an ulp of its dtype (SENSITIVITY_DRAWS seeded sign draws, the largest move per element:
+`distributions.oracle_moves`) moves the oracle by at least |oracle|, a 0 is the rounding of a computation in the
+dtype (a float16 sum whose running sums are a thousand times its result), in the reference or the kernel alike.
 
 The probes run in rounds: first, for every case, the last element of each input, the overflow probe and
 the two subnormal probes; then the whole lines and the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
@@ -42,6 +46,13 @@ diagonal matrices) may have those zeros skipped by the kernel rather than multip
 NaN/Inf reaches an output only through such a product (the oracle there is the same, and finite, with 0
 and with 1 in place of the injected value), a finite output is allowed and counted.
 
+The oracle runs on the kernel's device. Where the kernel's class differs from it there and that device is not
+the CPU, the oracle is evaluated on the CPU as well (`Subject.oracle_on_cpu`), and an element whose kernel class
+matches either evaluation passes, counted in the pass message and `details["devices"]`: the reference's own
+special-value semantics may differ by device (torch's CUDA rms_norm spreads one Inf input to a NaN row through
+its Welford statistics, its CPU path and the formula give 0 at the finite elements). A class that no evaluation
+of the reference gives (a NaN dropped where both give NaN) still fails.
+
 A probe the reference (or the float64 oracle) rejects by raising, outside its declared domain, is
 skipped and listed in the pass message; the overflow probe is then retried one input at a time. If
 the reference rejects every probe the gate is skipped. A kernel that raises on a probe the reference
@@ -58,6 +69,7 @@ import torch
 
 from kgate.compare import clone_tree, flatten, index_of, structure
 from kgate.gates.base import Gate, GateResult
+from kgate.gates.distributions import oracle_moves
 from kgate.inputs import Case
 from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
@@ -70,6 +82,8 @@ UNDERFLOW = "inputs scaled so that their products are subnormal"
 # Where the oracle's magnitude is at least this share of the smallest normal, a result is clearly subnormal: a
 # rounding of another summation order cannot make it zero, a flush to zero (FTZ/DAZ) does.
 CLEARLY_SUBNORMAL = 1 / 16
+# Sign draws of the inputs' one-ulp move that tells a reference's rounding 0 from a flush (`subnormals`).
+SENSITIVITY_DRAWS = 4
 # Seeded positions injected beside the last, first and centre elements (rows or tiles other than those).
 RANDOM_POSITIONS = 2
 
@@ -182,6 +196,7 @@ class SpecialValues(Gate):
         tried, rejected = 0, []
         spread: list[dict] = []
         structural: list[dict] = []
+        devices: list[dict] = []
         cut = None  # the probe a spent search budget stopped the later rounds before
         for case, later in [(c, later) for later in (False, True) for c in subject.first_seed_cases()]:
             if cut is not None:
@@ -211,7 +226,7 @@ class SpecialValues(Gate):
                     if label in (SUBNORMAL, UNDERFLOW):
                         reference = unless_rejected(lambda inputs=inputs: subject.run_reference(clone_tree(inputs)))
                     result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural,
-                                        reference)
+                                        reference, devices)
                     if result is not None:
                         return result
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before the probe "
@@ -243,6 +258,12 @@ class SpecialValues(Gate):
                         f"comes only from a declared zero of a structured input (0 x NaN: a kernel may skip "
                         f"those zeros)")
             details["structural"] = structural
+        if devices:
+            message += (f"; {sum(d['outputs'] for d in devices)} output(s) of the class the reference gives on the "
+                        f"CPU where its float64 evaluation on {devices[0]['device']} gives another (after "
+                        f"{len({(d['probe'], str(d['case'])) for d in devices})} probe(s)): the reference's own "
+                        f"special-value semantics differ by device, and either is allowed")
+            details["devices"] = devices
         return self.passed(message + rejected_note(rejected), details=details)
 
     @staticmethod
@@ -271,12 +292,17 @@ class SpecialValues(Gate):
 
     def judge(self, subject: Subject, case: Case, label: str, probe: tuple, oracle, injected: str | None = None,
               spread: list | None = None, skipped: Callable[[], dict | None] | None = None,
-              structural: list | None = None, reference=None) -> GateResult | None:
+              structural: list | None = None, reference=None, devices: list | None = None) -> GateResult | None:
         """A failure, or None. Under `spread`, outputs that only the injected value made non-finite are
         appended to `spread` ({"probe", "injected", "path", "outputs"}). `skipped` (`skipped_zeros`, called
         only where some class differs) names the outputs the injected value reaches only through declared
-        zeros: finite is allowed there, and counted in `structural`."""
+        zeros: finite is allowed there, and counted in `structural`. Where a class still differs and the
+        oracle runs on another device than the CPU, the oracle on the CPU is asked too (`Subject.oracle_on_cpu`):
+        a class that either evaluation of the reference gives is allowed, and counted in `devices`."""
         mode = subject.entry.entry.special_values_match
+        on_cpu = functools.cache(lambda: subject.oracle_on_cpu(clone_tree(probe)))
+        # asked only for a subnormal finding
+        moves = functools.cache(lambda: oracle_moves(subject, probe, oracle, draws=SENSITIVITY_DRAWS))
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
@@ -310,19 +336,31 @@ class SpecialValues(Gate):
                 if extra.any():
                     found.append({"probe": label, "case": case.to_json(), "injected": injected, "path": path,
                                   "outputs": int(extra.sum())})
+            if diff.any() and on_cpu() is not None:
+                elsewhere = dict(flatten(on_cpu())).get(path)
+                if isinstance(elsewhere, torch.Tensor) and elsewhere.shape == got.shape:
+                    other = classify(elsewhere.to(device=got.device, dtype=got.dtype))
+                    other = other if mode == "exact" else other.clamp(max=1)
+                    agrees = diff & (actual == other)
+                    diff &= ~agrees
+                    if agrees.any() and devices is not None:
+                        devices.append({"probe": label, "case": case.to_json(), "path": path,
+                                        "outputs": int(agrees.sum()), "device": str(subject.oracle_device)})
             if diff.any():
                 flat = int(diff.reshape(-1).nonzero()[0, 0])
                 index = list(index_of(flat, tuple(got.shape)))
                 names = _NAMES if mode == "exact" else _NONFINITE_NAMES
                 e, a = names[int(expected.reshape(-1)[flat])], names[int(actual.reshape(-1)[flat])]
                 value = float(got.detach().reshape(-1)[flat].double().cpu())
+                also = " (on the CPU too)" if on_cpu() is not None else ""  # asked above: diff was non-empty
                 return self.failed(
-                    subject, f"{path}{index}: the oracle gives {e}, the kernel gives {value!r} "
+                    subject, f"{path}{index}: the oracle gives {e}{also}, the kernel gives {value!r} "
                     f"({int(diff.sum())} of {diff.numel()} elements differ in class) after {label}",
                     case=case, expected=e, got=f"{a} ({value!r})", where=f"{path}{index}", details={"probe": label})
             ref = references.get(path)
             if isinstance(ref, torch.Tensor) and ref.shape == got.shape and got.is_floating_point():
-                failure = self.subnormals(subject, case, label, path, got.detach(), ref, want)
+                failure = self.subnormals(subject, case, label, path, got.detach(), ref, want,
+                                          lambda path=path: moves().get(path))
                 if failure is not None:
                     return failure
         if spread is not None:
@@ -331,9 +369,13 @@ class SpecialValues(Gate):
 
 
     def subnormals(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor, ref: torch.Tensor,
-                   want: torch.Tensor) -> GateResult | None:
+                   want: torch.Tensor, moves: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
         """Where the oracle, rounded to the output's dtype, is clearly subnormal (`CLEARLY_SUBNORMAL`): the kernel
-        flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes."""
+        flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes. Only
+        where the inputs determine the result to within its own magnitude (`moves()`, the oracle's move per
+        element when every input moves by an ulp of its dtype, `oracle_moves`, is below |oracle|): elsewhere a 0
+        is a rounding of the computation in the dtype (a float16 prefix sum whose running sums are a thousand
+        times its result), not a flush."""
         tiny = torch.finfo(got.dtype).tiny
         o = want.to(device=got.device, dtype=got.dtype)
         clearly = (o.abs() >= tiny * CLEARLY_SUBNORMAL) & (o.abs() < tiny)
@@ -344,6 +386,10 @@ class SpecialValues(Gate):
                 (kept, "the subnormal the reference keeps", "the kernel flushes it to zero", got == 0),
                 (flushed, "0, as the reference flushes it", "the kernel keeps a subnormal", (got != 0) & (got.abs() < tiny))):
             diff = mask & bad
+            moved = moves() if diff.any() else None
+            if moved is not None and moved.shape == o.shape:
+                rounding = moved.to(got.device) >= want.to(got.device).abs()
+                mask, diff = mask & ~rounding, diff & ~rounding
             # On the products probe a chained computation may underflow in an intermediate another order keeps
             # (a * b * c as (a * b) * c): some subnormal results lost is a reformulation; every one lost is a flush.
             if diff.any() and (label != UNDERFLOW or bool(diff.sum() == mask.sum())):
