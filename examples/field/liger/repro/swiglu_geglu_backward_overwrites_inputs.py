@@ -5,7 +5,8 @@ the caller's a and b hold da and db afterwards, a second backward through the sa
 the graph that saved a or b for its own backward reads the gradients instead.
 
 Needs a CUDA GPU (Triton's interpreter cannot run these kernels: `gate_multiplier.to(tl.float32)` on a
-Python float, and libdevice's `tanh` returns None there). Run: python swiglu_geglu_backward_overwrites_inputs.py
+Python float, and libdevice's `tanh` returns None there).
+Run: python swiglu_geglu_backward_overwrites_inputs.py
 
 What Liger's code does (`liger_kernel/ops/swiglu.py`, `LigerSiLUMulFunction`; `ops/geglu.py`,
 `LigerGELUMulFunction`): forward saves a and b themselves (`ctx.save_for_backward(a, b)`; `ensure_contiguous`
@@ -67,8 +68,8 @@ def main():
               f"(now {off(a.detach(), want_da):.2g} from da, relative), b "
               f"{'changed' if 'b' in changed else 'unchanged'} (now {off(b.detach(), want_db):.2g} from db)")
         if changed:
-            print(f"DEFECT {name}: backward overwrote the caller's {' and '.join(changed)} with the gradients "
-                  f"(version counters {a._version}, {b._version}: autograd was not told)")
+            print(f"DEFECT {name}: backward overwrote the caller's {' and '.join(changed)} with the "
+                  f"gradients (version counters {a._version}, {b._version}: autograd was not told)")
 
         # 2. a second backward through the same graph
         a, b, dc = leaves(1)
