@@ -267,7 +267,16 @@ def kl_div_batchmean(log_q, p):
     return liger_kl_div(log_q, p, reduction="batchmean")
 
 
+def _check_probabilities(p):
+    """A probability is not negative: a negative target (-Inf included) is outside KL divergence's domain, where
+    Liger and torch differ (Liger takes log(max(p, eps)), torch's xlogy gives NaN). NaN passes (a comparison with
+    NaN is false), so the NaN probes still run."""
+    if bool((p < 0).any()):
+        raise ValueError("the target holds a negative probability")
+
+
 def kl_div_batchmean_reference(log_q, p):
+    _check_probabilities(p)
     _check_distribution(log_q, p.log())
     return _float32_loss(F.kl_div(log_q, p, reduction="batchmean"))
 
