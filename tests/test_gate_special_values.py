@@ -367,3 +367,36 @@ def test_a_flush_of_a_determined_subnormal_result_still_fails_in_a_prefix_sum():
     result = check("special_values", _cumsum_float32, cumsum_ftz, _half_rows, dtypes=["float16"])
     assert result.verdict == "fail" and "the kernel keeps a subnormal" in result.message, result.message
     assert "inputs scaled to subnormal magnitudes" in result.message and result.details["subnormal"]
+
+
+def _sigmoid_grad(x, dy):
+    """sigmoid's backward at x: dy * s * (1 - s), s = sigmoid(x), in the inputs' dtype."""
+    s = torch.sigmoid(x)
+    return dy * s * (1 - s)
+
+
+def _saturated(seed, shape=None, dtype=torch.bfloat16, device="cpu"):
+    shape = shape or (4, 64)
+    gen = torch.Generator().manual_seed(seed)
+    x = 8 + 4 * torch.rand(shape, generator=gen, dtype=torch.float64)  # sigmoid rounds to 1.0 in bfloat16
+    return x.to(dtype), torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
+
+
+def test_a_class_the_reference_itself_gives_in_the_kernels_dtype_passes():
+    """sigmoid's backward with an Inf cotangent where sigmoid rounds to 1.0: the float64 oracle keeps s(1 - s) > 0
+    and gives Inf, the reference's own formula in bfloat16 gives Inf * 0 = NaN, and so does the kernel."""
+    result = check("special_values", _sigmoid_grad, _sigmoid_grad, _saturated, dtypes=("bfloat16",))
+    assert result.verdict == "pass", result.message
+    assert "the class the reference itself gives in the kernel's dtype" in result.message
+    assert result.details["rounded"] and all(r["outputs"] > 0 for r in result.details["rounded"])
+
+
+def test_a_class_neither_the_oracle_nor_the_reference_in_its_dtype_gives_still_fails():
+    """The same backward with its non-finite results zeroed: the oracle gives Inf, the reference NaN, the
+    kernel 0."""
+    def zeroed(s, dy):
+        return torch.nan_to_num(_sigmoid_grad(s, dy), nan=0.0, posinf=0.0, neginf=0.0)
+
+    result = check("special_values", zeroed, _sigmoid_grad, _saturated, dtypes=("bfloat16",))
+    assert result.verdict == "fail", result.message
+    assert "the kernel gives 0.0" in result.message

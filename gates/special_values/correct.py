@@ -106,3 +106,27 @@ def reference_cumsum_ftz(x):
     """A prefix sum built with flush-to-zero: subnormal results are 0."""
     out = torch.cumsum(x.float(), -1).to(x.dtype)
     return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)
+
+
+# --- a class the reference itself gives in the kernel's dtype -------------------------------------------
+
+def make_inputs_saturated(seed, shape=None, dtype=torch.bfloat16, device="cpu"):
+    """Logits x in [8, 12), where sigmoid rounds to 1.0 in bfloat16, and a cotangent dy."""
+    shape = shape or (4, 64)
+    gen = torch.Generator().manual_seed(seed)
+    x = 8 + 4 * torch.rand(shape, generator=gen, dtype=torch.float64)
+    dy = torch.randn(shape, generator=gen, dtype=torch.float64)
+    return x.to(dtype=dtype, device=device), dy.to(dtype=dtype, device=device)
+
+
+def reference_sigmoid_backward(x, dy):
+    """sigmoid's backward dy * s * (1 - s) in the inputs' dtype: where s rounds to 1.0 the derivative is 0, and
+    an Inf cotangent gives NaN, where the float64 oracle (s < 1) gives Inf."""
+    s = torch.sigmoid(x)
+    return dy * s * (1 - s)
+
+
+def sigmoid_backward(x, dy):
+    """The same backward, fused: NaN where its reference gives NaN in the dtype (Inf * 0)."""
+    s = torch.sigmoid(x)
+    return dy * (s - s * s)

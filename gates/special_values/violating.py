@@ -65,3 +65,10 @@ def cumsum_keeps_flushed_subnormals(x):
     subnormal inputs the first prefix sums are the inputs themselves, determined to a fraction of an ulp, so
     the reference's 0 there is a flush, not a rounding (the contract runs both ways)."""
     return torch.cumsum(x.float(), -1).to(x.dtype)
+
+
+def sigmoid_backward_zeroing_nonfinite(x, dy):
+    """sigmoid's backward with its non-finite results replaced by 0 (a guard against NaN gradients): an Inf
+    cotangent gives 0, where the float64 oracle gives Inf and the reference in the dtype NaN."""
+    s = torch.sigmoid(x)
+    return torch.nan_to_num(dy * s * (1 - s), nan=0.0, posinf=0.0, neginf=0.0)

@@ -53,6 +53,13 @@ special-value semantics may differ by device (torch's CUDA rms_norm spreads one 
 its Welford statistics, its CPU path and the formula give 0 at the finite elements). A class that no evaluation
 of the reference gives (a NaN dropped where both give NaN) still fails.
 
+Where a class still differs, the reference itself is run in the kernel's dtype on the same probe, and an
+element whose kernel class matches it passes, counted in the pass message and `details["rounded"]`: the dtype
+rounds away what the float64 oracle keeps (sigmoid's saved output rounds to 1.0 in bfloat16, its derivative
+to 0, so an Inf cotangent gives NaN in torch's own op where the oracle gives Inf). A kernel whose class
+neither the oracle nor its own reference in its dtype gives (a NaN dropped, an overflow the reference does
+not make) still fails.
+
 A probe the reference (or the float64 oracle) rejects by raising, outside its declared domain, is
 skipped and listed in the pass message; the overflow probe is then retried one input at a time. If
 the reference rejects every probe the gate is skipped. A kernel that raises on a probe the reference
@@ -197,6 +204,7 @@ class SpecialValues(Gate):
         spread: list[dict] = []
         structural: list[dict] = []
         devices: list[dict] = []
+        rounded: list[dict] = []
         cut = None  # the probe a spent search budget stopped the later rounds before
         for case, later in [(c, later) for later in (False, True) for c in subject.first_seed_cases()]:
             if cut is not None:
@@ -226,7 +234,7 @@ class SpecialValues(Gate):
                     if label in (SUBNORMAL, UNDERFLOW):
                         reference = unless_rejected(lambda inputs=inputs: subject.run_reference(clone_tree(inputs)))
                     result = self.judge(subject, case, where, inputs, oracle, injected, spread, skipped, structural,
-                                        reference, devices)
+                                        reference, devices, rounded)
                     if result is not None:
                         return result
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before the probe "
@@ -264,6 +272,12 @@ class SpecialValues(Gate):
                         f"{len({(d['probe'], str(d['case'])) for d in devices})} probe(s)): the reference's own "
                         f"special-value semantics differ by device, and either is allowed")
             details["devices"] = devices
+        if rounded:
+            message += (f"; {sum(r['outputs'] for r in rounded)} output(s) of the class the reference itself gives in "
+                        f"the kernel's dtype where the float64 oracle gives another (after "
+                        f"{len({(r['probe'], str(r['case'])) for r in rounded})} probe(s)): the dtype rounds away "
+                        f"what the oracle keeps, and the kernel computes as its reference does")
+            details["rounded"] = rounded
         return self.passed(message + rejected_note(rejected), details=details)
 
     @staticmethod
@@ -292,15 +306,22 @@ class SpecialValues(Gate):
 
     def judge(self, subject: Subject, case: Case, label: str, probe: tuple, oracle, injected: str | None = None,
               spread: list | None = None, skipped: Callable[[], dict | None] | None = None,
-              structural: list | None = None, reference=None, devices: list | None = None) -> GateResult | None:
+              structural: list | None = None, reference=None, devices: list | None = None,
+              rounded: list | None = None) -> GateResult | None:
         """A failure, or None. Under `spread`, outputs that only the injected value made non-finite are
         appended to `spread` ({"probe", "injected", "path", "outputs"}). `skipped` (`skipped_zeros`, called
         only where some class differs) names the outputs the injected value reaches only through declared
         zeros: finite is allowed there, and counted in `structural`. Where a class still differs and the
         oracle runs on another device than the CPU, the oracle on the CPU is asked too (`Subject.oracle_on_cpu`):
-        a class that either evaluation of the reference gives is allowed, and counted in `devices`."""
+        a class that either evaluation of the reference gives is allowed, and counted in `devices`. Where one
+        still differs, a class the reference itself gives in the kernel's dtype is allowed too, and counted in
+        `rounded`: the float64 oracle keeps a value the dtype rounds away (a derivative that rounds to 0, so an
+        Inf cotangent gives NaN), and the kernel computes as its reference does."""
         mode = subject.entry.entry.special_values_match
         on_cpu = functools.cache(lambda: subject.oracle_on_cpu(clone_tree(probe)))
+        # the reference run in the kernel's dtype, asked only where a class still differs
+        in_dtype = functools.cache(lambda: reference if reference is not None else unless_rejected(
+            lambda: subject.run_reference(clone_tree(probe))))
         # asked only for a subnormal finding
         moves = functools.cache(lambda: oracle_moves(subject, probe, oracle, draws=SENSITIVITY_DRAWS))
         out = subject.run_kernel(clone_tree(probe))
@@ -346,6 +367,16 @@ class SpecialValues(Gate):
                     if agrees.any() and devices is not None:
                         devices.append({"probe": label, "case": case.to_json(), "path": path,
                                         "outputs": int(agrees.sum()), "device": str(subject.oracle_device)})
+            if diff.any() and in_dtype() is not None and got.dtype != torch.float64:
+                own = dict(flatten(in_dtype())).get(path)
+                if isinstance(own, torch.Tensor) and own.shape == got.shape and own.dtype == got.dtype:
+                    other = classify(own.detach().to(device=got.device))
+                    other = other if mode == "exact" else other.clamp(max=1)
+                    agrees = diff & (actual == other)
+                    diff &= ~agrees
+                    if agrees.any() and rounded is not None:
+                        rounded.append({"probe": label, "case": case.to_json(), "path": path,
+                                        "outputs": int(agrees.sum())})
             if diff.any():
                 flat = int(diff.reshape(-1).nonzero()[0, 0])
                 index = list(index_of(flat, tuple(got.shape)))
