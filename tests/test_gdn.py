@@ -237,8 +237,8 @@ def test_huge_gates_keep_the_decays_exact(member, variant, state_bwd_variant):
 @pytest.mark.parametrize("member", ["gated_deltanet", "mamba2_gla"])
 def test_all_gates_huge_give_dg_exactly_zero(member, state_bwd_variant):
     """Every log gate huge (scaled to a peak of -1e6, as kgate's distributions gate 'huge' on g): every
-    decay underflows, so the oracle's dg is exactly 0 and kgate's bound for it is 0 (its floor scales
-    with max |dg|). dG takes only the terms that depend on G: the diagonal of the intra-chunk products
+    decay underflows, so the oracle's dg is exactly 0 and kgate's bound for it is 4 of float32's smallest
+    subnormals (its floor scales with max |dg|, never below a subnormal step). dG takes only the terms that depend on G: the diagonal of the intra-chunk products
     and the last token's own inter-chunk term used to enter it and cancel only up to rounding (dg up to
     1.3e-7 here before)."""
     (o, ht, grads), (o64, ht64, grads64) = _run_extreme_gates(member, lambda g: g / g.abs().max() * 1e6)
