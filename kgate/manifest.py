@@ -338,7 +338,9 @@ class KernelEntry(_Strict):
     seeds: list[Seed] | None = Field(None, min_length=1)
     backward: bool = Field(False, description="also judge gradients against float64 autograd of the reference")
     inplace: list[Size] = Field(default_factory=list,
-                                          description="indices of arguments the kernel may modify")
+                                description="indices of arguments the kernel may modify; with backward: true the "
+                                "gradients' phase numbers the inputs first, then one cotangent per output, so an "
+                                "index past the inputs names a cotangent the backward may overwrite")
     no_grad: list[Size] = Field(
         default_factory=list, description="with backward: true, indices of positional arguments that get no "
         "gradient by contract (a teacher's distribution, a target, a lookup table): the gradients' phase passes "
