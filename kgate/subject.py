@@ -299,7 +299,7 @@ class Subject:
         for device in devices:
             # the output's size from the reference at the same input shapes (in the working dtype; a
             # shape the reference has not run counts inputs only)
-            if last is not None and not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
+            if last is not None and not host_can_hold(args, self._host_elements(args)):
                 break
             try:
                 with torch.no_grad():
@@ -311,13 +311,26 @@ class Subject:
         assert last is not None
         raise UserCodeError("reference (float64 oracle)", last) from last
 
+    def _host_elements(self, args: tuple) -> int:
+        """What a float64 oracle on the host holds besides its inputs: the reference's outputs at these input
+        shapes and, for a module reference that lives elsewhere, its float64 copy made on the host."""
+        from kgate.kernelbench import NoGrad
+
+        elements = self._output_elements.get(_shapes_key(args), 0)
+        reference = self.raw_reference_fn
+        reference = reference.model if isinstance(reference, (NoGrad, DtypeDispatch)) else reference
+        if isinstance(reference, torch.nn.Module):
+            elements += sum(t.numel() for t in [*reference.parameters(), *reference.buffers()]
+                            if t.device.type != "cpu")
+        return elements
+
     def oracle_on_cpu(self, args: tuple) -> Any | None:
         """The float64 oracle evaluated on the CPU too, where it runs on another device: None where it runs on
         the CPU already, the host cannot hold it or the reference rejects the inputs there. A reference's
         special-value semantics may differ by device (torch's CUDA rms_norm computes its statistics with a
         Welford update that spreads one Inf input to a NaN row; its CPU path, and the formula, give 0 at the
         finite elements): the special_values gate accepts a class that either evaluation gives."""
-        if self.oracle_device.type == "cpu" or not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
+        if self.oracle_device.type == "cpu" or not host_can_hold(args, self._host_elements(args)):
             return None
         return unless_rejected(lambda: self.oracle(args, device=torch.device("cpu")))
 

@@ -570,6 +570,32 @@ def test_the_oracle_counts_the_references_output_before_falling_back_to_the_cpu(
     assert subject.oracle((x,)).shape == (256, 256) and calls == ["meta", "meta", "cpu"]
 
 
+def test_the_oracle_counts_a_module_references_weights_before_moving_to_the_cpu(monkeypatch):
+    """A module reference that lives on the device gets a float64 copy of its weights on the host when its
+    oracle moves there (a device's refusal, special_values' evaluation on the CPU): a model of billions of
+    parameters would take the worker past its host limit, so its weights count with the inputs."""
+    from kgate import subject as subject_module
+    from tests.gate_harness import subject_for
+
+    class OnTheDevice(torch.nn.Module):
+        def __init__(self, device):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(1000, 1000, device=device))
+
+        def forward(self, x):
+            return x * 2
+
+    x = (torch.ones(4),)
+    on_device = subject_for(lambda x: x * 2, OnTheDevice("meta"), lambda case, device: x)
+    on_host = subject_for(lambda x: x * 2, OnTheDevice("cpu"), lambda case, device: x)
+    assert on_device._host_elements(x) == 1000 * 1000 and on_host._host_elements(x) == 0
+    # room for the inputs and 1 MiB more, not for 10^6 weights in float64 (x3: 24 MB)
+    monkeypatch.setattr(subject_module, "HOST_MEMORY", procmem.resident() + 2**20)
+    assert subject_module.host_can_hold(x) and not subject_module.host_can_hold(x, on_device._host_elements(x))
+    on_device.oracle_device = torch.device("meta")
+    assert on_device.oracle_on_cpu(x) is None  # not asked: the host cannot hold it
+
+
 # --- in-place kernels that return nothing --------------------------------------------------------------
 
 def _add_into(a, b):
