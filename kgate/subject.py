@@ -87,6 +87,14 @@ def host_can_hold(args: Any, output_elements: int = 0) -> bool:
     return need <= HOST_MEMORY - procmem.resident()
 
 
+def _unwrapped(fn: Any) -> Any:
+    """A kernel or reference seen through kgate's own wrappers (the audit's `kernelbench.NoGrad`, the oracle's
+    `DtypeDispatch`): the module they wrap, or `fn` itself."""
+    from kgate.kernelbench import NoGrad
+
+    return fn.model if isinstance(fn, (NoGrad, DtypeDispatch)) else fn
+
+
 def _shapes_key(args: Any) -> tuple:
     return tuple((tuple(t.shape), t.dtype) for t in tensors(args))
 
@@ -221,12 +229,7 @@ class Subject:
     def modules(self) -> tuple[torch.nn.Module, torch.nn.Module] | None:
         """The kernel's and the reference's `nn.Module`, seen through kgate's own wrappers (the audit's
         `kernelbench.NoGrad`, the oracle's `DtypeDispatch`), or None unless both are modules."""
-        from kgate.kernelbench import NoGrad
-
-        def unwrap(fn: Any) -> Any:
-            return fn.model if isinstance(fn, (NoGrad, DtypeDispatch)) else fn
-
-        kernel, reference = unwrap(self.raw_kernel_fn), unwrap(self.raw_reference_fn)
+        kernel, reference = _unwrapped(self.raw_kernel_fn), _unwrapped(self.raw_reference_fn)
         if isinstance(kernel, torch.nn.Module) and isinstance(reference, torch.nn.Module):
             return kernel, reference
         return None
@@ -314,11 +317,8 @@ class Subject:
     def _host_elements(self, args: tuple) -> int:
         """What a float64 oracle on the host holds besides its inputs: the reference's outputs at these input
         shapes and, for a module reference that lives elsewhere, its float64 copy made on the host."""
-        from kgate.kernelbench import NoGrad
-
         elements = self._output_elements.get(_shapes_key(args), 0)
-        reference = self.raw_reference_fn
-        reference = reference.model if isinstance(reference, (NoGrad, DtypeDispatch)) else reference
+        reference = _unwrapped(self.raw_reference_fn)
         if isinstance(reference, torch.nn.Module):
             elements += sum(t.numel() for t in [*reference.parameters(), *reference.buffers()]
                             if t.device.type != "cpu")
