@@ -319,40 +319,20 @@ def _cumsum_float32(x):
     return torch.cumsum(x.float(), -1).to(x.dtype)
 
 
-def _absorbing_rows(seed, shape=None, dtype=torch.float16):
-    """Rows [1, c, c, c, c, -1, 1, -1, ... (16 ones)] with c a fraction of float16's half ulp at 1: the ones cancel
-    exactly, the sum is 4c. Scaled so that products are subnormal (peak 7e-3), 4c is a clearly subnormal float16."""
-    gen = torch.Generator().manual_seed(seed)
-    c = 1.6e-4 * (1 + 0.2 * torch.rand(8, 1, generator=gen, dtype=torch.float64))
-    ones = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat(8, 8)
-    return (torch.cat([ones[:, :1], c.expand(8, 4), ones[:, 1:]], -1).to(dtype),)
-
-
-def _sum_in_dtype(x):
-    """A row sum whose running sum is rounded to the dtype at every step: each c is absorbed by the 1 before it,
-    and the ones cancel: 0 without any flush."""
-    acc = torch.zeros_like(x[..., 0])
-    for j in range(x.shape[-1]):
-        acc = acc + x[..., j]
-    return acc
-
-
-def _sum_float32(x):
-    return x.float().sum(-1).to(x.dtype)
-
-
 def test_a_reference_zero_from_rounding_is_not_a_flush(monkeypatch):
     """On inputs scaled so that products are subnormal, the reference (running sum in float16) gives 0 where the
     truth is a clearly subnormal 4c; the kernel, adding in float32, keeps it as the oracle does. Moving every
     input by an ulp moves the oracle there by more than the result (the ones are 1000 times larger): the 0 is
     the computation's rounding, not a flush."""
-    result = check("special_values", _sum_float32, _sum_in_dtype, _absorbing_rows, dtypes=["float16"])
+    result = check("special_values", sv_correct.sum_float32, sv_correct.reference_sum_in_dtype, sv_correct.make_inputs_cancelling,
+                   dtypes=["float16"])
     assert result.verdict == "pass", result.message
     # the premise: read as a flush without the criterion
     from kgate.gates import special_values
 
     monkeypatch.setattr(special_values, "oracle_moves", lambda *_, **__: {})
-    before = check("special_values", _sum_float32, _sum_in_dtype, _absorbing_rows, dtypes=["float16"])
+    before = check("special_values", sv_correct.sum_float32, sv_correct.reference_sum_in_dtype, sv_correct.make_inputs_cancelling,
+                   dtypes=["float16"])
     assert before.verdict == "fail" and "the kernel keeps a subnormal" in before.message, before.message
 
 
@@ -369,23 +349,11 @@ def test_a_flush_of_a_determined_subnormal_result_still_fails_in_a_prefix_sum():
     assert "inputs scaled to subnormal magnitudes" in result.message and result.details["subnormal"]
 
 
-def _sigmoid_grad(x, dy):
-    """sigmoid's backward at x: dy * s * (1 - s), s = sigmoid(x), in the inputs' dtype."""
-    s = torch.sigmoid(x)
-    return dy * s * (1 - s)
-
-
-def _saturated(seed, shape=None, dtype=torch.bfloat16, device="cpu"):
-    shape = shape or (4, 64)
-    gen = torch.Generator().manual_seed(seed)
-    x = 8 + 4 * torch.rand(shape, generator=gen, dtype=torch.float64)  # sigmoid rounds to 1.0 in bfloat16
-    return x.to(dtype), torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype)
-
-
 def test_a_class_the_reference_itself_gives_in_the_kernels_dtype_passes():
     """sigmoid's backward with an Inf cotangent where sigmoid rounds to 1.0: the float64 oracle keeps s(1 - s) > 0
     and gives Inf, the reference's own formula in bfloat16 gives Inf * 0 = NaN, and so does the kernel."""
-    result = check("special_values", _sigmoid_grad, _sigmoid_grad, _saturated, dtypes=("bfloat16",))
+    result = check("special_values", sv_correct.sigmoid_backward, sv_correct.reference_sigmoid_backward,
+                   sv_correct.make_inputs_saturated, dtypes=("bfloat16",))
     assert result.verdict == "pass", result.message
     assert "the class the reference itself gives in the kernel's dtype" in result.message
     assert result.details["rounded"] and all(r["outputs"] > 0 for r in result.details["rounded"])
@@ -394,9 +362,7 @@ def test_a_class_the_reference_itself_gives_in_the_kernels_dtype_passes():
 def test_a_class_neither_the_oracle_nor_the_reference_in_its_dtype_gives_still_fails():
     """The same backward with its non-finite results zeroed: the oracle gives Inf, the reference NaN, the
     kernel 0."""
-    def zeroed(s, dy):
-        return torch.nan_to_num(_sigmoid_grad(s, dy), nan=0.0, posinf=0.0, neginf=0.0)
-
-    result = check("special_values", zeroed, _sigmoid_grad, _saturated, dtypes=("bfloat16",))
+    result = check("special_values", sv_violating.sigmoid_backward_zeroing_nonfinite, sv_correct.reference_sigmoid_backward,
+                   sv_correct.make_inputs_saturated, dtypes=("bfloat16",))
     assert result.verdict == "fail", result.message
     assert "the kernel gives 0.0" in result.message
