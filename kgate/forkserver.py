@@ -92,6 +92,51 @@ def enabled() -> bool:
 
 _lock = threading.Lock()
 _templates: dict[tuple, Template] = {}
+
+
+class _Spawner:
+    """The one thread that starts every template process. A template dies with the thread that started it,
+    not with kgate's process (bubblewrap's --die-with-parent and the unsandboxed template's own parent-death
+    signal are both PR_SET_PDEATHSIG, which the kernel ties to the creating thread): started from a judge's
+    thread, or a thread of a pool that ends with a kernel's gates, it was killed as that thread ended, and the
+    next job paid for a new one (seconds each) although its template was kept. This thread lives as long as
+    the process does."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: list[tuple[Any, dict[str, Any]]] = []
+        self._thread: threading.Thread | None = None
+
+    def popen(self, command: list[str], **kwargs: Any) -> subprocess.Popen:
+        box: dict[str, Any] = {}
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="kgate-template-spawner", daemon=True)
+                self._thread.start()
+            self._queue.append(((command, kwargs), box))
+            self._cond.notify_all()
+            while "done" not in box:
+                self._cond.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["proc"]
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                (command, kwargs), box = self._queue.pop(0)
+            try:
+                box["proc"] = subprocess.Popen(command, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
+                box["error"] = exc
+            with self._cond:
+                box["done"] = True
+                self._cond.notify_all()
+
+
+_spawner = _Spawner()
 _failed: list[str] = []  # why templates could not be used (the last said first by describe)
 _said: set[str] = set()
 
@@ -204,9 +249,9 @@ class Template:
         self.log = self.cell.root / "template.log"
         try:
             with open(self.log, "wb") as log:
-                self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                             pass_fds=(theirs.fileno(),), start_new_session=True,
-                                             env=template_env, cwd=str(cwd))
+                self.proc = _spawner.popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                           pass_fds=(theirs.fileno(),), start_new_session=True,
+                                           env=template_env, cwd=str(cwd))
         except OSError as exc:
             ours.close()
             self.cell.remove()

@@ -236,6 +236,25 @@ def test_crashing_hanging_and_hogging_jobs_leave_the_template_serving(folder, mo
     assert forkserver._templates[template.key] is template and template.alive()
 
 
+@pytest.mark.parametrize("choice", ["require", "none"])
+def test_a_template_outlives_the_thread_that_started_it(folder, mode, choice):
+    """A template dies with kgate, not with the thread whose job started it: a judge's thread, or a pool's
+    that ends with a kernel's gates. The parent-death signal is the creating thread's; a template started
+    from a short-lived thread was killed as that thread ended, and every later job paid for a new one."""
+    mode(choice)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.update(first=probe(folder, "child")))
+    thread.start()
+    thread.join()
+    assert outcome["first"][0].returncode == 0, outcome
+    template = last_used()
+    time.sleep(0.5)  # the parent-death signal comes as the thread ends
+    assert template.alive(), f"the template ended with the thread that started it ({template.proc.returncode})"
+    exit_, found = probe(folder, "child")
+    assert exit_.returncode == 0 and found == {"waited": True}, exit_
+    assert last_used() is template  # the same template served the next job
+
+
 def test_a_dead_template_is_started_again(folder, mode):
     mode("require")
     probe(folder, "child")
