@@ -314,9 +314,21 @@ _SUMS = frozenset({
 _MEANS = frozenset({_aten.mean.default, _aten.mean.dim})  # that sum: the mean of the magnitudes x the count
 _VARIANCES = frozenset({_aten.var.correction, _prims.var.default})  # the sum of squares: variance x count
 _WRITES_FIRST = frozenset({_aten.zero_.default, _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.copy_.default})
-# Fused ops that hide a sum of squares or of the inputs inside (the forward normalizations), decomposed into
-# the ops that form their mean and variance as tensors; the rest as torch's core ATen decompositions leave it.
-_FUSED = (_aten.native_layer_norm.default, _aten.native_group_norm.default, _aten.native_batch_norm.default,
+# How the magnitude of the terms goes through an op (by the op's name, in place or not): it is carried
+# through ops that add, select or move values (the terms of a sum are those of its summands), multiplied
+# through products and quotients, and starts again at the result of any other op (exp, log, rsqrt, pow...),
+# whose rounding is relative to its own result: exp(-1e6) is 0, not a residue of a term of 1e6.
+_CARRIED = frozenset({
+    "add", "sub", "rsub", "neg", "sum", "nansum", "mean", "cumsum", "where", "cat", "stack", "clone", "copy",
+    "_to_copy", "to", "contiguous", "index", "gather", "index_select", "masked_fill", "index_put", "scatter",
+    "scatter_add", "index_add", "constant_pad_nd", "flip", "roll", "repeat", "tril", "triu", "amax", "amin",
+    "max", "min", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "abs", "relu", "sort", "topk",
+    "lift_fresh", "_unsafe_view", "alias"})
+_PRODUCTS = frozenset({"mul", "mm", "bmm", "mv", "dot", "outer", "matmul"})
+_ADDED_PRODUCTS = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})  # beta x input + alpha x (a @ b)
+# Fused ops that hide their terms inside (a softmax's x and logsumexp, a normalization's sum of squares),
+# decomposed into the ops that form them; the rest as torch's core ATen decompositions leave it.
+_FUSED = (_aten._softmax.default, _aten._log_softmax.default, _aten.native_layer_norm.default, _aten.native_group_norm.default, _aten.native_batch_norm.default,
           _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
           _aten._native_batch_norm_legit_no_training.default, _aten._fused_rms_norm.default,
           _aten.var_mean.correction, _aten.std.correction, _aten.std_mean.correction)
@@ -401,16 +413,59 @@ class TermMagnitudes(TorchDispatchMode):
         inputs = [t for t in tree_flatten((read, kwargs))[0] if _floating(t)]
         tags = [tag for tag in map(self._tag, inputs) if tag is not None]
         total = self._partial_sums(func, args, kwargs, inputs, results[0])
-        if total is not None:
-            tags.append(torch.stack([total, total]))
-        for t in results:  # an op in place reads its first argument (in `tags`), but for _WRITES_FIRST
+        sums = [tag[1] for tag in tags] + ([total] if total is not None else [])
+        magnitude = self._magnitude(func, name.removesuffix("_"), args, kwargs, tags, total)
+        for t in results:
             own = _largest(t)
-            tag = None if own is None else torch.stack([own, torch.zeros_like(own)])
-            for other in tags:
-                tag = other if tag is None else torch.maximum(tag, other.to(tag.device))
-            if tag is not None:
-                self._tags[t] = tag
+            if own is None:
+                continue
+            largest = own if magnitude is None else torch.maximum(own, magnitude.to(own.device))
+            partial = own.new_zeros(())
+            for value in sums:
+                partial = torch.maximum(partial, value.to(own.device))
+            self._tags[t] = torch.stack([largest, partial])
         return out
+
+    def _magnitude(self, func: Any, name: str, args: tuple, kwargs: dict, tags: list[torch.Tensor],
+                   total: torch.Tensor | None) -> torch.Tensor | None:
+        """The magnitude of the terms of an op's result beyond its own values (None: its own values only), to
+        first order: a product's terms are each factor's terms times the other factor's values."""
+        def terms(x: Any) -> Any:
+            if _floating(x):
+                tag = self._tag(x)
+                return 0.0 if tag is None else tag[0]
+            return abs(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
+
+        def value(x: Any) -> Any:
+            if _floating(x):
+                largest = _largest(x)
+                return 0.0 if largest is None else largest
+            return abs(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 1.0
+
+        def product(a: Any, b: Any) -> Any:
+            return max(terms(a) * value(b), value(a) * terms(b), key=float)
+
+        found: Any = None
+        if func.is_view or name in _CARRIED:
+            found = max((tag[0] for tag in tags), key=float, default=None)
+        elif name in _PRODUCTS and len(args) >= 2:
+            found = product(args[0], args[1])
+        elif name in _ADDED_PRODUCTS and len(args) >= 3:
+            beta, alpha = abs(kwargs.get("beta", 1)), abs(kwargs.get("alpha", 1))
+            found = max(beta * terms(args[0]), alpha * product(args[1], args[2]), key=float)
+        elif name == "convolution" and len(args) >= 3:
+            found = max(product(args[0], args[1]), terms(args[2]) if args[2] is not None else 0.0, key=float)
+        elif name == "div" and len(args) >= 2:
+            divisor = args[1]
+            inverse = _largest(1 / divisor.detach().double()) if _floating(divisor) else \
+                1 / abs(divisor) if divisor else math.inf
+            if inverse is not None:  # d(a/b) = da / b - (a/b) db / b
+                found = max(terms(args[0]) * inverse, value(args[0]) * inverse * inverse * terms(divisor), key=float)
+        if total is not None:
+            found = total if found is None else max(found, total, key=float)
+        if found is None or isinstance(found, torch.Tensor):
+            return found
+        return torch.tensor(float(found), dtype=torch.float64)
 
     @staticmethod
     def _partial_sums(func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],

@@ -182,7 +182,8 @@ def test_the_sums_terms_bound_every_partial_sum_and_statistics_inside_fused_ops_
 
 def test_the_terms_of_a_zero_gradient_are_those_its_computation_multiplies():
     """Over one feature the textbook layer norm backward rstd (w dy - mean(w dy) - ...) is 0: its terms are w dy
-    scaled by rstd = 1/sqrt(eps), not the zero result; a gradient made by zeros_like reads no values."""
+    (dy = 1 here) times rstd = 1/sqrt(eps), not the zero result, nor rstd times x_hat's own terms (x_hat is 0);
+    a gradient made by zeros_like reads no values."""
     ln = _catalogue("oracle", "correct")
     x, w, b = (t.double().requires_grad_(True) for t in ln.make_one_feature(0, (4, 1)))
     recorder = TermMagnitudes()
@@ -190,7 +191,8 @@ def test_the_terms_of_a_zero_gradient_are_those_its_computation_multiplies():
         dx, _, _ = torch.autograd.grad(ln.layer_norm_reference(x, w, b), (x, w, b), torch.ones(4, 1, dtype=torch.float64))
         unused = torch.zeros_like(w)
     assert torch.equal(dx, torch.zeros_like(dx))
-    assert recorder.of(dx).magnitude == float(1 / torch.tensor(ln.LN_EPS, dtype=torch.float64).sqrt())
+    rstd = float(1 / torch.tensor(ln.LN_EPS, dtype=torch.float64).sqrt())
+    assert math.isclose(recorder.of(dx).magnitude, rstd * float(w.detach().abs().max()), rel_tol=1e-12)
     assert recorder.of(unused) == Terms(0.0, 0.0)
 
 
@@ -250,3 +252,11 @@ def test_a_label_smoothed_loss_with_a_bfloat16_logsumexp_still_fails_over_one_cl
     result = check("oracle", _smoothed_loss(torch.bfloat16), _smoothed_reference, _one_class_inputs)
     assert result.verdict == "fail" and "the floor taken at the magnitude of the terms" in result.message, \
         result.message
+
+
+def test_an_underflowed_exponential_carries_no_terms_into_a_product():
+    """exp(-1e6) is 0 with no residue: its argument is not a term of the result, and 0 x k has no terms either
+    (a kernel that clamps the exponent returns garbage there, which must still fail)."""
+    g = torch.tensor([-1e6, -2e6], dtype=torch.float64)
+    k = torch.tensor([1.5, -2.0], dtype=torch.float64)
+    assert _terms(lambda a, b: torch.exp(a.cumsum(-1)) * b, g, k) == Terms(0.0, 3e6)
