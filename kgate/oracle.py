@@ -15,6 +15,24 @@ dtype's largest finite value: its error is then the distance to the overflow thr
 `factor` (default 8) says how much worse than the reference a kernel may be; `ulps` (default 4) keeps
 the bound meaningful where the reference happens to be exact. `kgate calibrate` re-judges a report
 over a sweep of factors. Integer and boolean outputs must match exactly.
+
+The rounding error of a computation, and its risk of overflow, are set by the magnitude of the terms it
+combines, not by its result. Where a leaf would fail, `measure` asks for them (`TermMagnitudes`, which
+follows the float64 oracle's own computation op by op; `Subject.terms`) and applies two rules:
+
+- the oracle is 0 at every finite element of a leaf (an exact cancellation: a layer norm's gradient over
+  one feature, a label-smoothed loss over one class): the floor is taken at the largest magnitude of the
+  terms behind it (first order: carried through sums and selections, through a product as each factor's
+  terms times the other's values, started afresh at any other op), if within the dtype's range;
+- the terms of the sums the computation takes add up past the dtype's largest value (a row sum near
+  float32's largest value): non-finite outputs where the oracle is finite are not judged, since some
+  order of summation overflows while the exact result is finite. Where they add up to less, no order
+  overflows, and a non-finite output still fails.
+
+Both are per leaf (the terms are kept per tensor, not per element) and are named in the LeafError
+(`terms`, `partial_sums`, `beyond_range`) and its message. The terms are the reference's: a kernel that
+computes through larger intermediates than the reference (fla's decay gradient by a running-sum identity
+where the reference multiplies by an underflowed exp(g) = 0) gets no room from them.
 """
 
 from __future__ import annotations
