@@ -374,8 +374,8 @@ def _largest(t: torch.Tensor) -> torch.Tensor | None:
 
 @dataclass(frozen=True)
 class Terms:
-    """What `TermMagnitudes` knows of the computation behind one tensor: `magnitude`, the largest magnitude
-    among the values it was computed from; `partial_sums`, the largest sum of the terms' magnitudes among the
+    """What `TermMagnitudes` knows of the computation behind one tensor: `magnitude`, the largest magnitude of
+    the terms it combines (to first order, see TermMagnitudes); `partial_sums`, the largest sum of the terms' magnitudes among the
     sums it was computed from (0 where it took none): every partial sum of those, in any order, is within it."""
 
     magnitude: float
@@ -384,11 +384,15 @@ class Terms:
 
 class TermMagnitudes(TorchDispatchMode):
     """Follows a float64 computation op by op and gives each floating tensor it forms the magnitudes of the
-    terms it was computed from (`Terms`): the largest magnitude among its own values and the values of every
-    tensor it was computed from (recursively), and the largest sum of the terms' magnitudes among the sums it
-    took (`_SUMS`, `_MEANS`, `_VARIANCES`: that sum bounds every partial sum, whatever the order). Fused
-    normalizations and the ops torch's core ATen decompositions cover are followed through their
-    decompositions, so that the statistics they form inside (a mean, a variance) count as sums of their own.
+    terms it was computed from (`Terms`). The magnitude is its own largest value or, where larger, its terms'
+    to first order: carried as they are through ops that add, select or move values (`_CARRIED`, views),
+    through a product (`_PRODUCTS`, `_ADDED_PRODUCTS`, convolution) as each factor's terms times the other
+    factor's values, through a quotient likewise, and started afresh at any other op (exp, log, rsqrt...),
+    whose rounding is relative to its own result. The partial sums are the largest sum of the terms'
+    magnitudes among the sums it took, carried through every op (`_SUMS`, `_MEANS`, `_VARIANCES`: that sum
+    bounds every partial sum, whatever the order). Fused softmax and normalizations and the ops torch's core
+    ATen decompositions cover are followed through their decompositions, so that the terms they form inside
+    (a logsumexp, a mean, a variance) count.
 
     The rounding error of a computation in a dtype is set by these magnitudes, not by its result: a result
     that cancels to exactly 0 keeps a residue of a few ulps of its terms, and a partial sum whose terms pass
