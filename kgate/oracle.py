@@ -15,6 +15,24 @@ dtype's largest finite value: its error is then the distance to the overflow thr
 `factor` (default 8) says how much worse than the reference a kernel may be; `ulps` (default 4) keeps
 the bound meaningful where the reference happens to be exact. `kgate calibrate` re-judges a report
 over a sweep of factors. Integer and boolean outputs must match exactly.
+
+The rounding error of a computation, and its risk of overflow, are set by the magnitude of the terms it
+combines, not by its result. Where a leaf would fail, `measure` asks for them (`TermMagnitudes`, which
+follows the float64 oracle's own computation op by op; `Subject.terms`) and applies two rules:
+
+- the oracle is 0 at every finite element of a leaf (an exact cancellation: a layer norm's gradient over
+  one feature, a label-smoothed loss over one class): the floor is taken at the largest magnitude of the
+  terms behind it (first order: carried through sums and selections, through a product as each factor's
+  terms times the other's values, started afresh at any other op), if within the dtype's range;
+- the terms of the sums the computation takes add up past the dtype's largest value (a row sum near
+  float32's largest value): non-finite outputs where the oracle is finite are not judged, since some
+  order of summation overflows while the exact result is finite. Where they add up to less, no order
+  overflows, and a non-finite output still fails.
+
+Both are per leaf (the terms are kept per tensor, not per element) and are named in the LeafError
+(`terms`, `partial_sums`, `beyond_range`) and its message. The terms are the reference's: a kernel that
+computes through larger intermediates than the reference (fla's decay gradient by a running-sum identity
+where the reference multiplies by an underflowed exp(g) = 0) gets no room from them.
 """
 
 from __future__ import annotations
@@ -22,14 +40,18 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
+import functools
 import math
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from kgate.compare import index_of, map_tensors, on_device_of
 
@@ -105,6 +127,9 @@ class LeafError:
     exact: bool = False
     sensitivity: float = 0.0
     overflows: int = 0  # Inf outputs counted as within the bound (they round up from within it; see measure)
+    terms: float | None = None  # the terms' magnitude the floor was taken at, the oracle being 0 (see measure)
+    partial_sums: float | None = None  # the sums' terms' magnitude, where non-finite outputs were weighed against it
+    beyond_range: int = 0  # non-finite outputs not judged: the sums' terms pass the dtype's range (see measure)
 
     @property
     def passed(self) -> bool:
@@ -126,12 +151,28 @@ class LeafError:
         overflows = (f"; {self.overflows} Inf output(s) of the oracle's sign counted as overflows from within "
                      "the bound" if self.overflows else "")
         return (f"max abs error {self.err:.3g}{where} (expected {self.expected:.6g}, got {self.got:.6g}); "
-                f"bound {self.bound:.3g} = {self.factor:g} x reference error {ref} + floor {self.floor:.3g}; "
-                f"max rel error {self.rel_err:.3g}{overflows}")
+                f"bound {self.bound:.3g} = {self.factor:g} x reference error {ref} + floor {self.floor:.3g}"
+                f"{self.terms_note()}; max rel error {self.rel_err:.3g}{overflows}")
+
+    def terms_note(self) -> str:
+        """What the magnitude of the terms did to the judgement ('' where the bound did not take it)."""
+        notes = []
+        if self.terms is not None:
+            notes.append(f"the floor taken at the magnitude of the terms the oracle's computation combines, "
+                         f"{self.terms:.3g}: the oracle is 0 in all of {self.path}, a cancellation whose rounding "
+                         "leaves a residue of its terms")
+        if self.beyond_range:
+            notes.append(f"{self.beyond_range} non-finite output(s) where the oracle is finite not judged: the "
+                         f"terms of the sums the oracle's computation takes add up to {self.partial_sums:.3g}, "
+                         "past the dtype's largest value, so a partial sum overflows in some order")
+        elif self.partial_sums is not None:
+            notes.append(f"the terms of the sums the oracle's computation takes add up to {self.partial_sums:.3g}"
+                         ", within the dtype's range: no order of summation overflows")
+        return "".join(f" ({note})" for note in notes)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("err", "bound", "rel_err"):
+        for key in ("err", "bound", "rel_err", "terms", "partial_sums"):
             if isinstance(data[key], float) and math.isinf(data[key]):
                 data[key] = "inf"
         return data
@@ -150,7 +191,7 @@ def _max_abs(diff: torch.Tensor) -> tuple[float, int]:
 
 def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.Tensor, *, path: str,
             factor: float, ulps: float, atol: float, scale_at_least: float = 0.0,
-            sensitivity: float = 0.0) -> LeafError:
+            sensitivity: float = 0.0, terms: Callable[[], Terms | None] | None = None) -> LeafError:
     """Error of one kernel output against the oracle and the bound calibrated from the reference.
 
     Computed where the oracle lives (the GPU for a GPU kernel): outputs of KernelBench problems reach
@@ -159,7 +200,17 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     inputs whose exact outputs are all zero). `sensitivity` (how far the oracle moves when every input
     moves by an ulp of its dtype: `input_sensitivity`) is the least reference error the bound assumes: a
     reference that computes in a wider dtype inside (torch's reductions of float32 on the CPU) is nearly
-    exact even on ill-conditioned inputs, where any computation in the kernel's dtype is not."""
+    exact even on ill-conditioned inputs, where any computation in the kernel's dtype is not.
+
+    `terms` (called only where the kernel misses the bound otherwise) gives the magnitudes of the terms the
+    oracle's computation combines (`Terms`, from `TermMagnitudes`). Where the oracle is 0 at every finite
+    element, the floor is taken at their largest magnitude (if within the dtype's range): a cancellation to
+    an exact 0 (a layer norm's gradient over one feature, the label-smoothed loss over one class) keeps a
+    residue of a few ulps of its terms in any computation that rounds them differently than the reference.
+    Where the sums it takes have terms whose magnitudes add up past the dtype's largest value, non-finite
+    outputs where the oracle is finite are not judged: a partial sum overflows in some order of summation (a
+    blocked row sum near float32's largest value) while the exact result is finite. Both are recorded in
+    the LeafError (`terms`, `partial_sums`, `beyond_range`) and named by `describe`."""
     # on the oracle's device: it is on the CPU only where the device refused it, so the comparison
     # must not go back there either
     o = oracle.detach()
@@ -185,8 +236,8 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
         finite &= torch.isfinite(o64.to(dtype))
     has_finite = bool(finite.any())
     zero = torch.zeros((), dtype=torch.float64, device=o64.device)
-    scale = float(torch.where(finite, o64.abs(), zero).max()) if has_finite else 0.0
-    scale = max(scale, scale_at_least)
+    own_scale = float(torch.where(finite, o64.abs(), zero).max()) if has_finite else 0.0
+    scale = max(own_scale, scale_at_least)
     floor = ulps * ulp_at(dtype, scale) + atol
     ref_err: float | None = None
     if reference is not None:
@@ -221,8 +272,25 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
         overflows = int(rounds_up.sum())
         if overflows:
             diff = torch.where(rounds_up, (threshold - o64.abs()).clamp_min_(0.0), diff)
+            kernel_finite |= rounds_up
     diff.masked_fill_(~finite, 0.0)
     err, pos = _max_abs(diff)
+    magnitude, partial_sums, beyond_range = None, None, 0
+    if terms is not None and err > bound:
+        unexplained = ~kernel_finite & finite
+        behind = terms() if own_scale == 0 or bool(unexplained.any()) else None
+        if behind is not None:
+            threshold = overflow_threshold(dtype)
+            if own_scale == 0 and scale < behind.magnitude < threshold:
+                magnitude = scale = behind.magnitude
+                floor = ulps * ulp_at(dtype, scale) + atol
+                bound = factor * (ref_err or 0.0) + floor
+            if bool(unexplained.any()):
+                partial_sums = behind.partial_sums
+                if partial_sums >= threshold:
+                    beyond_range = int(unexplained.sum())
+                    diff.masked_fill_(unexplained, 0.0)
+            err, pos = _max_abs(diff)
     # relative error where the oracle is finite and non-zero (in place: diff is not needed after this)
     rel = diff.div_(o64.abs().clamp_min_(torch.finfo(dtype).tiny))
     rel.masked_fill_(~finite | (o64 == 0), 0.0)
@@ -230,7 +298,8 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     index = list(index_of(pos, tuple(k.shape)))
     return LeafError(path, err, ref_err, scale, floor, bound, factor, index=index,
                      expected=float(o64.reshape(-1)[pos]), got=float(kd.reshape(-1)[pos]), rel_err=rel_err,
-                     sensitivity=sensitivity, overflows=overflows)
+                     sensitivity=sensitivity, overflows=overflows, terms=magnitude, partial_sums=partial_sums,
+                     beyond_range=beyond_range)
 
 
 def ulp_at(dtype: torch.dtype, scale: float) -> float:
@@ -248,6 +317,196 @@ def overflow_threshold(dtype: torch.dtype) -> float:
     half an ulp there."""
     info = torch.finfo(dtype)
     return float(info.max) + 2.0 ** (math.frexp(float(info.max))[1] - 1) * info.eps / 2
+
+
+# -- the magnitude of the terms a computation combines ----------------------------------------------------
+
+_aten, _prims = torch.ops.aten, torch.ops.prims
+# Ops each of whose output elements is a sum of products of their arguments' elements: evaluated on the
+# magnitudes of their arguments they give the sum of the magnitudes of the terms, which bounds every partial
+# sum, in any order of summation.
+_SUMS = frozenset({
+    _aten.sum.default, _aten.sum.dim_IntList, _aten.nansum.default, _aten.cumsum.default, _aten.mm.default,
+    _aten.bmm.default, _aten.addmm.default, _aten.baddbmm.default, _aten.addbmm.default, _aten.mv.default,
+    _aten.addmv.default, _aten.dot.default, _aten.convolution.default, _prims.sum.default})
+_MEANS = frozenset({_aten.mean.default, _aten.mean.dim})  # that sum: the mean of the magnitudes x the count
+_VARIANCES = frozenset({_aten.var.correction, _prims.var.default})  # the sum of squares: variance x count
+_WRITES_FIRST = frozenset({_aten.zero_.default, _aten.fill_.Scalar, _aten.fill_.Tensor, _aten.copy_.default})
+# How the magnitude of the terms goes through an op (by the op's name, in place or not): it is carried
+# through ops that add, select or move values (the terms of a sum are those of its summands), multiplied
+# through products and quotients, and starts again at the result of any other op (exp, log, rsqrt, pow...),
+# whose rounding is relative to its own result: exp(-1e6) is 0, not a residue of a term of 1e6.
+_CARRIED = frozenset({
+    "add", "sub", "rsub", "neg", "sum", "nansum", "mean", "cumsum", "where", "cat", "stack", "clone", "copy",
+    "_to_copy", "to", "contiguous", "index", "gather", "index_select", "masked_fill", "index_put", "scatter",
+    "scatter_add", "index_add", "constant_pad_nd", "flip", "roll", "repeat", "tril", "triu", "amax", "amin",
+    "max", "min", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "abs", "relu", "sort", "topk",
+    "lift_fresh", "_unsafe_view", "alias"})
+_PRODUCTS = frozenset({"mul", "mm", "bmm", "mv", "dot", "outer", "matmul"})
+_ADDED_PRODUCTS = frozenset({"addmm", "baddbmm", "addbmm", "addmv"})  # beta x input + alpha x (a @ b)
+# Fused ops that hide their terms inside (a softmax's x and logsumexp, a normalization's sum of squares),
+# decomposed into the ops that form them; the rest as torch's core ATen decompositions leave it.
+_FUSED = (_aten._softmax.default, _aten._log_softmax.default, _aten.native_layer_norm.default, _aten.native_group_norm.default, _aten.native_batch_norm.default,
+          _aten._native_batch_norm_legit.default, _aten._native_batch_norm_legit.no_stats,
+          _aten._native_batch_norm_legit_no_training.default, _aten._fused_rms_norm.default,
+          _aten.var_mean.correction, _aten.std.correction, _aten.std_mean.correction)
+
+
+@functools.cache
+def _decompositions() -> dict:
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    table = dict(core_aten_decompositions())
+    table.update({op: decomposition_table[op] for op in _FUSED if op in decomposition_table})
+    return table
+
+
+def _floating(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex())
+
+
+def _largest(t: torch.Tensor) -> torch.Tensor | None:
+    """max |t| as a 0-d float64 tensor on t's device (NaN counted as 0, Inf as Inf); None for an empty t."""
+    if t.numel() == 0:
+        return None
+    return t.detach().abs().amax().double().nan_to_num(nan=0.0, posinf=math.inf)
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What `TermMagnitudes` knows of the computation behind one tensor: `magnitude`, the largest magnitude of
+    the terms it combines (to first order, see TermMagnitudes); `partial_sums`, the largest sum of the terms' magnitudes among the
+    sums it was computed from (0 where it took none): every partial sum of those, in any order, is within it."""
+
+    magnitude: float
+    partial_sums: float
+
+
+class TermMagnitudes(TorchDispatchMode):
+    """Follows a float64 computation op by op and gives each floating tensor it forms the magnitudes of the
+    terms it was computed from (`Terms`). The magnitude is its own largest value or, where larger, its terms'
+    to first order: carried as they are through ops that add, select or move values (`_CARRIED`, views),
+    through a product (`_PRODUCTS`, `_ADDED_PRODUCTS`, convolution) as each factor's terms times the other
+    factor's values, through a quotient likewise, and started afresh at any other op (exp, log, rsqrt...),
+    whose rounding is relative to its own result. The partial sums are the largest sum of the terms'
+    magnitudes among the sums it took, carried through every op (`_SUMS`, `_MEANS`, `_VARIANCES`: that sum
+    bounds every partial sum, whatever the order). Fused softmax and normalizations and the ops torch's core
+    ATen decompositions cover are followed through their decompositions, so that the terms they form inside
+    (a logsumexp, a mean, a variance) count.
+
+    The rounding error of a computation in a dtype is set by these magnitudes, not by its result: a result
+    that cancels to exactly 0 keeps a residue of a few ulps of its terms, and a partial sum whose terms pass
+    the dtype's largest value may overflow in some order of summation while the exact result is finite.
+    The computation followed is the reference's, in float64; the kernel's may form other intermediates.
+    Magnitudes are kept per tensor, not per element: a tensor formed from several (a `where` of two
+    branches) carries the largest of them all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tags = WeakTensorKeyDictionary()  # tensor -> float64 [magnitude, partial sums] on its device
+
+    def of(self, t: torch.Tensor) -> Terms | None:
+        """The terms behind `t` (its own largest magnitude, no sums, for a tensor not formed here)."""
+        tag = self._tag(t) if _floating(t) else None
+        return None if tag is None else Terms(float(tag[0]), float(tag[1]))
+
+    def _tag(self, t: torch.Tensor) -> torch.Tensor | None:
+        tag = self._tags.get(t)
+        if tag is not None:
+            return tag
+        largest = _largest(t)
+        return None if largest is None else torch.stack([largest, torch.zeros_like(largest)])
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        decomposition = _decompositions().get(func)
+        if decomposition is not None:
+            with self:
+                out = decomposition(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        out = func(*args, **kwargs)
+        results = [t for t in tree_flatten(out)[0] if _floating(t)]
+        if not results:
+            return out
+        name = func.overloadpacket.__name__
+        read = [] if name.endswith("_like") or name.startswith("new_") else \
+            list(args[1:]) if func in _WRITES_FIRST else list(args)
+        inputs = [t for t in tree_flatten((read, kwargs))[0] if _floating(t)]
+        tags = [tag for tag in map(self._tag, inputs) if tag is not None]
+        total = self._partial_sums(func, args, kwargs, inputs, results[0])
+        sums = [tag[1] for tag in tags] + ([total] if total is not None else [])
+        magnitude = self._magnitude(func, name.removesuffix("_"), args, kwargs, tags, total)
+        for t in results:
+            own = _largest(t)
+            if own is None:
+                continue
+            largest = own if magnitude is None else torch.maximum(own, magnitude.to(own.device))
+            partial = own.new_zeros(())
+            for value in sums:
+                partial = torch.maximum(partial, value.to(own.device))
+            self._tags[t] = torch.stack([largest, partial])
+        return out
+
+    def _magnitude(self, func: Any, name: str, args: tuple, kwargs: dict, tags: list[torch.Tensor],
+                   total: torch.Tensor | None) -> torch.Tensor | None:
+        """The magnitude of the terms of an op's result beyond its own values (None: its own values only), to
+        first order: a product's terms are each factor's terms times the other factor's values."""
+        def terms(x: Any) -> Any:
+            if _floating(x):
+                tag = self._tag(x)
+                return 0.0 if tag is None else tag[0]
+            return abs(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 0.0
+
+        def value(x: Any) -> Any:
+            if _floating(x):
+                largest = _largest(x)
+                return 0.0 if largest is None else largest
+            return abs(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else 1.0
+
+        def product(a: Any, b: Any) -> Any:
+            return max(terms(a) * value(b), value(a) * terms(b), key=float)
+
+        found: Any = None
+        if func.is_view or name in _CARRIED:
+            found = max((tag[0] for tag in tags), key=float, default=None)
+        elif name in _PRODUCTS and len(args) >= 2:
+            found = product(args[0], args[1])
+        elif name in _ADDED_PRODUCTS and len(args) >= 3:
+            beta, alpha = abs(kwargs.get("beta", 1)), abs(kwargs.get("alpha", 1))
+            found = max(beta * terms(args[0]), alpha * product(args[1], args[2]), key=float)
+        elif name == "convolution" and len(args) >= 3:
+            found = max(product(args[0], args[1]), terms(args[2]) if args[2] is not None else 0.0, key=float)
+        elif name == "div" and len(args) >= 2:
+            divisor = args[1]
+            inverse = _largest(1 / divisor.detach().double()) if _floating(divisor) else \
+                1 / abs(divisor) if divisor else math.inf
+            if inverse is not None:  # d(a/b) = da / b - (a/b) db / b
+                found = max(terms(args[0]) * inverse, value(args[0]) * inverse * inverse * terms(divisor), key=float)
+        if total is not None:
+            found = total if found is None else max(found, total, key=float)
+        if found is None or isinstance(found, torch.Tensor):
+            return found
+        return torch.tensor(float(found), dtype=torch.float64)
+
+    @staticmethod
+    def _partial_sums(func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
+                      first: torch.Tensor) -> torch.Tensor | None:
+        """The largest sum of the terms' magnitudes of a summing op (None for other ops)."""
+        count = inputs[0].numel() / max(first.numel(), 1) if inputs else 1.0
+        if func in _SUMS or func in _MEANS:
+            def magnitude(x: Any) -> Any:
+                return x.abs() if _floating(x) else abs(x) if isinstance(x, float) else x
+
+            absolute = [magnitude(a) for a in args]
+            extra = {k: abs(v) if k in ("alpha", "beta") and isinstance(v, (int, float)) else magnitude(v)
+                     for k, v in kwargs.items()}
+            total = _largest(func(*absolute, **extra))
+            return total * count if total is not None and func in _MEANS else total
+        if func in _VARIANCES:
+            largest = _largest(first)
+            return None if largest is None else largest * count
+        return None
 
 
 # Functions that draw random floating values in torch's default dtype (or, *_like, in their input's), and the

@@ -179,7 +179,8 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
             raise
         return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc}",
                        details={"traceback": exc.trace}), []
-    leaves = measure_outputs(out, reference, oracle, subject.tolerance, scales, sensitivity)
+    leaves = measure_outputs(out, reference, oracle, subject.tolerance, scales, sensitivity,
+                             terms=lambda: subject.terms(args))
     if isinstance(leaves, Incomparable):
         return Finding(CONTRACT, leaves.message, expected=leaves.expected, got=leaves.got), []
     refs = dict(flatten(reference))

@@ -27,7 +27,7 @@ from kgate import procmem
 from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, tensors
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
-from kgate.oracle import DtypeDispatch, upcast
+from kgate.oracle import DtypeDispatch, TermMagnitudes, Terms, upcast
 
 _monotonic = time.monotonic  # bound at import, before any kernel code runs (it may patch time)
 
@@ -313,6 +313,24 @@ class Subject:
                 last = exc
         assert last is not None
         raise UserCodeError("reference (float64 oracle)", last) from last
+
+    def terms(self, args: tuple) -> dict[str, Terms]:
+        """Per floating output leaf of the float64 oracle on `args` (by path), the magnitudes of the terms its
+        computation combines (`kgate.oracle.TermMagnitudes`): what the oracle bound takes where the oracle
+        is 0 (a cancellation) or a partial sum may leave the dtype's range. Empty where the computation
+        cannot be followed (the reference rejects the inputs, or raises under the decompositions)."""
+        recorder = TermMagnitudes()
+        try:
+            with recorder:
+                out = self.oracle(args)
+        except Exception:  # noqa: BLE001 - the bound then stays as it was without the terms
+            return {}
+        found = {}
+        for path, t in flatten(out):
+            magnitude = recorder.of(t) if isinstance(t, torch.Tensor) else None
+            if magnitude is not None:
+                found[path] = magnitude
+        return found
 
     def _host_elements(self, args: tuple) -> int:
         """What a float64 oracle on the host holds besides its inputs: the reference's outputs at these input

@@ -267,3 +267,19 @@ def test_integer_probes_pass_an_adding_scatter():
     result = check("distributions", _segment_sum, _segment_sum, _segments)
     assert result.verdict == "pass", result.message
     assert "2 integer-input probe(s)" in result.message
+
+
+def test_a_tree_sum_that_overflows_a_partial_sum_near_the_largest_value_passes():
+    """Near float32's largest value a pairwise tree's partial sum overflows in rows whose exact total (and the
+    reference, summed in float64) is finite: the terms of the row sums add up past the range, so those
+    non-finite outputs are not judged, and the count is in the evidence."""
+    result = check("distributions", correct.row_sum_tree, correct.row_sum_reference, correct.make_rows)
+    assert result.verdict == "pass", result.message
+    assert any(e.get("beyond_range") for e in result.evidence), "no row overflowed: the control tests nothing"
+
+
+def test_a_sum_that_overflows_where_no_order_of_summation_does_still_fails():
+    result = check("distributions", violating.row_sum_prescaled, correct.row_sum_reference, correct.make_rows)
+    assert result.verdict == "fail" and result.details["distribution"].startswith("distribution 'huge'"), \
+        result.message
+    assert "within the dtype's range: no order of summation overflows" in result.message

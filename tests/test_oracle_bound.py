@@ -1,22 +1,39 @@
-"""The oracle bound at the ends of a dtype's range: an overflow to Inf from within the bound, and the floor
-at subnormal magnitudes (kgate/oracle.py, measure)."""
+"""The oracle bound at the ends of a dtype's range: an overflow to Inf from within the bound, the floor at
+subnormal magnitudes, and the magnitude of the terms behind a result: a cancellation to an exact 0 and a
+partial sum past the largest value (kgate/oracle.py, measure and TermMagnitudes)."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
-from kgate.oracle import measure, overflow_threshold
+from kgate import gates as registry
+from kgate.backward import BackwardSubject
+from kgate.oracle import TermMagnitudes, Terms, measure, overflow_threshold
+from tests.gate_harness import check, subject_for
+
+CATALOGUE = Path(__file__).resolve().parent.parent / "gates"
 
 F32 = torch.float32
 MAX = float(torch.finfo(F32).max)
 STEP = float(torch.finfo(F32).smallest_normal) * float(torch.finfo(F32).eps)  # the smallest subnormal
 
 
-def judge(kernel, reference, oracle, dtype=F32):
+def judge(kernel, reference, oracle, dtype=F32, terms=None):
     t = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
-    return measure(t(kernel).to(dtype), t(reference).to(dtype), t(oracle), path="out", factor=8, ulps=4, atol=0)
+    return measure(t(kernel).to(dtype), t(reference).to(dtype), t(oracle), path="out", factor=8, ulps=4, atol=0,
+                   terms=terms)
+
+
+def _catalogue(gate, name):
+    spec = importlib.util.spec_from_file_location(f"catalogue_{gate}_{name}_bound", CATALOGUE / gate / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # --- an overflow to Inf of the right sign, where the bound reaches past the largest finite value -----------
@@ -81,3 +98,165 @@ def test_a_flush_to_zero_at_subnormal_outputs_still_fails():
 def test_the_floor_is_relative_above_the_subnormal_range():
     leaf = judge([1.0], [1.0], [1.0])
     assert leaf.floor == 4 * float(torch.finfo(F32).eps)
+
+
+# --- a cancellation to an exact 0: the floor at the magnitude of the terms ----------------------------------
+
+EPS = float(torch.finfo(F32).eps)
+
+
+def test_a_residue_of_the_terms_where_the_oracle_is_zero_is_within_the_floor_at_the_terms():
+    """Liger's LayerNorm backward over one feature: the exact gradient and torch's are 0, the kernel's is
+    rstd x (the rounding of w dy), 7.6e-6 with rstd = 316: without the terms the bound is 0."""
+    terms = Terms(magnitude=316.0, partial_sums=1.0)
+    assert not judge([7.6e-6], [0.0], [0.0]).passed
+    leaf = judge([7.6e-6], [0.0], [0.0], terms=lambda: terms)
+    assert leaf.passed and leaf.floor == 4 * EPS * 316 and leaf.terms == 316.0, leaf.describe()
+
+
+def test_garbage_where_the_oracle_is_zero_still_fails_and_names_the_terms():
+    leaf = judge([0.3, 0.0], [0.0, 0.0], [0.0, 0.0], terms=lambda: Terms(316.0, 1.0))
+    assert not leaf.passed and leaf.index == [0] and leaf.err == float(torch.tensor(0.3, dtype=F32))
+    assert "the floor taken at the magnitude of the terms the oracle's computation combines, 316" in leaf.describe()
+
+
+def test_the_terms_are_asked_for_only_where_the_bound_is_missed_and_the_oracle_is_zero_or_the_kernel_not_finite():
+    asked = []
+
+    def terms():
+        asked.append(1)
+        return Terms(316.0, 1.0)
+
+    assert judge([0.0], [0.0], [0.0], terms=terms).passed  # within the bound: not asked
+    assert not judge([2.0], [1.0], [1.0], terms=terms).passed  # a non-zero oracle, finite kernel: not asked
+    assert not asked
+    leaf = judge([1e-3], [1e-3], [1e-3 * (1 + 1e-6)], terms=terms)
+    assert not asked and leaf.terms is None
+
+
+def test_terms_past_the_dtypes_range_give_no_floor():
+    """Terms no finite computation in float32 forms (a branch of a `where` that float64 alone holds)."""
+    leaf = judge([1e30], [0.0], [0.0], terms=lambda: Terms(1e300, 0.0))
+    assert not leaf.passed and leaf.terms is None, leaf.describe()
+
+
+# --- a partial sum past the largest value: non-finite outputs not judged -------------------------------------
+
+def test_an_overflow_where_the_sums_terms_pass_the_range_is_not_judged():
+    """FlagGems' sum(dim) near float32's largest value: a partial sum of the kernel's order overflows where the
+    exact total (-9.2e37) and the reference are finite; the terms' magnitudes add up past the range."""
+    assert not judge([-math.inf, 1e37], [-9.2e37, 1e37], [-9.2e37, 1e37]).passed
+    leaf = judge([-math.inf, 1e37], [-9.2e37, 1e37], [-9.2e37, 1e37], terms=lambda: Terms(2e37, 5e39))
+    assert leaf.passed and leaf.beyond_range == 1 and leaf.index == [1], leaf.describe()  # the finite one judged
+    leaf = judge([math.nan, 1.5e37], [-9.2e37, 1e37], [-9.2e37, 1e37], terms=lambda: Terms(2e37, 5e39))
+    assert not leaf.passed and leaf.index == [1] and leaf.beyond_range == 1  # 1.5e37 for 1e37 still fails
+    assert "1 non-finite output(s) where the oracle is finite not judged" in leaf.describe()
+
+
+def test_an_overflow_that_no_order_of_summation_makes_still_fails():
+    leaf = judge([-math.inf, 1e37], [-9.2e37, 1e37], [-9.2e37, 1e37], terms=lambda: Terms(2e37, 1e38))
+    assert not leaf.passed and leaf.err == math.inf and leaf.beyond_range == 0
+    assert "add up to 1e+38, within the dtype's range: no order of summation overflows" in leaf.describe()
+
+
+# --- the magnitudes followed through a float64 computation -----------------------------------------------------
+
+def _terms(fn, *args):
+    recorder = TermMagnitudes()
+    with recorder:
+        out = fn(*args)
+    return recorder.of(out)
+
+
+def test_the_sums_terms_bound_every_partial_sum_and_statistics_inside_fused_ops_count():
+    x = torch.tensor([[3e38, -3e38, 1.0, 2.0]], dtype=torch.float64)
+    assert _terms(lambda t: t.sum(-1), x) == Terms(6e38 + 3.0, 6e38 + 3.0)
+    assert _terms(lambda t: t.mean(-1), x).partial_sums == 6e38 + 3.0  # the sum before the division
+    assert _terms(lambda t: t.cumsum(-1), x).partial_sums == 6e38 + 3.0
+    # layer norm forms the mean and the sum of squared deviations (~1.8e77) inside native_layer_norm
+    assert _terms(lambda t: F.layer_norm(t, (4,)), x).partial_sums > 1e77
+    # magnitudes of a branch a `where` discards count for the values, never as the terms of a sum
+    softplus = _terms(F.softplus, torch.tensor([1e3, -1.0], dtype=torch.float64))
+    assert softplus.partial_sums == 0.0 and softplus.magnitude == math.inf
+
+
+def test_the_terms_of_a_zero_gradient_are_those_its_computation_multiplies():
+    """Over one feature the textbook layer norm backward rstd (w dy - mean(w dy) - ...) is 0: its terms are w dy
+    (dy = 1 here) times rstd = 1/sqrt(eps), not the zero result, nor rstd times x_hat's own terms (x_hat is 0);
+    a gradient made by zeros_like reads no values."""
+    ln = _catalogue("oracle", "correct")
+    x, w, b = (t.double().requires_grad_(True) for t in ln.make_one_feature(0, (4, 1)))
+    recorder = TermMagnitudes()
+    with recorder, torch.enable_grad():
+        dx, _, _ = torch.autograd.grad(ln.layer_norm_reference(x, w, b), (x, w, b), torch.ones(4, 1, dtype=torch.float64))
+        unused = torch.zeros_like(w)
+    assert torch.equal(dx, torch.zeros_like(dx))
+    rstd = float(1 / torch.tensor(ln.LN_EPS, dtype=torch.float64).sqrt())
+    assert math.isclose(recorder.of(dx).magnitude, rstd * float(w.detach().abs().max()), rel_tol=1e-12)
+    assert recorder.of(unused) == Terms(0.0, 0.0)
+
+
+# --- the classes on whole kernels: the catalogue's one-feature layer norm and a one-class cross-entropy -------
+
+def _oracle_backward(kernel, module, shape):
+    subject = BackwardSubject(subject_for(kernel, module.layer_norm_reference, module.make_one_feature,
+                                          backward=True, shapes=[shape]))
+    return registry.get("oracle").check(subject)
+
+
+def test_a_layer_norm_backward_over_one_feature_passes_with_its_rounding_residue():
+    correct = _catalogue("oracle", "correct")
+    result = _oracle_backward(correct.layer_norm_fused, correct, [8, 1])
+    assert result.verdict == "pass", result.message
+    dx = [e for e in result.evidence if e["path"] == "out[0]"]
+    assert dx and dx[0]["err"] > 0 and dx[0]["terms"] is not None and dx[0]["expected"] == 0.0
+
+
+def test_a_layer_norm_backward_with_a_bfloat16_mean_still_fails_over_one_feature():
+    correct, violating = _catalogue("oracle", "correct"), _catalogue("oracle", "violating")
+    result = _oracle_backward(violating.layer_norm_half_precision_mean, correct, [8, 1])
+    assert result.verdict == "fail" and "out[0]" in result.where, result.message
+    assert "the floor taken at the magnitude of the terms" in result.message
+    assert "kgate run kgate.yaml -k k --gate 'oracle[backward]'" in result.repro
+
+
+def _one_class_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape or (16, 1), generator=gen, dtype=torch.float64) * 2
+    return x.to(dtype=dtype, device=device), torch.zeros(x.shape[0], dtype=torch.long, device=device)
+
+
+def _smoothed_reference(x, y):
+    return F.cross_entropy(x, y, label_smoothing=0.1)
+
+
+def _smoothed_loss(lse_dtype):
+    """Liger's label-smoothed cross-entropy: lse - (1 - e) x_y - (e / C) sum(x), in float32 (lse rounded through
+    `lse_dtype`). Over one class the exact loss is 0, and the three terms (of the order of x) cancel."""
+    def kernel(x, y):
+        xf = x.float()
+        lse = torch.logsumexp(xf, -1).to(lse_dtype).float()
+        picked = xf.gather(-1, y[:, None])[:, 0]
+        loss = lse - 0.9 * picked - (0.1 / x.shape[-1]) * xf.sum(-1)
+        return loss.mean().to(x.dtype)
+    return kernel
+
+
+def test_a_label_smoothed_loss_over_one_class_passes_with_its_rounding_residue():
+    result = check("oracle", _smoothed_loss(torch.float32), _smoothed_reference, _one_class_inputs)
+    assert result.verdict == "pass", result.message
+    assert result.evidence[0]["err"] > 0 and result.evidence[0]["terms"] is not None, result.evidence
+
+
+def test_a_label_smoothed_loss_with_a_bfloat16_logsumexp_still_fails_over_one_class():
+    result = check("oracle", _smoothed_loss(torch.bfloat16), _smoothed_reference, _one_class_inputs)
+    assert result.verdict == "fail" and "the floor taken at the magnitude of the terms" in result.message, \
+        result.message
+
+
+def test_an_underflowed_exponential_carries_no_terms_into_a_product():
+    """exp(-1e6) is 0 with no residue: its argument is not a term of the result, and 0 x k has no terms either
+    (a kernel that clamps the exponent returns garbage there, which must still fail)."""
+    g = torch.tensor([-1e6, -2e6], dtype=torch.float64)
+    k = torch.tensor([1.5, -2.0], dtype=torch.float64)
+    assert _terms(lambda a, b: torch.exp(a.cumsum(-1)) * b, g, k) == Terms(0.0, 3e6)

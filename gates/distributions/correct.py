@@ -97,3 +97,25 @@ def segment_sum(values, index):
     """index_add_: rows that share a segment are summed."""
     out = torch.zeros(32, values.shape[1], dtype=values.dtype, device=values.device)
     return out.index_add_(0, index, values)
+
+
+def make_rows(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Long rows for the row sums: near the dtype's largest value a row's partial sums pass it."""
+    return make_inputs(seed, shape or (64, 4096), dtype, device)
+
+
+def row_sum_reference(x):
+    """The exact row sum rounded to the dtype: no partial sum of it overflows."""
+    return x.double().sum(-1).to(x.dtype)
+
+
+def row_sum_tree(x):
+    """Row sums in float32 by a pairwise tree over the row (as a GPU block reduction, `tl.sum`, combines its
+    lanes): correct, though near the dtype's largest value a partial sum of the tree may overflow where the
+    exact total and torch's order stay finite, which no bound on the total can tell from a flaw."""
+    acc = x.float()
+    width = 1 << max(acc.shape[-1] - 1, 0).bit_length()
+    acc = torch.nn.functional.pad(acc, (0, width - acc.shape[-1]))
+    while acc.shape[-1] > 1:
+        acc = acc[..., 0::2] + acc[..., 1::2]
+    return acc[..., 0].to(x.dtype)

@@ -18,3 +18,85 @@ def reference(x):
 def gelu_erf(x):
     """x * Phi(x) with the error function, as the reference defines it."""
     return 0.5 * x * (1.0 + torch.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+# --- a cancellation to an exact 0: layer norm over one feature -------------------------------------------
+
+LN_EPS = 1e-5
+
+
+def make_one_feature(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """x (rows, features), weight and bias (features); one feature unless `shape` says otherwise: x_hat is then 0
+    and the gradient of x is 0 exactly, a cancellation of terms of order rstd x w x dy (rstd = 1/sqrt(eps))."""
+    rows, features = shape or (8, 1)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, features, generator=gen, dtype=torch.float64)
+    w = torch.randn(features, generator=gen, dtype=torch.float64)
+    b = torch.randn(features, generator=gen, dtype=torch.float64)
+    return tuple(t.to(dtype=dtype, device=device) for t in (x, w, b))
+
+
+class _LayerNormReference(torch.autograd.Function):
+    """Layer norm in the inputs' dtype with the textbook backward, dx = rstd (w dy - mean(w dy) - x_hat mean(x_hat
+    w dy)), as torch's fused CUDA backward computes it: over one feature it cancels to exactly 0 in every dtype
+    (torch's CPU backward leaves a residue of its own there, autograd of the formula forms rsqrt's derivative at
+    a zero variance, 1.6e7)."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        centered = x - x.mean(-1, keepdim=True)
+        rstd = torch.rsqrt((centered * centered).mean(-1, keepdim=True) + LN_EPS)
+        x_hat = centered * rstd
+        ctx.save_for_backward(x_hat, rstd, w)
+        return x_hat * w + b
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_hat, rstd, w = ctx.saved_tensors
+        wdy = w * dy
+        dx = rstd * (wdy - wdy.mean(-1, keepdim=True) - x_hat * (x_hat * wdy).mean(-1, keepdim=True))
+        return dx, (dy * x_hat).sum(0), dy.sum(0)
+
+
+def layer_norm_reference(x, w, b):
+    return _LayerNormReference.apply(x, w, b)
+
+
+class _LayerNorm(torch.autograd.Function):
+    """Layer norm over the last dimension, computed in float32, whose backward forms dx as fused kernels do:
+    dx = (w dy - (x_hat c1 + c2)) rstd with c1 = mean(x_hat w dy), c2 = mean(w dy). `fused` (how the first
+    use of w dy meets the subtraction) and `mean_of` (how c2 is formed) are the variants' only difference."""
+
+    @staticmethod
+    def forward(ctx, x, w, b, fused, mean_of):
+        xf, wf = x.float(), w.float()
+        mean = xf.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(((xf - mean) ** 2).mean(-1, keepdim=True) + LN_EPS)
+        x_hat = (xf - mean) * rstd
+        ctx.save_for_backward(x_hat, rstd, wf)
+        ctx.fused, ctx.mean_of = fused, mean_of
+        return (x_hat * wf + b.float()).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_hat, rstd, w = ctx.saved_tensors
+        dyf = dy.float()
+        wdy = w * dyf
+        c1 = (x_hat * wdy).mean(-1, keepdim=True)
+        c2 = ctx.mean_of(wdy)
+        dx = (ctx.fused(w, dyf, x_hat * c1 + c2) * rstd).to(dy.dtype)
+        dw = (dyf * x_hat).sum(0).to(dy.dtype)
+        db = dyf.sum(0).to(dy.dtype)
+        return dx, dw, db, None, None
+
+
+def _fused_multiply_subtract(w, dy, rest):
+    """w * dy - rest rounded once (a fused multiply-add, as a GPU compiler contracts it): the product is exact."""
+    return (w.double() * dy.double() - rest.double()).float()
+
+
+def layer_norm_fused(x, w, b):
+    """A correct layer norm whose backward contracts the first use of w dy into a fused multiply-add and rounds
+    the second (inside c2): over one feature the exact 0 of dx comes out as rstd x (the product's rounding),
+    a residue of a fraction of an ulp of w dy times rstd = 316 (Liger-Kernel's LayerNorm on a GPU)."""
+    return _LayerNorm.apply(x, w, b, _fused_multiply_subtract, lambda wdy: wdy.mean(-1, keepdim=True))

@@ -3,6 +3,7 @@ error in the kernel's dtype (formula in kgate/oracle.py). Judged on every case o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 from kgate.compare import clone_tree, flatten, structure
 from kgate.gates.base import Gate, GateResult
 from kgate.manifest import Tolerance
-from kgate.oracle import BROKEN_FACTOR, LeafError, measure
+from kgate.oracle import BROKEN_FACTOR, LeafError, Terms, measure
 from kgate.subject import Subject
 
 
@@ -26,18 +27,30 @@ class Incomparable:
 
 def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
                     scales: dict[str, float] | None = None,
-                    sensitivity: dict[str, float] | None = None) -> Incomparable | list[LeafError]:
+                    sensitivity: dict[str, float] | None = None,
+                    terms: Callable[[], dict[str, Terms]] | None = None) -> Incomparable | list[LeafError]:
     """The oracle gate's judgement of one output tree: one LeafError per tensor leaf, or why none.
 
     Shared by every gate that judges against the oracle bound (shapes, layouts, distributions, ...).
     `scales` (output path -> magnitude) raises the magnitude each leaf's floor is taken of; `sensitivity`
-    (output path -> the oracle's change when the inputs move by an ulp) the least reference error."""
+    (output path -> the oracle's change when the inputs move by an ulp) the least reference error; `terms`
+    (`Subject.terms` on the inputs: output path -> the magnitudes of the terms the oracle's computation
+    combines) is called at most once, and only where a leaf misses the bound otherwise (`measure`)."""
     if structure(out) != structure(oracle):
         return Incomparable("output structure differs from the reference's: cannot compare",
                             expected=structure(oracle), got=structure(out))
     refs = dict(flatten(reference))
     oracles = dict(flatten(oracle))
     leaves = []
+    known: list[dict[str, Terms]] = []
+
+    def magnitude(path: str) -> Terms | None:
+        if terms is None:
+            return None
+        if not known:
+            known.append(terms())
+        return known[0].get(path)
+
     for path, got in flatten(out):
         want = oracles[path]
         if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
@@ -49,7 +62,8 @@ def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
         leaves.append(measure(got, ref if isinstance(ref, torch.Tensor) else None, want, path=path,
                               factor=tol.factor, ulps=tol.ulps, atol=tol.atol,
                               scale_at_least=(scales or {}).get(path, 0.0),
-                              sensitivity=(sensitivity or {}).get(path, 0.0)))
+                              sensitivity=(sensitivity or {}).get(path, 0.0),
+                              terms=None if terms is None else lambda path=path: magnitude(path)))
     return leaves
 
 
@@ -65,7 +79,8 @@ class Oracle(Gate):
         for case in subject.cases:
             base = subject.baseline(case)
             out = subject.run_kernel(clone_tree(base.args))
-            leaves = measure_outputs(out, base.reference, base.oracle, tol)
+            leaves = measure_outputs(out, base.reference, base.oracle, tol,
+                                     terms=lambda base=base: subject.terms(base.args))
             if isinstance(leaves, Incomparable):
                 return self.failed(subject, leaves.message, case=case, expected=leaves.expected, got=leaves.got,
                                    broken=True)
