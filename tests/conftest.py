@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -11,6 +13,25 @@ pytest_plugins = ["tests.cuda_guard", "tests.xdist_groups"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_audit_cache():
+    """Every audit of a test process keeps its candidates' builds in one folder (`kgate audit --cache`, by its
+    environment default), as a user's audits into several --out folders may: builds made once serve every
+    test, and the audits' workers fork from one template instead of starting one per test (the template's
+    view holds the folders that hold the builds). Tests of the default (builds under --out) unset it."""
+    from kgate.commands.audit import CACHE_ENV
+
+    if os.environ.get(CACHE_ENV):
+        yield os.environ[CACHE_ENV]
+        return
+    folder = tempfile.mkdtemp(prefix="kgate-audit-cache-")
+    os.environ[CACHE_ENV] = folder
+    try:
+        yield folder
+    finally:
+        os.environ.pop(CACHE_ENV, None)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from kgate.audit.report import summarize
 from kgate.audit.results import ResultsFile, shard
 from kgate.audit.scheduler import DeviceLease, Outgrown
 from kgate.cli import main as kgate_main
+from kgate.commands.audit import CACHE_ENV
 from kgate.gates.base import GateResult
 from kgate.kernelbench import Pair, discover
 from tests.conftest import DATA, ROOT
@@ -253,8 +254,9 @@ def _workers_of(out: Path) -> list[int]:
 def test_sigterm_during_a_hang_kills_the_worker_and_records_nothing_for_it(tmp_path):
     out = tmp_path / "run"
     args = [*BASE[:-1], "contract", "-k", "hang", "--jobs", "1", "--timeout", "120", "--out", str(out), "-q"]
+    env = {k: v for k, v in os.environ.items() if k != CACHE_ENV}  # its builds under `out`, where _workers_of looks
     proc = subprocess.Popen([sys.executable, "-m", "kgate", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not _workers_of(out):
@@ -903,7 +905,7 @@ def test_past_the_deadline_a_candidate_that_outgrew_its_share_is_left_to_resume(
     def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
                       earlier=None):
         calls.append((pair.id, gpu_memory_fraction))
-        time.sleep(0.3)
+        time.sleep(2.0)  # both start inside the deadline, even on a busy machine; both end past it
         return {"id": pair.id, "oom": pair.id == "big" and gpu_memory_fraction == 0.2375, "gates": [],
                 "device": device}
 
@@ -912,7 +914,7 @@ def test_past_the_deadline_a_candidate_that_outgrew_its_share_is_left_to_resume(
     plan = scheduler.Plan(devices=["cuda:0"], slots=4, compile_jobs=1, compile_stage=False)
     records = []
     judged = scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append,
-                                 stop_at=time.monotonic() + 0.1)
+                                 stop_at=time.monotonic() + 1.0)
     assert judged == 1 and [r["id"] for r in records] == ["small"]
     assert sorted(calls) == [("big", 0.2375), ("small", 0.2375)]  # no second try
 
@@ -1135,6 +1137,7 @@ def test_compile_only_with_pch_fills_the_cache_and_later_runs_build_nothing(tmp_
         return True, "--pch: a stand-in header"
 
     monkeypatch.setattr(pch, "build", stand_in)
+    monkeypatch.delenv(CACHE_ENV, raising=False)  # the builds under --out, as by default
     base = ["audit", "--problems", str(CORPUS / "problems"), "--candidates", str(CORPUS / "extension"),
             "--device", "cpu", "--gate", "contract", "--out", str(tmp_path), "-q", "--pch"]
     try:
@@ -1152,6 +1155,35 @@ def test_compile_only_with_pch_fills_the_cache_and_later_runs_build_nothing(tmp_
         assert gch.is_file()
     finally:
         gch.unlink(missing_ok=True)
+
+
+def test_audits_into_other_folders_with_one_cache_keep_the_builds_there_and_share_a_worker_template(tmp_path,
+                                                                                                    monkeypatch):
+    """--cache keeps every candidate's build folders (torch extensions, Triton) out of --out, so that audits
+    into other --out folders reuse them; their workers then fork from one template (its view holds the
+    folders that hold the builds). Without it each --out has its builds, and its own template."""
+    from kgate import forkserver
+
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    started = []
+    real = forkserver.Template.__init__
+
+    def counted(self, key, *args, **kwargs):
+        started.append(key)
+        real(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(forkserver.Template, "__init__", counted)
+    one = [*BASE[:-1], "contract", "-k", "level1/19_ReLU and not __", "-q"]
+    for name in ("a", "b"):
+        assert kgate_main([*one, "--out", str(tmp_path / name), "--cache", str(tmp_path / "cache")]) == 0
+    digest = {p.name for p in (tmp_path / "cache" / "triton_cache").iterdir()}
+    assert len(digest) == 1 and (tmp_path / "cache" / "torch_extensions" / digest.pop()).is_dir()
+    assert not (tmp_path / "a" / "triton_cache").exists() and not (tmp_path / "b" / "torch_extensions").exists()
+    sharing = [k for k in started if k[2] == "kgate.audit.worker"]
+    if forkserver.enabled() and sharing:  # (workers start one by one where no template can)
+        assert len(sharing) == 1, f"two audits with one --cache started {len(sharing)} templates"
+    assert kgate_main([*one, "--out", str(tmp_path / "c")]) == 0  # the default: under --out
+    assert (tmp_path / "c" / "triton_cache").is_dir()
 
 
 def test_compile_only_leaves_the_results_alone_and_skips_judged_candidates_on_resume(tmp_path, capsys):

@@ -52,6 +52,7 @@ class AuditOptions:
     pch: bool = False  # workers keep the parent's precompiled torch/extension.h (kgate.audit.pch)
     corpus: list[str] = field(default_factory=list)  # the problems' and candidates' folders: a worker reads them
     dtypes: list[str] = field(default_factory=lambda: ["float32"])  # --dtypes: the precisions judged
+    cache_dir: Path | None = None  # --cache: where the candidates' builds are kept (default out_dir)
 
     @property
     def gate_ids(self) -> list[str]:
@@ -59,11 +60,13 @@ class AuditOptions:
         return gate_ids(self.gates, self.dtypes)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "out_dir": str(self.out_dir)}
+        return {**self.__dict__, "out_dir": str(self.out_dir),
+                "cache_dir": None if self.cache_dir is None else str(self.cache_dir)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AuditOptions:
-        return cls(**{**data, "out_dir": Path(data["out_dir"])})
+        cache = data.get("cache_dir")
+        return cls(**{**data, "out_dir": Path(data["out_dir"]), "cache_dir": None if cache is None else Path(cache)})
 
 
 def needs_compile(pair: Pair) -> bool:
@@ -91,8 +94,9 @@ def worker_env(pair: Pair, options: AuditOptions, *, gpu: bool) -> dict[str, str
     # The same for Triton's cache: a candidate that could write into another's cache could leave a forged
     # binary under that one's key. These two are the only folders a sandboxed worker writes (caches()).
     digest = source_digest(pair.candidate)
-    env["TORCH_EXTENSIONS_DIR"] = str((options.out_dir / "torch_extensions" / digest).resolve())
-    env["TRITON_CACHE_DIR"] = str((options.out_dir / "triton_cache" / digest).resolve())
+    cache = options.cache_dir or options.out_dir
+    env["TORCH_EXTENSIONS_DIR"] = str((cache / "torch_extensions" / digest).resolve())
+    env["TRITON_CACHE_DIR"] = str((cache / "triton_cache" / digest).resolve())
     if options.arch_list and "TORCH_CUDA_ARCH_LIST" not in os.environ:
         env["TORCH_CUDA_ARCH_LIST"] = options.arch_list
     if not gpu:

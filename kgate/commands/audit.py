@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
 import sys
 import threading
@@ -31,6 +32,9 @@ from kgate.kernelbench import AUDIT_DTYPES, WORK_ELEMENTS, discover, gate_ids
 from kgate.manifest import parse_memory
 from kgate.reports.github import plain
 from kgate.selection import matcher
+
+# The --cache default from the environment: builds shared by every audit that names the same folder.
+CACHE_ENV = "KGATE_AUDIT_CACHE"
 
 if TYPE_CHECKING:  # the audit's machinery imports torch: main() imports it, `kgate --help` does not
     from kgate.audit.evaluate import AuditOptions
@@ -147,6 +151,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f"(default {WORK_ELEMENTS}; 0: every gate at the problem's own shape)")
     p.add_argument("--out", default="kgate-audit", metavar="DIR",
                    help="results.jsonl, logs and the extension cache (default kgate-audit)")
+    p.add_argument("--cache", metavar="DIR", default=os.environ.get(CACHE_ENV) or None,
+                   help="keep the candidates' builds (torch extensions, Triton's cache; one folder per candidate "
+                        f"source) here instead of in --out, so that audits into other --out folders reuse them "
+                        f"(default: ${CACHE_ENV}, else --out)")
     p.add_argument("--json", metavar="PATH", help="write the JSON report (kgate report + audit records) here")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML here (one suite per candidate)")
     p.add_argument("--report", metavar="DIR", help="write report.md, PNG plots and the stratified sample.csv here")
@@ -313,7 +321,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                            threads=plan.threads() if args.backend == "ray" and plan.devices == ["cpu"] else None,
                            arch_list=None if args.backend == "ray" else arch_list(plan.devices),
                            pch=args.pch and args.backend == "local",
-                           corpus=[str(p.resolve()) for p in (problems, candidates)])
+                           corpus=[str(p.resolve()) for p in (problems, candidates)],
+                           cache_dir=Path(args.cache).resolve() if args.cache else None)
     if not args.quiet:
         where = "Ray" + (f" at {args.address}" if args.address else " (local instance)") if args.backend == "ray" \
             else plan.describe()
