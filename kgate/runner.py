@@ -398,9 +398,8 @@ class Runner:
                 f" ({fresh} fresh worker(s) ran the gates after)" if fresh else "")
         notes = {}
         if judging.again:
-            notes["judged_alone"] = (f"the first try {judging.outgrew()}; those gates were judged again alone, "
-                                     "with the whole GPU: their results are the second try's (the first in each "
-                                     "one's details, outgrew_share)")
+            notes["judged_alone"] = (f"the first try {judging.outgrew()}; judged again alone, with the whole "
+                                     "GPU (the first try's results: each one's details.outgrew_share)")
         source_file, source_line = kernel.source_location()
         outcome = KernelResult(
             name=kernel.name, kernel=kernel.kernel.text, reference=kernel.reference.text, device=judging.device,
