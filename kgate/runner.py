@@ -8,6 +8,12 @@ judged, at most `max_restarts` times; after a kill by kgate (time, memory) or pa
 never reached get `error` ("not run"). Every result is appended to `results.jsonl` as it arrives, once,
 so an interrupted run loses nothing already judged; with `resume` a later run keeps those results and
 judges only the gates they lack (or that judged nothing: "not run", "cancelled").
+
+Several workers at once on one GPU (-j) each take an equal share of its memory (gpu_share, kgate.shares). A
+result that ran out of memory in its share (outgrew_share) is held, not recorded: once the shared work is
+done, the kernel's affected gates are judged again alone, one worker on the device with all of its memory,
+and only that result is recorded; the first try is kept in its details (`outgrew_share`) and in the
+kernel's notes (`judged_alone`).
 """
 
 from __future__ import annotations
