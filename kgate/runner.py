@@ -182,7 +182,6 @@ def threads_per_worker(workers: int) -> int | None:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
-
 # How a kernel's record says that results of its first try were its share's doing (KernelResult.notes, the
 # console): `{OUTGREW} ({share:g}) in: GATES`.
 OUTGREW = "outgrew its share of the GPU's memory"

@@ -177,6 +177,21 @@ def test_the_report_says_which_kernels_were_judged_again_alone(shared_run):
     assert f"big: the first try {OUTGREW} (0.475) in: oracle, determinism" in text
 
 
+def test_a_kernels_gates_spread_over_workers_in_shares_are_judged_again_in_one_worker_alone(tmp_path, monkeypatch):
+    """-j 2 with one kernel: its two gates in two workers, each in a share; both outgrow it, and one worker
+    judges both again alone."""
+    (tmp_path / "k.py").write_text(KERNELS)
+    (tmp_path / "kgate.yaml").write_text(MANIFEST)
+    manifest = load(tmp_path / "kgate.yaml")
+    monkeypatch.setattr(runner, "gpu_share", _shared_on_the_cpu)
+    [big] = Runner(manifest, [manifest.by_name("big")], RunOptions(out_dir=tmp_path / "out", jobs=2)).run()
+    assert [g.verdict for g in big.gates] == ["pass", "pass"], [g.message for g in big.gates]
+    assert big.notes["judged_alone"].startswith(f"the first try {OUTGREW} (0.475) in: oracle, determinism")
+    log = open(big.log).read()
+    assert "worker 1 of 2: oracle" in log and "worker 2 of 2: determinism" in log
+    assert log.count("judged again alone, with the whole GPU: oracle, determinism") == 1
+
+
 def test_each_worker_on_a_gpu_gets_its_share_of_its_memory(tmp_path, monkeypatch):
     """The workers that judge at once on one device: at most -j, and per kernel at most its gates to judge
     (and -j // kernels with fewer kernels than -j); one alone, or a device that is not a GPU, takes all."""
