@@ -65,6 +65,9 @@ class KernelResult:
     log: str | None = None
     duration_s: float = 0.0
     files: list[str] = field(default_factory=list)
+    # what a reader of the verdicts should know of how they were reached (`judged_alone`: gates that outgrew
+    # their share of the GPU's memory, judged again alone)
+    notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         attribute_unwritten(self.gates)
@@ -157,6 +160,10 @@ class Report:
                     names.append(g.gate)
         return names
 
+    def judged_alone(self) -> list[KernelResult]:
+        """The kernels with gates that outgrew their share of the GPU's memory and were judged again alone."""
+        return [k for k in self.kernels if "judged_alone" in k.notes]
+
     def to_json(self) -> dict[str, Any]:
         counts = self.counts()
         return {
@@ -164,7 +171,8 @@ class Report:
             "started": self.started, "finished": self.finished, "environment": self.environment,
             "summary": {"kernels": len(self.kernels), "passed": counts[PASS], "failed": counts[FAIL],
                         "errors": counts[ERROR], "broken": sum(k.broken for k in self.kernels),
-                        "violated_gates": self.violated_gates(), "exit_code": self.exit_code},
+                        "violated_gates": self.violated_gates(), "exit_code": self.exit_code,
+                        "judged_alone": len(self.judged_alone())},
             "kernels": [k.to_json() for k in self.kernels],
         }
 

@@ -8,6 +8,12 @@ judged, at most `max_restarts` times; after a kill by kgate (time, memory) or pa
 never reached get `error` ("not run"). Every result is appended to `results.jsonl` as it arrives, once,
 so an interrupted run loses nothing already judged; with `resume` a later run keeps those results and
 judges only the gates they lack (or that judged nothing: "not run", "cancelled").
+
+Several workers at once on one GPU (-j) each take an equal share of its memory (gpu_share, kgate.shares). A
+result that ran out of memory in its share (outgrew_share) is held, not recorded: once the shared work is
+done, the kernel's affected gates are judged again alone, one worker on the device with all of its memory,
+and only that result is recorded; the first try is kept in its details (`outgrew_share`) and in the
+kernel's notes (`judged_alone`).
 """
 
 from __future__ import annotations
@@ -31,10 +37,11 @@ from typing import Any
 from kgate import forkserver, procmem, sandbox
 from kgate import gates as registry
 from kgate.errors import InfrastructureError, UsageError
-from kgate.gates.base import GateResult
+from kgate.gates.base import PASS, GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
 from kgate.report import KernelResult
 from kgate.sandbox import kgate_command, python_command  # noqa: F401 (python_command: kgate.audit's)
+from kgate.shares import memory_share, out_of_gpu_memory
 
 POLL_S = 0.05
 LOAD_TIMEOUT_S = 120.0  # at least this long to start a worker and import the kernel
@@ -67,6 +74,9 @@ class Events:
     def gate_started(self, kernel: ResolvedKernel, gate: str) -> None: ...
     def gate_finished(self, kernel: ResolvedKernel, result: GateResult) -> None: ...
     def kernel_finished(self, result: KernelResult) -> None: ...
+    def kernel_held(self, kernel: ResolvedKernel, why: str) -> None:
+        """`kernel` outgrew its share of the GPU's memory (`why`: where): those gates are judged again alone,
+        with the whole GPU, once the shared work is done; their first results are not recorded."""
 
 
 def cuda_devices() -> list[int]:
@@ -172,6 +182,63 @@ def threads_per_worker(workers: int) -> int | None:
     return max(1, (os.cpu_count() or 1) // workers)
 
 
+# How a kernel's record says that results of its first try were its share's doing (KernelResult.notes, the
+# console): `{OUTGREW} ({share:g}) in: GATES`.
+OUTGREW = "outgrew its share of the GPU's memory"
+
+
+def gpu_of(device: str) -> str:
+    """The device a worker on `device` judges on: `cuda` is the worker's current device, the first visible one."""
+    return "cuda:0" if device == "cuda" else device
+
+
+def gpu_share(device: str, workers: int) -> float | None:
+    """The share of the GPU's memory each worker on `device` may take when `workers` of them judge on it at
+    once (kgate.shares.memory_share, one slot each, as the audit's), or None, all of it: one worker, or not
+    a GPU. The one place that decides whether a device is shared."""
+    if workers <= 1 or not device.startswith("cuda"):
+        return None
+    return memory_share(1, workers)
+
+
+def outgrew_share(result: GateResult) -> bool:
+    """Whether `result`, judged in a share of a GPU's memory, may be the share's doing rather than the kernel's:
+    a verdict other than pass whose message, traceback or worker log tail says the GPU ran out of memory (the
+    kernel's, the reference's or kgate's own allocation; compute-sanitizer's failed allocation; Triton's), or
+    whose worker was killed at its host memory limit (a float64 oracle that does not fit in the share moves to
+    the CPU). Such a result is judged again alone, with the whole GPU."""
+    if result.verdict == PASS:
+        return False
+    details = result.details or {}
+    texts = [result.message, details.get("traceback"), details.get("log_tail")]
+    return any(isinstance(t, str) and out_of_gpu_memory(t) for t in texts) or MEMORY_LIMIT in result.message
+
+
+@dataclass
+class Judging:
+    """One kernel being judged: its results so far, and the gates that outgrew its share of the GPU's memory
+    (`held`: their first results, not recorded) until they are judged again alone."""
+
+    kernel: ResolvedKernel
+    gates: list[str]
+    device: str
+    log_path: Path
+    results: dict[str, GateResult]
+    share: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+    held: dict[str, GateResult] = field(default_factory=dict)
+    again: dict[str, GateResult] = field(default_factory=dict)  # the held results, once judged again alone
+    where: list[tuple[str, str | None]] = field(default_factory=list)  # a worker's early end, and its gate
+    workers: int = 0  # worker processes started
+    planned: int = 0  # of them, those not started to replace one that ended early
+    outcome: KernelResult | None = None
+
+    def outgrew(self) -> str:
+        """Where the first try outgrew the share, for the console and the kernel's notes."""
+        gates = self.again or self.held
+        return f"{OUTGREW} ({self.share:g}) in: {', '.join(g for g in self.gates if g in gates)}"
+
+
 class Runner:
     def __init__(self, manifest: LoadedManifest, kernels: list[ResolvedKernel], options: RunOptions,
                  events: Events | None = None, results_path: Path | None = None):
@@ -221,9 +288,45 @@ class Runner:
             return [self.run_kernel(k) for k in self.kernels]
         # Fewer kernels than jobs: each kernel's gates are spread over jobs // kernels workers.
         parts = max(1, self.options.jobs // max(1, len(self.kernels)))
-        with ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
+        shares = self.shares(parts)
+
+        def shared(kernel: ResolvedKernel) -> Judging:
+            judging = self._judge_kernel(kernel, parts, shares.get(gpu_of(self.device_for(kernel))))
+            if judging.held:
+                self.events.kernel_held(kernel, judging.outgrew())
+            else:
+                self._finish(judging)
+            return judging
+
+        judged = self._pooled(shared, self.kernels, self.options.jobs)
+        # What outgrew its share: judged again once no shared work is left, one worker a device (all of its
+        # memory, no neighbour), the devices side by side.
+        alone: dict[str, list[Judging]] = {}
+        for judging in judged:
+            if judging.held:
+                alone.setdefault(gpu_of(judging.device), []).append(judging)
+        self._pooled(lambda queue: [self._again_alone(j) for j in queue], list(alone.values()), len(alone))
+        return [j.outcome for j in judged if j.outcome is not None]
+
+    def shares(self, parts: int) -> dict[str, float | None]:
+        """The share of each GPU's memory a worker on it may take (gpu_share): the workers that judge on one
+        device at once are at most --jobs, and for each of its kernels as many as its gates to judge, at most
+        `parts`."""
+        workers: dict[str, int] = {}
+        for kernel in self.kernels:
+            todo = [g for g in self.gates_for(kernel) if g not in self._judged.get(kernel.name, {})]
+            if todo:
+                device = gpu_of(self.device_for(kernel))
+                workers[device] = workers.get(device, 0) + min(parts, len(todo))
+        return {device: gpu_share(device, min(self.options.jobs, n)) for device, n in workers.items()}
+
+    def _pooled(self, work: Callable[[Any], Any], items: list[Any], threads: int) -> list[Any]:
+        """`work` on each of `items`, `threads` at a time, in order; an interrupt kills every worker in flight."""
+        if not items:
+            return []
+        with ThreadPoolExecutor(max_workers=threads) as pool:
             try:
-                return list(pool.map(lambda k: self.run_kernel(k, parts), self.kernels))
+                return list(pool.map(work, items))
             except KeyboardInterrupt:
                 self._cancel.set()  # the threads kill their workers and end; then the interrupt goes on
                 raise
@@ -235,47 +338,81 @@ class Runner:
             os.fsync(f.fileno())
 
     def run_kernel(self, kernel: ResolvedKernel, parts: int = 1) -> KernelResult:
-        """Judge one kernel; with `parts` > 1 its gates are dealt round-robin to that many workers at once
-        (each a fresh process, each log appended to the kernel's log when it ends)."""
+        """Judge one kernel with the whole device; with `parts` > 1 its gates are dealt round-robin to that
+        many workers at once (each a fresh process, each log appended to the kernel's log when it ends)."""
+        return self._finish(self._judge_kernel(kernel, parts))
+
+    def _judge_kernel(self, kernel: ResolvedKernel, parts: int = 1, share: float | None = None) -> Judging:
+        """Judge one kernel's gates, `parts` workers at once, each with `share` of the GPU's memory (None: all
+        of it). What outgrew the share is left in the Judging's `held`, not recorded (_again_alone)."""
         gates = self.gates_for(kernel)
         device = self.device_for(kernel)
         self.events.kernel_started(kernel, gates)
-        started = time.perf_counter()
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
         log_path = self.out_dir / "logs" / f"{safe}.log"
         # resuming: the results an earlier run recorded stand; only the other gates are judged
         results: dict[str, GateResult] = {g: r for g, r in self._judged.get(kernel.name, {}).items() if g in gates}
+        judging = Judging(kernel, gates, device, log_path, results, share)
         for result in results.values():
             self.events.gate_finished(kernel, result)
         todo = [g for g in gates if g not in results]
         groups = [todo[i::parts] for i in range(min(parts, len(todo)))] or [[]]
         if not todo:
-            where, workers = [], 0
-        elif len(groups) == 1:
-            where, workers = self._judge(kernel, device, groups[0], log_path, results)
-        else:
-            logs = [log_path.with_name(f"{safe}.part{i}.log") for i in range(len(groups))]
-            with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-                outcomes = list(pool.map(lambda g: self._judge(kernel, device, g[0], g[1], results),
-                                         zip(groups, logs, strict=True)))
-            where = [w for ws, _ in outcomes for w in ws]
-            workers = sum(n for _, n in outcomes)
-            with open(log_path, "a" if self.options.resume else "w", encoding="utf-8") as log:
-                for i, (group, part) in enumerate(zip(groups, logs, strict=True)):
-                    log.write(f"--- kgate: worker {i + 1} of {len(groups)}: {', '.join(group)} ---\n")
-                    if part.exists():
-                        log.write(part.read_text(encoding="utf-8", errors="replace"))
-                        part.unlink()
+            return judging
+        judging.planned = len(groups)
+        if len(groups) == 1:
+            self._judge(judging, groups[0], log_path)
+            return judging
+        logs = [log_path.with_name(f"{safe}.part{i}.log") for i in range(len(groups))]
+        with ThreadPoolExecutor(max_workers=len(groups)) as pool:
+            list(pool.map(lambda g: self._judge(judging, g[0], g[1]), zip(groups, logs, strict=True)))
+        with open(log_path, "a" if self.options.resume else "w", encoding="utf-8") as log:
+            for i, (group, part) in enumerate(zip(groups, logs, strict=True)):
+                log.write(f"--- kgate: worker {i + 1} of {len(groups)}: {', '.join(group)} ---\n")
+                if part.exists():
+                    log.write(part.read_text(encoding="utf-8", errors="replace"))
+                    part.unlink()
+        return judging
+
+    def _again_alone(self, judging: Judging) -> None:
+        """Judge again the gates that outgrew the kernel's share of the GPU's memory, in one worker with the
+        whole device (the caller runs no other worker on it), and finish the kernel. Only the second results
+        are recorded; each keeps the first one in its details (`outgrew_share`)."""
+        if self._cancel.is_set():
+            return
+        with self._lock:
+            judging.again, judging.held = judging.held, {}
+            for gate in judging.again:
+                judging.results.pop(gate, None)
+        # the first try's early ends in those gates were the share's doing: the notes say so instead
+        judging.where = [(text, gate) for text, gate in judging.where if gate not in judging.again]
+        gates = [g for g in judging.gates if g in judging.again]
+        with open(judging.log_path, "a", encoding="utf-8") as log:
+            log.write(f"\n--- kgate: judged again alone, with the whole GPU: {', '.join(gates)} (the first try "
+                      f"{judging.outgrew()}) ---\n")
+        judging.planned += 1
+        self._judge(judging, gates, judging.log_path, alone=True)
+        self._finish(judging)
+
+    def _finish(self, judging: Judging) -> KernelResult:
+        kernel = judging.kernel
         worker_error = None
-        if where:
-            fresh = workers - len(groups)
-            worker_error = "; ".join(where) + (f" ({fresh} fresh worker(s) ran the gates after)" if fresh else "")
+        if judging.where:
+            fresh = judging.workers - judging.planned
+            worker_error = "; ".join(text for text, _ in judging.where) + (
+                f" ({fresh} fresh worker(s) ran the gates after)" if fresh else "")
+        notes = {}
+        if judging.again:
+            notes["judged_alone"] = (f"the first try {judging.outgrew()}; judged again alone, with the whole "
+                                     "GPU (the first try's results: each one's details.outgrew_share)")
         source_file, source_line = kernel.source_location()
         outcome = KernelResult(
-            name=kernel.name, kernel=kernel.kernel.text, reference=kernel.reference.text, device=device,
+            name=kernel.name, kernel=kernel.kernel.text, reference=kernel.reference.text, device=judging.device,
             source_file=source_file, source_line=source_line, manifest_line=kernel.line,
-            gates=[results[g] for g in gates], error=worker_error, log=str(log_path),
-            duration_s=round(time.perf_counter() - started, 3), files=list(kernel.entry.files))
+            gates=[judging.results[g] for g in judging.gates], error=worker_error, log=str(judging.log_path),
+            duration_s=round(time.perf_counter() - judging.started, 3), files=list(kernel.entry.files),
+            notes=notes)
+        judging.outcome = outcome
         self.events.kernel_finished(outcome)
         return outcome
 
@@ -283,21 +420,31 @@ class Runner:
         """torch threads per worker: the cores shared out among the workers judging at once."""
         return threads_per_worker(self.options.jobs)
 
-    def _judge(self, kernel: ResolvedKernel, device: str, gates: list[str], log_path: Path,
-               results: dict[str, GateResult]) -> tuple[list[str], int]:
-        """Run `gates` of `kernel` in a worker (and fresh ones after an early end), recording each result
-        into `results`. Returns (where the workers ended early, for the kernel's `error`; workers used)."""
+    def _judge(self, judging: Judging, gates: list[str], log_path: Path, *, alone: bool = False) -> None:
+        """Run `gates` of the kernel in a worker (and fresh ones after an early end), recording each result
+        into `judging.results`, and where a worker ended early into `judging.where`. In a share of the GPU's
+        memory (`judging.share`, unless `alone`), a result that outgrew it (outgrew_share) is held instead:
+        not streamed, not reported, left for _again_alone."""
+        kernel, results = judging.kernel, judging.results
+        share = None if alone else judging.share
         timeout = self.options.timeout or kernel.limits.timeout
         memory = self.options.memory or kernel.limits.memory
         job = {"manifest": str(self.manifest.path.resolve()), "repro_manifest": str(self.manifest.path),
-               "kernel": kernel.name, "device": device, "memory": memory, "timeout": timeout,
+               "kernel": kernel.name, "device": judging.device, "memory": memory, "timeout": timeout,
                "seeds": self.options.seeds, "dtypes": self.options.dtypes,
                "shapes": [list(s) for s in self.options.shapes] if self.options.shapes else None,
-               "threads": self._threads()}
+               "threads": self._threads(), "gpu_memory_fraction": share}
 
         def record(result: GateResult) -> None:
+            first = judging.again.get(result.gate) if alone else None
+            if first is not None:
+                result.details = {**(result.details or {}), "outgrew_share": {
+                    "share": judging.share, "verdict": first.verdict, "message": first.message[:2000]}}
             with self._lock:
-                results[result.gate] = result
+                results[result.gate] = result  # (held too: the worker's loop below counts it judged)
+                if share is not None and outgrew_share(result):
+                    judging.held[result.gate] = result
+                    return
             self._stream(kernel.name, result)
             self.events.gate_finished(kernel, result)
 
@@ -305,7 +452,7 @@ class Runner:
         # a fresh worker runs the gates not yet judged, at most max_restarts times. One killed by kgate
         # (time, memory, cancel) or dying before its first gate (while loading) is not restarted.
         causes: list[str] = []
-        where: list[str] = []  # the same, with the gate, for the kernel's `error`
+        where: list[tuple[str, str | None]] = []  # the same, with the gate, for the kernel's `error`
         remaining = list(gates)
         workers, killed = 0, False
         while remaining:
@@ -337,13 +484,14 @@ class Runner:
                     log.write(f"\n--- kgate: a fresh worker for the remaining gates ({causes[-1]}) ---\n")
             exit_ = supervise("kgate.worker", {**job, "gates": remaining}, log_path=log_path, cwd=self.manifest.base,
                               timeout=timeout, memory=memory, on_event=on_event,
-                              append_log=bool(causes) or self.options.resume,  # an earlier run's log stays
+                              append_log=bool(causes) or self.options.resume or alone,  # earlier logs stay
                               cancel=self._cancel)
             if exit_.detached and "isolation" in remaining:
                 with self._lock:
                     earlier = results.get("isolation")
+                    held = judging.held.pop("isolation", None) is not None
                 result = detached_result(exit_.detached, earlier)
-                if earlier is None:
+                if earlier is None or held:
                     record(result)
                 else:
                     with self._lock:
@@ -360,16 +508,16 @@ class Runner:
             causes.append(cause)
             current = state["current"]
             if state["lost"] is not None:
-                where.append(_in_gate(cause, state["last"]))
+                where.append((_in_gate(cause, state["last"]), state["last"]))
             elif left and (current in left or not state["started"]):
                 # The gate it died in (or, dying while loading, the first one) keeps the cause.
                 failed = current if current in left else left[0]
                 record(GateResult(failed, "error", cause, registry.get(failed).tolerance_free, broken=True,
                                   details={"log_tail": _tail(log_path)}))
                 left.remove(failed)
-                where.append(_in_gate(cause, failed) if state["started"] else cause)
+                where.append((_in_gate(cause, failed) if state["started"] else cause, failed))
             else:
-                where.append(f"{cause} between gates")
+                where.append((f"{cause} between gates", None))
             remaining, killed = left, exit_.error is not None
             if killed or not state["started"] or len(causes) > self.options.max_restarts:
                 break
@@ -378,7 +526,9 @@ class Runner:
             for name in remaining:
                 record(GateResult(name, "error", why, registry.get(name).tolerance_free, broken=True,
                                   details={"log_tail": _tail(log_path)} if causes else {}))
-        return where, workers
+        with self._lock:
+            judging.where.extend(where)
+            judging.workers += workers
 
     @staticmethod
     def _result(data: Any, gates: list[str]) -> GateResult | None:

@@ -135,9 +135,9 @@ def test_resume_judges_only_what_the_results_lack(tmp_path):
     started = []
 
     class Watch(Runner):
-        def _judge(self, kernel, device, gates, log_path, results):
-            started.append((kernel.name, list(gates)))
-            return super()._judge(kernel, device, gates, log_path, results)
+        def _judge(self, judging, gates, log_path, **kwargs):
+            started.append((judging.kernel.name, list(gates)))
+            return super()._judge(judging, gates, log_path, **kwargs)
 
     again = Watch(manifest, kernels, RunOptions(out_dir=tmp_path, gates=gates, resume=True)).run()
     assert started == [("raises", gates)]  # good: nothing to judge; raises: all three again

@@ -23,10 +23,9 @@ from kgate.audit.turns import open_turns
 from kgate.gates.base import GateResult
 from kgate.kernelbench import WORK_ELEMENTS, Pair, gate_ids, repro_command, source_digest
 from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, detached_result, supervise
+from kgate.shares import GPU_OOM
 from kgate.standard_test import StandardResult, not_loaded
 
-GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation",
-                     re.IGNORECASE)
 COMPILE_MARKERS = ("load_inline", "cpp_extension", "load(")
 # The candidate needs what this machine lacks (a CUDA toolkit or GPU): not a verdict on the candidate.
 ENVIRONMENT = re.compile(r"CUDA_HOME environment variable is not set|Torch not compiled with CUDA enabled|"

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from kgate.audit.evaluate import AuditOptions, compile_pair, evaluate_pair, needs_compile
-from kgate.audit.scheduler import HELD_OOM, HELD_PROBLEM, Outgrown, Progress, mark_alone, memory_share
+from kgate.audit.scheduler import HELD_OOM, HELD_PROBLEM, Outgrown, Progress, mark_alone
 from kgate.errors import InfrastructureError, UsageError
 from kgate.kernelbench import Pair
+from kgate.shares import memory_share
 
 NODE_CACHE = Path(tempfile.gettempdir()) / "kgate-ray"
 

@@ -32,12 +32,12 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from kgate.audit.evaluate import GPU_OOM
 from kgate.gates import base_name
 from kgate.gates.base import ERROR, FAIL, GateResult
 from kgate.kernelbench import dtype_of_id
 from kgate.report import KernelResult, Report, environment, now
 from kgate.runner import MEMORY_LIMIT
+from kgate.shares import GPU_OOM
 
 INTERNAL = "kgate internal error"
 NOT_RUN = ("not run:", "could not load the candidate", "compile failed", "not judged")

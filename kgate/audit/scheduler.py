@@ -55,6 +55,7 @@ from kgate.runner import (
     threads_per_worker,
     visible_cuda,
 )
+from kgate.shares import memory_share
 
 
 @dataclass
@@ -172,12 +173,6 @@ def mark_wider(record: dict[str, Any], why: str, fraction: float | None) -> None
     record["share"] = fraction
     if why == WIDER_OOM:
         record["retried_wider"] = True
-
-
-def memory_share(width: int, slots: int) -> float:
-    """The share of a GPU's memory for a candidate holding `width` of its `slots` judging slots (0.95 of it
-    shared out: the rest for the CUDA contexts, which the caching allocator does not count)."""
-    return round(0.95 * width / slots, 4)
 
 
 def wider_width(slots: int, prestart: bool) -> int | None:

@@ -43,7 +43,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
                    help="workers at once (default 1): kernels judged in parallel; with fewer kernels than N, "
                         "each kernel's gates are spread over N // kernels workers; N workers share the cores (torch's "
-                        "CPU threads)")
+                        "CPU threads), and several on one GPU its memory in equal shares: what runs out of memory "
+                        "in its share is judged again alone, with the whole GPU, after the shared work (one "
+                        "kgate run per GPU)")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML here")
     p.add_argument("--json", metavar="PATH", help="write the JSON report here")
     p.add_argument("--out", metavar="DIR", default="kgate-out",

@@ -48,7 +48,12 @@ class ProgressEvents(Events):
 
     def kernel_finished(self, result: KernelResult) -> None:
         label, style = STYLE[result.verdict]
-        self.console.print(f"[{style}]{label:>5}[/] {escape(result.name)} ({result.duration_s:.1f}s)")
+        again = " (judged again alone: see below)" if "judged_alone" in result.notes else ""
+        self.console.print(f"[{style}]{label:>5}[/] {escape(result.name)} ({result.duration_s:.1f}s){again}")
+
+    def kernel_held(self, kernel: ResolvedKernel, why: str) -> None:
+        self.console.print(f"{'again':>5} {escape(kernel.name)}: {escape(why)}; judged again alone, with the whole "
+                           "GPU, once the shared work is done", soft_wrap=True)
 
 
 def table(report: Report, width: int | None = None) -> Table:
@@ -131,9 +136,22 @@ def sandbox_notice(console: Console, described: str) -> None:
         console.print(f"[dim]sandbox: {escape(described)}[/]")
 
 
+def judged_alone(console: Console, report: Report) -> None:
+    """How many kernels had gates judged again alone after they outgrew their share of the GPU's memory."""
+    kernels = report.judged_alone()
+    if not kernels:
+        return
+    console.print(f"{len(kernels)} kernel(s) outgrew their share of the GPU's memory beside the other workers "
+                  "(-j) and had those gates judged again alone, with the whole GPU (their verdicts are the second "
+                  "try's):", soft_wrap=True)
+    for k in kernels:
+        console.print(f"    {escape(k.name)}: {escape(k.notes['judged_alone'])}", soft_wrap=True)
+
+
 def render(console: Console, report: Report, seconds: float) -> None:
     console.print(table(report, console.width))
     findings(console, report)
+    judged_alone(console, report)
     console.print(summary_line(report, seconds))
     if "sandbox" in (report.environment or {}):
         sandbox_notice(console, str(report.environment["sandbox"]))
