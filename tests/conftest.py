@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import textwrap
 from pathlib import Path
@@ -32,6 +33,7 @@ def shared_audit_cache():
         yield folder
     finally:
         os.environ.pop(CACHE_ENV, None)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
