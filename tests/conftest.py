@@ -16,23 +16,32 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
 
-@pytest.fixture(scope="session", autouse=True)
-def shared_audit_cache():
-    """Every audit of a test process keeps its candidates' builds in one folder (`kgate audit --cache`, by its
-    environment default), as a user's audits into several --out folders may: builds made once serve every
-    test, and the audits' workers fork from one template instead of starting one per test (the template's
-    view holds the folders that hold the builds). Tests of the default (builds under --out) unset it."""
+_AUDIT_CACHE: list[tuple[str, str | None]] = []  # (this process's folder, the variable's value before it)
+
+
+def pytest_configure(config):
+    """Every audit of a test process keeps its candidates' builds in one folder of that process's own
+    (`kgate audit --cache`, by its environment default), as a user's audits into several --out folders may:
+    builds made once serve the process's later tests, and the audits' workers fork from one template instead
+    of starting one per test (the template's view holds the folders that hold the builds). One folder per
+    process (an xdist worker inherits its controller's environment, so each makes its own): audits running at
+    the same time must not share a cache (kgate.audit.evaluate.clear_stale_locks). Tests of the default
+    (builds under --out) unset it."""
     from kgate.commands.audit import CACHE_ENV
 
-    if os.environ.get(CACHE_ENV):
-        yield os.environ[CACHE_ENV]
-        return
-    folder = tempfile.mkdtemp(prefix="kgate-audit-cache-")
-    os.environ[CACHE_ENV] = folder
-    try:
-        yield folder
-    finally:
-        os.environ.pop(CACHE_ENV, None)
+    _AUDIT_CACHE.append((tempfile.mkdtemp(prefix="kgate-audit-cache-"), os.environ.get(CACHE_ENV)))
+    os.environ[CACHE_ENV] = _AUDIT_CACHE[-1][0]
+
+
+def pytest_unconfigure(config):
+    from kgate.commands.audit import CACHE_ENV
+
+    while _AUDIT_CACHE:
+        folder, before = _AUDIT_CACHE.pop()
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -153,8 +153,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="results.jsonl, logs and the extension cache (default kgate-audit)")
     p.add_argument("--cache", metavar="DIR", default=os.environ.get(CACHE_ENV) or None,
                    help="keep the candidates' builds (torch extensions, Triton's cache; one folder per candidate "
-                        f"source) here instead of in --out, so that audits into other --out folders reuse them "
-                        f"(default: ${CACHE_ENV}, else --out)")
+                        f"source) here instead of in --out, so that audits into other --out folders reuse them; "
+                        f"not for audits that run at the same time (default: ${CACHE_ENV}, else --out)")
     p.add_argument("--json", metavar="PATH", help="write the JSON report (kgate report + audit records) here")
     p.add_argument("--junit", metavar="PATH", help="write JUnit XML here (one suite per candidate)")
     p.add_argument("--report", metavar="DIR", help="write report.md, PNG plots and the stratified sample.csv here")
