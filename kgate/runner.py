@@ -41,12 +41,11 @@ from kgate.gates.base import PASS, GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
 from kgate.report import KernelResult
 from kgate.sandbox import kgate_command, python_command  # noqa: F401 (python_command: kgate.audit's)
-from kgate.shares import memory_share, out_of_gpu_memory
+from kgate.shares import MEMORY_LIMIT, at_memory_limit, memory_share, out_of_gpu_memory
 
 POLL_S = 0.05
 LOAD_TIMEOUT_S = 120.0  # at least this long to start a worker and import the kernel
 # How a worker killed for its resident memory is named (the audit tells it from the kernel's own errors).
-MEMORY_LIMIT = "exceeded the memory limit of"
 # The longest event line kept (a result with its traceback and log tail is far smaller): a worker that
 # writes without newlines cannot grow the parent's memory.
 MAX_EVENT_BYTES = 16 * 2**20
@@ -211,7 +210,7 @@ def outgrew_share(result: GateResult) -> bool:
         return False
     details = result.details or {}
     texts = [result.message, details.get("traceback"), details.get("log_tail")]
-    return any(isinstance(t, str) and out_of_gpu_memory(t) for t in texts) or MEMORY_LIMIT in result.message
+    return any(isinstance(t, str) and out_of_gpu_memory(t) for t in texts) or at_memory_limit(result.message)
 
 
 @dataclass

@@ -19,9 +19,19 @@ GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_F
                      re.IGNORECASE)
 
 
+# How kgate.runner words a worker killed at kgate's own host memory limit (`limits.memory`, --memory).
+MEMORY_LIMIT = "exceeded the memory limit of"
+
+
 def out_of_gpu_memory(text: str | None) -> bool:
     """Whether `text` (a message, a traceback, a log's tail) says the GPU ran out of memory."""
     return bool(text) and GPU_OOM.search(text) is not None
+
+
+def at_memory_limit(text: str | None) -> bool:
+    """Whether `text` says the GPU ran out of memory or the worker passed kgate's host memory limit: on a
+    shared GPU, most often a share too small (a float64 oracle that did not fit moves to the host)."""
+    return out_of_gpu_memory(text) or (bool(text) and MEMORY_LIMIT in text)
 
 
 def memory_share(width: int, slots: int) -> float:

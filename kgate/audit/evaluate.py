@@ -22,8 +22,8 @@ from kgate import gates as registry
 from kgate.audit.turns import open_turns
 from kgate.gates.base import GateResult
 from kgate.kernelbench import WORK_ELEMENTS, Pair, gate_ids, repro_command, source_digest
-from kgate.runner import MEMORY_LIMIT, _exit_cause, _tail, detached_result, supervise
-from kgate.shares import GPU_OOM
+from kgate.runner import _exit_cause, _tail, detached_result, supervise
+from kgate.shares import MEMORY_LIMIT, at_memory_limit, out_of_gpu_memory
 from kgate.standard_test import StandardResult, not_loaded
 
 COMPILE_MARKERS = ("load_inline", "cpp_extension", "load(")
@@ -245,7 +245,7 @@ def _memory_limited(result: dict[str, Any] | None) -> bool:
     """A standard-test or gate result (JSON) whose message or trace says it ran out of GPU memory or past
     the worker's host memory limit."""
     text = f"{(result or {}).get('message') or ''} {(result or {}).get('trace') or ''}"
-    return bool(GPU_OOM.search(text)) or MEMORY_LIMIT in text
+    return at_memory_limit(text)
 
 
 def kept_standard(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -452,7 +452,7 @@ def _finish(record: dict[str, Any], names: list[str], results: dict[str, GateRes
         results[name] = GateResult(name, "error", message, registry.get(name).tolerance_free, broken=True)
     record["gates"] = [results[n].to_json() for n in names]
     texts = [g.message for g in results.values()] + [str((record.get("standard") or {}).get("message", ""))]
-    record["oom"] = any(GPU_OOM.search(t or "") for t in texts) and record["device"].startswith("cuda")
+    record["oom"] = any(out_of_gpu_memory(t) for t in texts) and record["device"].startswith("cuda")
     # killed at the worker's host memory limit: on a shared GPU, most often a float64 oracle that did not
     # fit in its share of the GPU and moved to the CPU; the scheduler judges it again with the whole GPU
     record["host_memory"] = any(MEMORY_LIMIT in (t or "") for t in texts + [record.get("error")])

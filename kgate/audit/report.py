@@ -36,8 +36,7 @@ from kgate.gates import base_name
 from kgate.gates.base import ERROR, FAIL, GateResult
 from kgate.kernelbench import dtype_of_id
 from kgate.report import KernelResult, Report, environment, now
-from kgate.runner import MEMORY_LIMIT
-from kgate.shares import GPU_OOM
+from kgate.shares import at_memory_limit
 
 INTERNAL = "kgate internal error"
 NOT_RUN = ("not run:", "could not load the candidate", "compile failed", "not judged")
@@ -66,7 +65,7 @@ LIMITED = "stopped at kgate's memory limits (GPU out of memory, or the worker's 
 
 def _at_limit(text: str | None) -> bool:
     """Whether an error is a resource limit's (GPU out of memory, the worker's host memory limit)."""
-    return bool(text) and (MEMORY_LIMIT in text or GPU_OOM.search(text) is not None)
+    return at_memory_limit(text)
 
 
 def _violations(record: dict[str, Any]) -> list[dict[str, Any]]:
