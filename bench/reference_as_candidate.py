@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     root = problems_root(args.kernelbench.resolve())  # the index names problems by this path, from OUT
+    args.out = args.out.resolve()  # and the shrunk copies by theirs: a relative --out would be read from OUT
     problems = select_levels(root, args.levels)
     if not problems:
         raise SystemExit(f"no problem files for levels {args.levels} under {root}")

@@ -54,3 +54,29 @@ def fault_message(line: str, role: str = "kernel") -> str:
     seen = "" if role in ("kernel", "") else f" by an earlier launch; first reported by the {role}"
     return (f"the kernel faulted on the GPU (CUDA context lost{seen}): {line}; to locate it, run the reproducer "
             "under compute-sanitizer (the bounds gate does when it is installed)")
+
+
+class ContextLost(BaseException):
+    """The CUDA context was lost during a call to the reference (or its float64 oracle): nothing more can run
+    in this process. Raised by kgate.subject instead of the UserCodeError a reference's exception becomes, so
+    that no gate reads it as the reference rejecting the inputs and goes on to the next probe (whose first
+    launch would then report the fault, blamed on the kernel). A BaseException, so no gate's broad handler
+    keeps it either; kgate.worker.run_gates ends the gate with it.
+
+    `own`: the device was clean when the call began (a synchronize just before it succeeded), so the
+    reference's own launches faulted on the inputs the gate gave it, e.g. torch's memory-efficient attention
+    on a float32 tensor whose storage offset is not a multiple of 16 bytes ("misaligned address"). Those
+    inputs are outside what the reference can compute, as inputs it raises on are: the gate skips from there
+    on. Otherwise an earlier launch faulted and the reference's call only reported it."""
+
+    def __init__(self, line: str, role: str, own: bool, exc: BaseException | None = None) -> None:
+        super().__init__(line)
+        self.line, self.role, self.own, self.exc = line, role, own, exc
+
+
+def reference_fault_message(line: str, role: str = "reference") -> str:
+    """A skip's message where the reference's own launches lost the CUDA context on a gate's probe."""
+    return (f"the {role} itself faulted on the GPU on one of this gate's probes, the device clean before its "
+            f"call (CUDA context lost: {line}): inputs it cannot compute, like inputs it raises on, are outside "
+            "the kernel's contract; the gate stopped there (no earlier probe had failed), and a fresh worker ran "
+            "the gates after it")

@@ -228,6 +228,7 @@ class Judging:
     held: dict[str, GateResult] = field(default_factory=dict)
     again: dict[str, GateResult] = field(default_factory=dict)  # the held results, once judged again alone
     where: list[tuple[str, str | None]] = field(default_factory=list)  # a worker's early end, and its gate
+    reference_faults: list[str] = field(default_factory=list)  # the reference lost the CUDA context in: gates
     workers: int = 0  # worker processes started
     planned: int = 0  # of them, those not started to replace one that ended early
     outcome: KernelResult | None = None
@@ -401,6 +402,10 @@ class Runner:
             worker_error = "; ".join(text for text, _ in judging.where) + (
                 f" ({fresh} fresh worker(s) ran the gates after)" if fresh else "")
         notes = {}
+        if judging.reference_faults:
+            notes["reference_fault"] = ("the reference lost the CUDA context on a probe of: "
+                                        f"{', '.join(judging.reference_faults)} (each skipped from that probe on; "
+                                        "a fresh worker ran the gates after it)")
         if judging.again:
             notes["judged_alone"] = (f"the first try {judging.outgrew()}; judged again alone, with the whole "
                                      "GPU (the first try's results: each one's details.outgrew_share)")
@@ -452,6 +457,7 @@ class Runner:
         # (time, memory, cancel) or dying before its first gate (while loading) is not restarted.
         causes: list[str] = []
         where: list[tuple[str, str | None]] = []  # the same, with the gate, for the kernel's `error`
+        faults: list[str] = []  # the gates whose probe the reference itself faulted on (a note, not an error)
         remaining = list(gates)
         workers, killed = 0, False
         while remaining:
@@ -474,6 +480,7 @@ class Runner:
                     return ""
                 if kind == "context_lost":
                     state["lost"] = str(event.get("message") or "CUDA error")
+                    state["by_reference"] = event.get("reference") is True
                 elif kind == "done":
                     state["done"] = True
                 return None
@@ -497,8 +504,8 @@ class Runner:
                         results["isolation"] = result
                     self._stream(kernel.name, result)
             left = [g for g in remaining if g not in results]
-            if state["lost"] is not None:
-                cause = "the CUDA context was lost"
+            if state["lost"] is not None:  # by the kernel, or by the reference on a gate's probe (that gate skipped)
+                cause = "the reference lost the CUDA context" if state.get("by_reference") else "the CUDA context was lost"
             else:
                 cause = exit_.cause(state["done"])
             if cause is None:
@@ -506,7 +513,9 @@ class Runner:
                 break
             causes.append(cause)
             current = state["current"]
-            if state["lost"] is not None:
+            if state["lost"] is not None and state.get("by_reference"):  # that gate skipped: not the kernel's
+                faults.append(str(state["last"]))
+            elif state["lost"] is not None:
                 where.append((_in_gate(cause, state["last"]), state["last"]))
             elif left and (current in left or not state["started"]):
                 # The gate it died in (or, dying while loading, the first one) keeps the cause.
@@ -527,6 +536,7 @@ class Runner:
                                   details={"log_tail": _tail(log_path)} if causes else {}))
         with self._lock:
             judging.where.extend(where)
+            judging.reference_faults.extend(faults)
             judging.workers += workers
 
     @staticmethod

@@ -25,6 +25,7 @@ import torch
 
 from kgate import procmem
 from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, tensors
+from kgate.faults import ContextLost, context_lost
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
 from kgate.oracle import DtypeDispatch, TermMagnitudes, Terms, upcast
@@ -56,6 +57,26 @@ class Baseline:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+ORACLE_ROLE = "reference (float64 oracle)"
+
+
+def _settle(device: torch.device, role: str) -> None:
+    """Synchronize before a call to the reference, so that a fault its own launches raise can be told from
+    one an earlier launch left pending (kgate.faults.ContextLost's `own`)."""
+    try:
+        synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - an earlier launch's error, first seen here
+        _raise_if_lost(exc, role, own=False)
+        raise UserCodeError(role, exc) from exc
+
+
+def _raise_if_lost(exc: BaseException, role: str, own: bool = True) -> None:
+    """Raise ContextLost when `exc`, raised in a call to the reference, says the CUDA context is lost."""
+    line = context_lost(exc)
+    if line is not None:
+        raise ContextLost(line, role, own, exc) from exc
 
 
 def raise_pending_launch_error(device: torch.device) -> None:
@@ -280,6 +301,7 @@ class Subject:
         first = self.first_calls["reference"]
         if not first.seen and not grad:
             first.before(args)
+        _settle(self.device, "reference")
         try:
             with torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
                 out = self.reference_fn(*args)
@@ -287,6 +309,7 @@ class Subject:
             if not first.seen and not grad:
                 first.after(out)
         except (Exception, SystemExit) as exc:
+            _raise_if_lost(exc, "reference")
             raise UserCodeError("reference", exc) from exc
         self._output_elements[_shapes_key(args)] = sum(t.numel() for t in tensors(out))
         return out
@@ -304,15 +327,17 @@ class Subject:
             # shape the reference has not run counts inputs only)
             if last is not None and not host_can_hold(args, self._host_elements(args)):
                 break
+            _settle(device, ORACLE_ROLE)
             try:
                 with torch.no_grad():
                     out = self.oracle_fn(*upcast(args, device))
                 synchronize(device)
                 return map_tensors(out, lambda t: t.detach())
             except (Exception, SystemExit) as exc:
+                _raise_if_lost(exc, ORACLE_ROLE)  # not moved to the CPU: the process can launch nothing more
                 last = exc
         assert last is not None
-        raise UserCodeError("reference (float64 oracle)", last) from last
+        raise UserCodeError(ORACLE_ROLE, last) from last
 
     def terms(self, args: tuple) -> dict[str, Terms]:
         """Per floating output leaf of the float64 oracle on `args` (by path), the magnitudes of the terms its

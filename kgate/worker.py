@@ -209,24 +209,25 @@ def run_job(job: dict[str, Any]) -> int:
     lost = run_gates(channel, subject, names, job.get("memory"), job.get("timeout"))
     if lost is not None:
         # This process can launch nothing more: the runner starts a fresh worker for the gates not run.
-        channel.send("context_lost", message=lost)
+        channel.send("context_lost", message=lost.line, reference=lost.own)
     channel.send("done")
     return 0
 
 
 def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | None,
-              timeout: float | None = None) -> str | None:
+              timeout: float | None = None) -> Any:
     """Run the named gates on `subject`, sending gate_start and result events; a gate that raises
     gets `error`. With the per-gate `timeout`, each gate's subject gets a search deadline of
     `SEARCH_SHARE` x timeout: a gate that searches (accumulation) starts no new probe after it and
     reports what it judged, instead of being killed at the limit with nothing. After each gate the
     device is synchronized (inside the gate's time), so a fault the GPU reports asynchronously is
     charged to the gate whose launches caused it. A fault that destroys the CUDA context (kgate.faults)
-    gives that gate `error` and ends the loop: returns the CUDA message (the caller then stops, and a
-    fresh worker runs the gates not reached), else None."""
+    gives that gate `error` (`skip` where the reference's own launches faulted on the gate's probe) and ends
+    the loop: returns it as a kgate.faults.ContextLost (the caller then stops, and a fresh worker runs the
+    gates not reached), else None."""
     from kgate import gates as registry
     from kgate import subject as subject_module
-    from kgate.faults import context_lost, fault_message
+    from kgate.faults import ContextLost, context_lost, fault_message, reference_fault_message
     from kgate.shrink import CRASH
     from kgate.subject import UserCodeError
 
@@ -237,6 +238,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
         start = _clock()
         lost: str | None = None
         role = "kernel"
+        reference_fault = False  # the reference's own launches lost the context: the gate's verdict stands
         try:
             target = subject
             if registry.is_backward(name):  # the same gate, judging the gradients (kgate/backward.py)
@@ -257,6 +259,16 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
                 hint = f" (the worker's memory limit is {memory} bytes; raise limits.memory if legitimate)"
             result = _error_result(name, gate.tolerance_free, str(exc) + hint, {"traceback": exc.trace,
                                                                                "role": exc.role})
+        except ContextLost as exc:  # in a call to the reference: see kgate.faults.ContextLost
+            lost, role, reference_fault = exc.line, exc.role, exc.own
+            details = {"cuda_error": exc.line, "first_reported_by": exc.role, "reference_fault": exc.own,
+                       "traceback": "".join(traceback.format_exception(exc.exc or exc))}
+            if exc.own:
+                result = {"gate": name, "verdict": "skip", "tolerance_free": gate.tolerance_free,
+                          "message": reference_fault_message(exc.line, exc.role), "details": details,
+                          "repro": subject.repro(name)}
+            else:
+                result = _error_result(name, gate.tolerance_free, fault_message(exc.line, exc.role), details)
         except BaseException as exc:  # noqa: BLE001 - a gate bug must not lose the other gates' results
             lost = context_lost(exc)
             result = _error_result(name, gate.tolerance_free, f"kgate internal error in gate {name}: "
@@ -270,7 +282,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
                     result = _error_result(name, gate.tolerance_free, "the device reported an error after the "
                                            f"gate's launches: {type(exc).__name__}: {exc}",
                                            {"traceback": traceback.format_exc(), "replaced": _summary(result)})
-        if lost is not None:
+        if lost is not None and not reference_fault:
             details = {"cuda_error": lost, "first_reported_by": role or "the synchronize after the gate",
                        "replaced": _summary(result),
                        **{k: v for k, v in result.get("details", {}).items() if k == "traceback"}}
@@ -279,7 +291,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
         result["duration_s"] = round(_clock() - start, 4)
         channel.send("result", result=result)
         if lost is not None:
-            return lost
+            return ContextLost(lost, role, reference_fault)
     return None
 
 

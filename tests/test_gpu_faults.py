@@ -16,7 +16,8 @@ import torch
 
 import kgate.subject
 from kgate import gates as registry
-from kgate.faults import context_lost, fault_message
+from kgate.cli import main as kgate_main
+from kgate.faults import ContextLost, context_lost, fault_message, reference_fault_message
 from kgate.gates.base import Gate, GateResult
 from kgate.manifest import load
 from kgate.runner import Runner, RunOptions
@@ -138,7 +139,7 @@ def test_a_fault_reported_after_the_gate_replaces_its_verdict_and_stops_the_work
     monkeypatch.setitem(registry._cache, "oracle", Passes())
     monkeypatch.setattr(kgate.subject, "synchronize", dead)
     channel = Channel()
-    assert run_gates(channel, subject_for(double, double, inputs), ["oracle", "determinism"], None) == ILLEGAL
+    assert run_gates(channel, subject_for(double, double, inputs), ["oracle", "determinism"], None).line == ILLEGAL
     assert [e["event"] for e in channel.events] == ["gate_start", "result"]  # determinism never started
     result = GateResult.from_json(channel.results()["oracle"])
     assert result.verdict == "error" and result.broken
@@ -183,11 +184,161 @@ def test_a_factory_that_meets_a_dead_context_is_not_blamed(monkeypatch):
 
     channel = Channel()
     subject = subject_for(kernel, double, factory, seeds=(0, 1))
-    assert run_gates(channel, subject, ["oracle", "determinism"], None) == ILLEGAL
+    assert run_gates(channel, subject, ["oracle", "determinism"], None).line == ILLEGAL
     result = channel.results()["oracle"]
     assert result["message"] == fault_message(ILLEGAL, "inputs factory")
     assert "inputs factory raised" not in result["message"]
     assert "determinism" not in channel.results()
+
+
+# --- the reference's own fault ----------------------------------------------------------------------
+
+MISALIGNED = "CUDA error: misaligned address"
+
+
+class _Device:
+    """Stands in for a CUDA context: `lose()` makes every later synchronize raise the sticky error."""
+
+    def __init__(self, monkeypatch):
+        self.dead = False
+        monkeypatch.setattr(kgate.subject, "synchronize", self.synchronize)
+
+    def synchronize(self, device):
+        if self.dead:
+            raise torch.AcceleratorError(MISALIGNED + TORCH_TAIL)
+
+    def lose(self):
+        self.dead = True
+        raise torch.AcceleratorError(MISALIGNED + TORCH_TAIL)
+
+
+def test_a_reference_that_faults_on_a_strided_probe_skips_the_gate_and_blames_no_kernel(monkeypatch):
+    """torch's scaled_dot_product_attention as its own candidate on an H100 (CUDA): the layouts gate's
+    storage-offset probe made the reference lose the CUDA context; the gate took that for the reference
+    rejecting the layout and went on, the next launch reported the fault, and a correct kernel got "the
+    kernel faulted on the GPU". The reference's own fault (the device clean before its call) skips the gate."""
+    device = _Device(monkeypatch)
+
+    def reference(x):
+        if x.storage_offset():
+            device.lose()
+        return x * 2
+
+    channel = Channel()
+    lost = run_gates(channel, subject_for(double, reference, inputs), ["layouts", "determinism"], None)
+    assert isinstance(lost, ContextLost) and lost.own and lost.line == MISALIGNED and lost.role == "reference"
+    result = channel.results()["layouts"]
+    assert result["verdict"] == "skip", result["message"]
+    assert result["message"] == reference_fault_message(MISALIGNED)
+    assert result["details"]["reference_fault"] is True
+    assert "determinism" not in channel.results()  # a fresh worker runs it
+
+
+def test_a_kernel_that_faults_on_a_strided_probe_is_still_the_kernels_fault(monkeypatch):
+    """The control: the same fault in the kernel's launch (the reference ran clean on the probe) is the
+    kernel's, an error that names it."""
+    device = _Device(monkeypatch)
+
+    def kernel(x):
+        if x.storage_offset():
+            device.lose()
+        return x * 2
+
+    channel = Channel()
+    lost = run_gates(channel, subject_for(kernel, double, inputs), ["layouts", "determinism"], None)
+    assert isinstance(lost, ContextLost) and not lost.own
+    result = channel.results()["layouts"]
+    assert result["verdict"] == "error" and result["message"].startswith("the kernel faulted on the GPU")
+
+
+def test_a_fault_an_earlier_launch_left_pending_is_not_the_references(monkeypatch):
+    """A kernel that leaves a fault pending (no synchronize after it) and returns: the reference's call
+    is the first to see it, but the device was not clean when that call began, so the fault stays the
+    kernel's and the gate's verdict is an error, never the skip a reference's own fault gives."""
+    device = _Device(monkeypatch)
+    subject = subject_for(double, double, inputs)
+    device.dead = True
+    with pytest.raises(ContextLost) as caught:
+        subject.run_reference(inputs(0))
+    assert not caught.value.own and caught.value.role == "reference"
+
+    def kernel(x):
+        device.dead = x.storage_offset() != 0 or device.dead  # faults asynchronously on the strided probe
+        return x * 2
+
+    real_run_kernel = kgate.subject.Subject.run_kernel
+    monkeypatch.setattr(kgate.subject.Subject, "run_kernel",
+                        lambda self, args, sync=True: real_run_kernel(self, args, sync=False))
+    device.dead = False
+    channel = Channel()
+    run_gates(channel, subject_for(kernel, double, inputs), ["layouts"], None)
+    result = channel.results()["layouts"]
+    assert result["verdict"] == "error", result["message"]
+    assert result["message"] == fault_message(MISALIGNED, "reference")
+
+
+def test_a_reference_raising_an_ordinary_error_is_still_a_rejection(monkeypatch):
+    """Only a lost context ends the gate: a reference that raises otherwise on a layout rejects it."""
+    _Device(monkeypatch)
+
+    def reference(x):
+        if x.storage_offset():
+            raise ValueError("expects an aligned tensor")
+        return x * 2
+
+    channel = Channel()
+    assert run_gates(channel, subject_for(double, reference, inputs), ["layouts"], None) is None
+    result = channel.results()["layouts"]
+    assert result["verdict"] == "pass" and "skipped 2 the reference rejects" in result["message"]
+
+
+FAULTY_PROBLEM = """
+import torch
+import torch.nn as nn
+
+import kgate.subject
+
+MESSAGE = "CUDA error: misaligned address"
+
+
+def _dead(device):
+    raise torch.AcceleratorError(MESSAGE)
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        if x.storage_offset() % 4:  # as torch's memory-efficient attention: float32 offsets not 16-byte aligned
+            kgate.subject.synchronize = _dead
+            raise torch.AcceleratorError(MESSAGE)
+        return x * 2
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_an_audited_problem_whose_model_faults_on_a_probe_leaves_its_own_model_judged(tmp_path):
+    """The audit's side: the candidate that is the problem's own Model is judged (not counted as crashed),
+    the gate skips, the gates after it run in a fresh worker, and the record says why."""
+    (tmp_path / "problems" / "level1").mkdir(parents=True)
+    (tmp_path / "candidates" / "level1").mkdir(parents=True)
+    (tmp_path / "problems" / "level1" / "1_Faulty.py").write_text(FAULTY_PROBLEM)
+    (tmp_path / "candidates" / "level1" / "1_Faulty.py").write_text("ModelNew = Model  # noqa: F821\n")
+    code = kgate_main(["audit", "--format", "kernelbench", "--problems", str(tmp_path / "problems"),
+                       "--candidates", str(tmp_path / "candidates"), "--device", "cpu", "--gate",
+                       "oracle,layouts,isolation", "--out", str(tmp_path / "run"), "-q"])
+    (line,) = (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    verdicts = {g["gate"]: g["verdict"] for g in record["gates"]}
+    assert verdicts == {"oracle": "pass", "layouts": "skip", "isolation": "pass"}, record
+    assert record["error"] is None and record["restarts"] == 1
+    assert "lost the CUDA context" in record["notes"]["reference_fault"]
+    assert code == 0
 
 
 # --- the runner: a fresh worker for the remaining gates --------------------------------------------------
@@ -257,6 +408,18 @@ def test_a_worker_that_crashed_once_is_replaced(faults):
     result = faults[0]["segfault-once"]
     assert result.gates[0].message == "worker killed by SIGSEGV (segmentation fault)"
     assert [g.verdict for g in result.gates[1:]] == ["pass"] * 3
+
+
+def test_a_reference_fault_skips_its_gate_the_rest_run_in_a_fresh_worker_and_the_kernel_has_no_error(faults):
+    result = faults[0]["reference-faults"]
+    layouts = next(g for g in result.gates if g.gate == "layouts")
+    assert layouts.verdict == "skip" and layouts.message.startswith("the reference itself faulted on the GPU")
+    assert {g: v for g, v in verdicts(result).items() if g != "layouts"} == dict.fromkeys(
+        ["oracle", "determinism", "isolation"], "pass")
+    assert result.error is None
+    assert result.notes["reference_fault"].startswith("the reference lost the CUDA context on a probe of: layouts")
+    log = open(result.log).read()
+    assert "--- kgate: a fresh worker for the remaining gates (the reference lost the CUDA context) ---" in log
 
 
 def test_results_jsonl_has_one_record_per_gate(faults):

@@ -388,6 +388,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                 record["tamper"] = record["tamper"] or str(event.get("message"))
             elif kind == "poisoned":
                 state["poisoned"] = str(event.get("message"))
+                state["by_reference"] = event.get("reference") is True
             elif kind == "problem_error":
                 record["problem_error"] = str(event.get("message"))
             elif kind == "done":
@@ -410,7 +411,11 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
             break
         remaining = [n for n in remaining if n not in results]
         cause = exit_.cause(state["done"])
-        if state["poisoned"]:
+        if state["poisoned"] and state.get("by_reference"):  # the problem's Model faulted on a gate's probe
+            lost = f"the problem's Model lost the CUDA context on a gate's probe: {state['poisoned'][:300]}"
+            record["notes"]["reference_fault"] = lost  # (that gate skipped): a fresh worker for the rest, if any
+            cause = lost if remaining else None
+        elif state["poisoned"]:
             cause = f"CUDA context poisoned: {state['poisoned'][:300]}"
         if cause is None:
             break
@@ -430,7 +435,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
             break
         attempt += 1
         record["restarts"] = attempt
-        record["error"] = record["error"] or cause
+        if not state.get("by_reference"):
+            record["error"] = record["error"] or cause
     if record["problem_error"]:
         return _finish(record, names, {}, None, started)
     record["error"] = record["error"] or fatal

@@ -248,7 +248,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         for subject, group in groups:
             lost = run_gates(channel, subject, group, job.get("memory"), job.get("timeout"))
             if lost is not None:  # a sticky CUDA error: run_gates stopped, a fresh worker takes the gates not run
-                channel.send("poisoned", message=lost)
+                channel.send("poisoned", message=lost.line, reference=lost.own)
                 return
     found = tampered()
     if found:

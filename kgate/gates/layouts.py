@@ -7,7 +7,8 @@ larger buffer: row strides and an offset), storage offset (contiguous strides, o
 channels-last for 4-D and 5-D tensors. The buffers' unused elements hold NaN (integers: their
 maximum), so a kernel that reads the raw storage as if it were contiguous gets visibly wrong values.
 
-A layout the reference rejects (raises on) is outside the kernel's contract and skipped. On the
+A layout the reference rejects (raises on) is outside the kernel's contract and skipped; one on which its
+own launches lose the CUDA context ends the gate with `skip` (kgate.faults.ContextLost). On the
 others the kernel must not raise, and its result must be bitwise equal to its result on the
 contiguous copy or else, unless the manifest declares `bitwise_layouts: true`, within the oracle bound
 (no worse than on the contiguous copy): torch's own reductions may sum in another order when strides

@@ -87,3 +87,12 @@ def segfault_once(x):
     if _first_time("segfault_once"):
         ctypes.string_at(0)
     return x + x
+
+
+def reference_faults_on_strided(x):
+    """A reference whose own launch faults on inputs it cannot run on (as torch's memory-efficient attention
+    does on a float32 storage offset that is not a multiple of 16 bytes): every strided input, here."""
+    if not x.is_contiguous() or x.storage_offset():
+        _lose_context()
+        raise torch.AcceleratorError(FAULT.replace("an illegal memory access was encountered", "misaligned address"))
+    return x * 2
