@@ -142,14 +142,20 @@ def _fmt_bytes(n: int) -> str:
 
 # Results that judged nothing: a run that resumes judges those gates again.
 UNJUDGED = ("not run:", "cancelled")
+# A result line kgate run streams where a gate outgrew its worker's share of the GPU's memory and is held for
+# the alone phase: not a verdict. A run stopped before that phase leaves it last; --resume then judges the
+# gate alone first, before any shared work, so that time-limited slices of a run still get to it.
+HELD = "held: outgrew its share of the GPU's memory"
 
 
-def read_judged(text: str, digests: dict[str, str] | None = None) -> tuple[dict[str, dict[str, GateResult]], int]:
+def read_judged(text: str, digests: dict[str, str] | None = None,
+                held: dict[str, dict[str, GateResult]] | None = None) -> tuple[dict[str, dict[str, GateResult]], int]:
     """kernel -> gate -> result, from the text of a results.jsonl an earlier run streamed (the last line a
     kill tore, and the results that judged nothing (`UNJUDGED`), left out; a later line wins), and how many
     results were left out because they were judged on something else: with `digests` (kernel -> its
     ResolvedKernel.digest()), a result recorded under another manifest text or other kernel files, or
-    without a digest, is not kept."""
+    without a digest, is not kept. `held` collects the gates whose last line is a HELD marker (kernel ->
+    gate -> the marker)."""
     judged: dict[str, dict[str, GateResult]] = {}
     stale = 0
     for line in text.splitlines():
@@ -163,10 +169,20 @@ def read_judged(text: str, digests: dict[str, str] | None = None) -> tuple[dict[
         if digests is not None and (kernel not in digests or digest != digests[kernel]):
             stale += 1
             continue
+        if result.verdict == "error" and result.message.startswith(HELD):
+            judged.get(kernel, {}).pop(result.gate, None)
+            if held is not None:  # (the first try, in a share: its details.outgrew_share)
+                held.setdefault(kernel, {})[result.gate] = result
+            continue
+        if held is not None:
+            held.get(kernel, {}).pop(result.gate, None)
         if result.verdict == "error" and result.message.startswith(UNJUDGED):
             judged.get(kernel, {}).pop(result.gate, None)
             continue
         judged.setdefault(kernel, {})[result.gate] = result
+    if held is not None:
+        for kernel in [k for k, gates in held.items() if not gates]:
+            del held[kernel]
     return judged, stale
 
 
@@ -229,6 +245,7 @@ class Judging:
     again: dict[str, GateResult] = field(default_factory=dict)  # the held results, once judged again alone
     where: list[tuple[str, str | None]] = field(default_factory=list)  # a worker's early end, and its gate
     reference_faults: list[str] = field(default_factory=list)  # the reference lost the CUDA context in: gates
+    quiet: bool = False  # results not announced to the events (a resumed run's held gates, judged first)
     workers: int = 0  # worker processes started
     planned: int = 0  # of them, those not started to replace one that ended early
     outcome: KernelResult | None = None
@@ -251,6 +268,7 @@ class Runner:
         self._lock = threading.Lock()
         self._cancel = threading.Event()  # set on an interrupt: every worker in flight is killed
         self._judged: dict[str, dict[str, GateResult]] = {}  # kept from an earlier run (`resume`)
+        self._held_before: dict[str, dict[str, GateResult]] = {}  # held by an earlier run, never judged alone
         self.stale = 0  # results of an earlier run not kept: judged on another manifest or other kernel files
         self._digests = {k.name: k.digest() for k in kernels}
 
@@ -274,7 +292,7 @@ class Runner:
             if self.options.resume:
                 text = self.results_path.read_text(encoding="utf-8", errors="replace") \
                     if self.results_path.exists() else ""
-                self._judged, self.stale = read_judged(text, self._digests)
+                self._judged, self.stale = read_judged(text, self._digests, held=self._held_before)
                 if text and not text.endswith("\n"):  # a line torn by a kill: new lines start after it
                     with open(self.results_path, "a", encoding="utf-8") as f:
                         f.write("\n")
@@ -284,6 +302,7 @@ class Runner:
             raise InfrastructureError(f"cannot write to the output folder {self.out_dir}: {exc}; "
                                       "choose another with --out") from None
         seed_private_folders(sorted({self.device_for(k) for k in self.kernels}))  # before any worker
+        self._judge_held_before()
         if self.options.jobs <= 1:
             return [self.run_kernel(k) for k in self.kernels]
         # Fewer kernels than jobs: each kernel's gates are spread over jobs // kernels workers.
@@ -307,6 +326,30 @@ class Runner:
                 alone.setdefault(gpu_of(judging.device), []).append(judging)
         self._pooled(lambda queue: [self._again_alone(j) for j in queue], list(alone.values()), len(alone))
         return [j.outcome for j in judged if j.outcome is not None]
+
+    def _judge_held_before(self) -> None:
+        """Resuming: the gates an earlier run held for its alone phase and was stopped before judging (HELD) are
+        judged alone, with the whole device, before any shared work, and then stand as resumed results. In a
+        run cut into time-limited slices, each slice would otherwise judge them in a share again, hold them
+        again and be stopped before the alone phase again."""
+        held = [(k, [g for g in self.gates_for(k) if g in self._held_before.get(k.name, {})]) for k in self.kernels]
+        for kernel, gates in held:
+            if not gates or self._cancel.is_set():
+                continue
+            markers = self._held_before[kernel.name]
+            first = {g: (markers[g].details or {}).get("outgrew_share") or {} for g in gates}
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
+            log_path = self.out_dir / "logs" / f"{safe}.log"
+            judging = Judging(kernel, gates, self.device_for(kernel), log_path, {},
+                              share=next((f.get("share") for f in first.values() if f.get("share")), None),
+                              quiet=True)
+            judging.again = {g: GateResult(g, str(f.get("verdict", "error")), str(f.get("message", "")),
+                                           markers[g].tolerance_free) for g, f in first.items()}
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(f"\n--- kgate: judged alone first, with the whole device: {', '.join(gates)} (an earlier "
+                          "run held them for its alone phase and was stopped before it) ---\n")
+            self._judge(judging, gates, log_path, alone=True)
+            self._judged.setdefault(kernel.name, {}).update(judging.results)
 
     def shares(self, parts: int) -> dict[str, float | None]:
         """The share of each GPU's memory a worker on it may take (gpu_share): the workers that judge on one
@@ -446,11 +489,18 @@ class Runner:
                     "share": judging.share, "verdict": first.verdict, "message": first.message[:2000]}}
             with self._lock:
                 results[result.gate] = result  # (held too: the worker's loop below counts it judged)
-                if share is not None and outgrew_share(result):
+                held = share is not None and outgrew_share(result)
+                if held:
                     judging.held[result.gate] = result
-                    return
+            if held:  # a marker, so that a run stopped before the alone phase still knows (HELD)
+                self._stream(kernel.name, GateResult(
+                    result.gate, "error", f"{HELD} ({share:g}); judged again alone once the shared work is done",
+                    result.tolerance_free, broken=True, details={"outgrew_share": {
+                        "share": share, "verdict": result.verdict, "message": result.message[:2000]}}))
+                return
             self._stream(kernel.name, result)
-            self.events.gate_finished(kernel, result)
+            if not judging.quiet:
+                self.events.gate_finished(kernel, result)
 
         # A worker that ends early (the CUDA context lost, a crash) after starting a gate costs that gate;
         # a fresh worker runs the gates not yet judged, at most max_restarts times. One killed by kgate

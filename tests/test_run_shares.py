@@ -12,7 +12,7 @@ import pytest
 from kgate import runner
 from kgate.gates.base import GateResult
 from kgate.manifest import load
-from kgate.runner import MEMORY_LIMIT, OUTGREW, Events, Runner, RunOptions, gpu_share, outgrew_share
+from kgate.runner import HELD, MEMORY_LIMIT, OUTGREW, Events, Runner, RunOptions, gpu_share, outgrew_share
 
 KERNELS = """\
 import json
@@ -153,10 +153,46 @@ def test_a_real_failure_in_a_share_is_not_judged_again(shared_run):
 
 def test_only_the_second_try_is_recorded(shared_run):
     by_name, _, lines = shared_run
-    assert sorted((line["kernel"], line["gate"]) for line in lines) == sorted(
+    markers = [line for line in lines if line["message"].startswith(HELD)]
+    results = [line for line in lines if not line["message"].startswith(HELD)]
+    assert sorted((line["kernel"], line["gate"]) for line in results) == sorted(
         (r.name, g.gate) for r in by_name.values() for g in r.gates)  # each result once: the first try held
-    kept = {(line["kernel"], line["gate"]): line["verdict"] for line in lines}
+    kept = {(line["kernel"], line["gate"]): line["verdict"] for line in results}
     assert kept[("big", "oracle")] == "pass" and kept[("dies", "determinism")] == "pass"
+    # the first try left a marker, not a verdict: read back, it judges nothing
+    assert {("big", "oracle"), ("big", "determinism")} <= {(m["kernel"], m["gate"]) for m in markers}
+    assert all(m["verdict"] == "error" and m["details"]["outgrew_share"]["share"] == 0.475 for m in markers)
+    assert all(lines.index(m) < lines.index(next(r for r in results if (r["kernel"], r["gate"]) ==
+                                                 (m["kernel"], m["gate"]))) for m in markers)
+
+
+def test_a_run_stopped_before_the_alone_phase_has_resume_judge_the_held_gates_alone_first(tmp_path, monkeypatch):
+    """A run cut into time-limited slices (bench/field_kgate.sh --time T --resume): a slice stopped before its
+    alone phase must not leave the held gates to be judged in a share, held and stopped again in every later
+    slice. Seen on an H100: Liger's cross-entropy gates were held in two slices and never judged."""
+    (tmp_path / "k.py").write_text(KERNELS)
+    (tmp_path / "kgate.yaml").write_text(MANIFEST)
+    manifest = load(tmp_path / "kgate.yaml")
+    kernels = [manifest.by_name("good"), manifest.by_name("big")]
+    monkeypatch.setattr(runner, "gpu_share", _shared_on_the_cpu)
+    with monkeypatch.context() as stopped:  # the slice's time ends when the shared work is done
+        stopped.setattr(Runner, "_again_alone", lambda self, judging: None)
+        Runner(manifest, kernels, RunOptions(out_dir=tmp_path / "out", jobs=2)).run()
+    held: dict = {}
+    judged, _ = runner.read_judged((tmp_path / "out" / "results.jsonl").read_text(), held=held)
+    assert set(held) == {"big"} and set(held["big"]) == {"oracle", "determinism"}
+    assert "big" not in judged and set(judged["good"]) == {"oracle", "determinism"}
+
+    events = Recorded()
+    results = Runner(manifest, kernels, RunOptions(out_dir=tmp_path / "out", jobs=2, resume=True), events).run()
+    big = next(r for r in results if r.name == "big")
+    assert [g.verdict for g in big.gates] == ["pass", "pass"], [g.message for g in big.gates]
+    assert big.gates[0].details["outgrew_share"]["share"] == 0.475
+    assert "CUDA out of memory" in big.gates[0].details["outgrew_share"]["message"]
+    assert "judged alone first, with the whole device: oracle, determinism" in open(big.log).read()
+    assert not [s for s in events.seen if s[0] == "held"]  # judged alone first: nothing held again
+    judged, _ = runner.read_judged((tmp_path / "out" / "results.jsonl").read_text(), held=(held := {}))
+    assert not held and set(judged["big"]) == {"oracle", "determinism"}
 
 
 def test_the_report_says_which_kernels_were_judged_again_alone(shared_run):
