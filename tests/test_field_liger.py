@@ -48,3 +48,30 @@ def test_factories_put_inputs_on_the_device_they_are_given():
 @pytest.mark.timeout(600)
 def test_cpu_subset_verdicts_match_the_documented_ones(tmp_path):
     check_cpu_subset(FOLDER, tmp_path, NOT_PASS)
+
+
+@pytest.mark.timeout(120)
+def test_an_ignored_tokens_nan_does_not_reach_the_jsd_reference():
+    """A token whose label is ignore_index is left out of Liger's JSD (it never reads the row): the manifest's
+    reference must leave it out too, not multiply it by 0 (NaN * 0 made the special_values gate fail Liger
+    on the GPU for a NaN injected into an ignored last row)."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("liger_field_kernels", FOLDER / "kernels.py")
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    gen = torch.Generator().manual_seed(0)
+    log_q = torch.randn(4, 6, generator=gen, dtype=torch.float64).log_softmax(-1).requires_grad_(True)
+    log_p = torch.randn(4, 6, generator=gen, dtype=torch.float64).log_softmax(-1)
+    labels = torch.tensor([0, 1, kernels.IGNORE_INDEX, 2])
+    clean = kernels.jsd_labels_reference(log_q, log_p, labels)
+    poisoned = log_q.detach().clone()
+    poisoned[2, 3] = float("nan")
+    poisoned.requires_grad_(True)
+    loss = kernels.jsd_labels_reference(poisoned, log_p, labels)
+    loss.backward()
+    assert torch.equal(loss.detach(), clean.detach())
+    assert torch.equal(poisoned.grad[2], torch.zeros(6, dtype=torch.float64))
+    assert torch.isnan(kernels.jsd_labels_reference(poisoned.detach(), log_p, torch.tensor([0, 1, 3, 2])))

@@ -334,9 +334,11 @@ def jsd_labels(log_q, log_p, labels):
 
 
 def jsd_labels_reference(log_q, log_p, labels):
-    """Tokens whose label is ignore_index count neither in the sum nor in the divisor."""
-    keep = (labels != IGNORE_INDEX).to(log_q.dtype)[:, None]
-    terms = _jsd_terms(log_q, log_p, JSD_BETA) * keep
+    """Tokens whose label is ignore_index count neither in the sum nor in the divisor: their rows are left
+    out, as cross_entropy_reference's are (a mask multiplied in would carry a NaN of an ignored row into
+    the loss as NaN * 0, and its gradient likewise, where Liger never reads the row)."""
+    keep = labels != IGNORE_INDEX
+    terms = _jsd_terms(log_q[keep], log_p[keep], JSD_BETA)
     return (terms.sum() / keep.sum()).to(log_q.dtype)
 
 
