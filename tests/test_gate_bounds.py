@@ -63,6 +63,42 @@ def test_kernels_that_stay_inside_pass(inplace):
     assert "compute-sanitizer: skipped (not a CUDA run)" in result.message
 
 
+def _at_input_strides(x):
+    """Stores into a new dense output at the input's strides (FlagGems' scatter into a non-dense input)."""
+    out = torch.empty(x.shape, dtype=x.dtype)
+    whole_storage(out).as_strided(x.shape, x.stride(), out.storage_offset()).copy_(x * 0.5)
+    return out
+
+
+def _at_own_strides(x):
+    out = torch.empty(x.shape, dtype=x.dtype)
+    out.copy_(x * 0.5)
+    return out
+
+
+def test_a_write_past_an_output_that_only_strided_inputs_cause_fails():
+    result = check("bounds", _at_input_strides, lambda x: x * 0.5, rows)
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert result.message.startswith("out-of-bounds write with every tensor argument at every other element "
+                                     "(argument 0 strides (66, 2), offset 0)"), result.message
+    assert "allocated with torch.empty" in result.where
+
+
+def test_an_output_written_at_its_own_strides_passes_with_strided_inputs():
+    result = check("bounds", _at_own_strides, lambda x: x * 0.5, rows)
+    assert result.verdict == "pass", result.message
+
+
+def test_strided_inputs_the_reference_rejects_are_not_tried():
+    def contiguous_only(x):
+        if not x.is_contiguous():
+            raise ValueError("expects a contiguous tensor")
+        return x * 0.5
+
+    result = check("bounds", _at_input_strides, contiguous_only, rows)
+    assert result.verdict == "pass" and "strided inputs not tried (the reference rejects them)" in result.message
+
+
 def test_strided_arguments_keep_their_strides_inside_the_guard():
     x = torch.randn(4, 6)[:, ::2]
     (guarded,), [(index, g)] = guard_args((x,), NAN_BYTE, set())

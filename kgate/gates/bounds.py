@@ -39,8 +39,9 @@ import torch
 from kgate.compare import bitwise_mismatch, clone_tree, flatten
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, SENTINEL_BYTE, AllocationHook, Guarded, follows_filling
+from kgate.gates.layouts import EVERY_OTHER, describe_layout, fresh_copy, relayout
 from kgate.inputs import Case
-from kgate.subject import Subject, synchronize
+from kgate.subject import Subject, UserCodeError, synchronize
 
 GUARD_BYTES = 4096
 SANITIZER_TOOLS = ("memcheck", "racecheck", "synccheck")
@@ -89,6 +90,9 @@ class Bounds(Gate):
                                        where=problems[0][0], details={"writes": [m for _, m in problems],
                                                                       "guard_byte": f"0x{byte:02X}"})
                 runs.append(self.leaves(subject, out, args))
+            found = self.strided_writes(subject, case, base.args, notes)
+            if found is not None:
+                return found
             if subject.nondeterministic:
                 notes.append("nondeterministic: reads not judged")
                 continue
@@ -117,6 +121,42 @@ class Bounds(Gate):
         return self.passed(f"guard bands of inputs and kernel allocations untouched and outputs independent "
                            f"of them in {len(cases)} case(s){extra}",
                            details={"sanitizer": sanitizer} if sanitizer else {})
+
+    def strided_writes(self, subject: Subject, case: Case, base_args: tuple, notes: list[str]) -> GateResult | None:
+        """The write check once more with every tensor argument at every other element (a stride-2 view, as
+        the layouts gate makes it), where the reference accepts that layout: a kernel that computes its
+        stores from its inputs' strides but applies them to memory of other strides (a dense output it
+        allocated, FlagGems' scatter) writes past that memory only for such inputs. Reads are not judged
+        here (the layouts gate compares the values)."""
+        strided = tuple(relayout(a, EVERY_OTHER) if isinstance(a, torch.Tensor) and a.dim() >= 1 else None
+                        for a in base_args)
+        if all(s is None for s in strided):
+            return None
+        args = tuple(a if s is None else s for a, s in zip(base_args, strided))
+        try:
+            subject.run_reference(tuple(clone_tree(a) if s is None else fresh_copy(s) for a, s in zip(base_args, strided)))
+        except UserCodeError as exc:
+            if not exc.role.startswith("reference"):
+                raise
+            notes.append("strided inputs not tried (the reference rejects them)")
+            return None
+        try:
+            _, _, guards, hook = self.run_guarded(subject, args, NAN_BYTE)
+        except UserCodeError as exc:
+            if exc.role != "kernel":
+                raise
+            notes.append(f"strided inputs: the kernel raised {type(exc.exc).__name__} (the layouts gate judges it)")
+            return None
+        problems = [(g.label, msg) for g in [g for _, g in guards] + hook.guarded if (msg := g.check())]
+        if not problems:
+            return None
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        layout = ", ".join(f"argument {i} {describe_layout(s)}" for i, s in enumerate(strided) if s is not None)
+        return self.failed(subject, f"out-of-bounds write with every tensor argument at every other element "
+                           f"({layout}): {problems[0][1]}{more}; with contiguous arguments the guard bands stay "
+                           "untouched", case=case, expected="guard bands untouched", got="guard bytes changed",
+                           where=problems[0][0], details={"writes": [m for _, m in problems],
+                                                          "guard_byte": f"0x{NAN_BYTE:02X}", "layout": EVERY_OTHER})
 
     def run_guarded(self, subject: Subject, base_args: tuple, byte: int) -> tuple[Any, tuple, list, AllocationHook]:
         args, guards = guard_args(base_args, byte, subject.inplace)

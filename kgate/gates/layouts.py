@@ -78,9 +78,10 @@ def channels_last(t: torch.Tensor) -> torch.Tensor | None:
     return t.contiguous(memory_format=formats[t.dim()])
 
 
+EVERY_OTHER = "every other element"
 LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor | None]] = {
     "transposed": transposed,
-    "every other element": every_other,
+    EVERY_OTHER: every_other,
     "sliced": sliced,
     "storage offset": storage_offset,
     "channels-last": channels_last,
