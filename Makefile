@@ -41,6 +41,8 @@ demo: $(STAMP)
 
 # pytest-xdist workers: the suite's tests are independent (tests/xdist_groups.py keeps those that share an
 # expensive fixture on one worker); 2 matches CI's two cores. `make test TEST_JOBS=0` runs it in one process.
+# The units go out longest first by the times in tests/durations.json; after adding or slowing tests,
+# refresh it with `$(PY) -m pytest -q -n 2 --dist loadgroup --record-durations`.
 TEST_JOBS ?= 2
 
 test: $(STAMP)
