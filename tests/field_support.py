@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from kgate.loading import resolve
 from kgate.manifest import load
@@ -60,13 +59,15 @@ def check_factories_on_meta(folder: Path) -> None:
 def check_cpu_subset(folder: Path, tmp_path: Path, not_pass: dict[str, dict[str, str]]) -> None:
     """`kgate run cpu.yaml` under Triton's interpreter: every gate each kernel selects (both phases with
     `backward: true`) reports, and passes unless `not_pass` names another verdict for it."""
+    from kgate.cli import main as kgate_main
+
     report = tmp_path / "report.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-m", "kgate", "run", str(folder / "cpu.yaml"), "--device", "cpu",
-                           "--json", str(report), "--out", str(tmp_path / "out")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=580)
-    assert report.exists(), f"kgate run wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n" \
-                            f"{proc.stderr[-3000:]}"
+    with pytest.MonkeyPatch.context() as patch:  # in this process: its output goes to the test's captured output
+        patch.setenv("TRITON_INTERPRET", "1")
+        patch.chdir(tmp_path)
+        code = kgate_main(["run", str(folder / "cpu.yaml"), "--device", "cpu", "--json", str(report), "--out",
+                           str(tmp_path / "out")])
+    assert report.exists(), f"kgate run wrote no report (exit {code}); its output is above"
     kernels = {k["name"]: k for k in json.loads(report.read_text())["kernels"]}
     listed = {e.name: e for e in entries(folder, "cpu.yaml")}
     assert set(kernels) == set(listed)

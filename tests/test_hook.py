@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kgate.changes import kernels_for_files
+from kgate.cli import main as kgate_main
 from kgate.commands.hook import quick_options
 from kgate.manifest import load
 from kgate.runner import RunOptions
@@ -162,15 +163,26 @@ def test_quick_profile_is_one_small_case_of_the_cheap_gates(tmp_path):
     assert quick_options(softmax, RunOptions(), None, full=True).gates is None
 
 
-def _hook(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "kgate", "hook", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+@pytest.fixture
+def hook(monkeypatch, capsys):
+    """`kgate hook ARGS` run in the folder `cwd`, in this process (the console script's process is tested
+    through pre-commit below): its exit code and what it printed, as a finished process gives them."""
+
+    def run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        with monkeypatch.context() as patch:
+            patch.chdir(cwd)
+            code = kgate_main(["hook", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["kgate", "hook", *args], code, out, err)
+
+    return run
 
 
-def test_kgate_hook_fails_naming_kernel_gate_and_finding_then_passes_when_fixed(tmp_path):
+def test_kgate_hook_fails_naming_kernel_gate_and_finding_then_passes_when_fixed(tmp_path, hook):
     _kernel_repo(tmp_path)
     started = time.monotonic()
-    proc = _hook(tmp_path, "kernels/softmax.py")
+    proc = hook(tmp_path, "kernels/softmax.py")
     elapsed = time.monotonic() - started
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL softmax / special_values: " in proc.stdout
@@ -179,16 +191,16 @@ def test_kgate_hook_fails_naming_kernel_gate_and_finding_then_passes_when_fixed(
     assert "scale" not in proc.stdout  # not touched by the change
     print(f"kgate hook on one changed kernel (CPU): {elapsed:.1f}s wall")
     (tmp_path / "kernels" / "softmax.py").write_text(FIXED)
-    proc = _hook(tmp_path, "kernels/softmax.py")
+    proc = hook(tmp_path, "kernels/softmax.py")
     assert proc.returncode == 0, proc.stdout
     assert "1 passed, 0 with violations" in proc.stdout
-    proc = _hook(tmp_path, "README.md")
+    proc = hook(tmp_path, "README.md")
     assert proc.returncode == 0 and "nothing to gate" in proc.stdout
 
 
-def test_kgate_hook_reports_a_bad_manifest_with_exit_2(tmp_path):
+def test_kgate_hook_reports_a_bad_manifest_with_exit_2(tmp_path, hook):
     (tmp_path / "kgate.yaml").write_text("version: 1\nkernels: []\n")
-    proc = _hook(tmp_path, "a.py")
+    proc = hook(tmp_path, "a.py")
     assert proc.returncode == 2 and "kgate.yaml" in proc.stderr
 
 
