@@ -144,45 +144,71 @@ def with_inplace(fn: Callable, inplace: Iterable[int]) -> Callable:
 FIRST_CALL_BYTES = 256 * 2**20  # a first call whose inputs and outputs hold more is not kept
 
 
+FIRST_CALLS = 4  # the first calls kept: an autotuner that times a few configurations calls each once
+
+
 class FirstCall:
-    """Copies of the inputs and the outputs of the first call of a kernel or reference in this process (or
-    nothing, where they hold more than FIRST_CALL_BYTES, the call raised or some leaf is not a plain
-    tensor): the determinism gate calls again on the same inputs and compares bitwise. A kernel that
+    """Copies of the inputs and the outputs of the first FIRST_CALLS calls of a kernel or reference in this
+    process (those that fit in FIRST_CALL_BYTES together; none where a call raised or some leaf is not a
+    plain tensor): the determinism gate calls again on the same inputs and compares bitwise. A kernel that
     autotunes, warms a cache or initialises state on its first calls (and computes otherwise there) shows
-    only against that first call, which the gates never see otherwise: the audit's standard test makes it."""
+    only against those calls, which the gates never see otherwise: the audit's standard test makes them.
+    More than the first: an autotuner that tries one configuration a call and keeps the fastest computes the
+    first call's way again whenever that configuration wins, so only another of its first calls shows it."""
 
     def __init__(self) -> None:
-        self.args: tuple | None = None
-        self.out: list[tuple[str, torch.Tensor]] = []  # (output path, a copy of the output)
-        self.seen = False  # a first call was made (kept or not)
+        self.calls: list[tuple[tuple, list[tuple[str, torch.Tensor]]]] = []  # (inputs, [(path, output)])
+        self.seen = False  # the first calls were made (kept or not)
+        self._made = 0
+        self._bytes = 0
         self._pending: tuple | None = None
 
     @property
     def kept(self) -> bool:
-        return self.args is not None
+        return bool(self.calls)
+
+    @property
+    def args(self) -> tuple | None:
+        return self.calls[0][0] if self.calls else None
+
+    @property
+    def out(self) -> list[tuple[str, torch.Tensor]]:
+        return self.calls[0][1] if self.calls else []
 
     def before(self, args: tuple) -> None:
         if self.seen or self._pending is not None:
             return
         tensors = [t for _, t in flatten(args) if isinstance(t, torch.Tensor)]
-        if sum(t.numel() * t.element_size() for t in tensors) <= FIRST_CALL_BYTES:
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        if self._bytes + size <= FIRST_CALL_BYTES:
             self._pending = clone_tree(args)
+            self._bytes += size
         else:
             self.seen = True
 
     def after(self, out: Any) -> None:
         if self.seen:
             return
-        self.seen = True
         pending, self._pending = self._pending, None
-        leaves = list(flatten(out))
-        if pending is None or not leaves or not all(type(t) is torch.Tensor for _, t in leaves) or \
-                sum(t.numel() * t.element_size() for _, t in leaves) > FIRST_CALL_BYTES:
+        if pending is None:  # no before() for this call (a second observer of one call): nothing to pair
             return
-        self.args, self.out = pending, [(path, t.detach().clone()) for path, t in leaves]
+        self._made += 1
+        self.seen = self._made >= FIRST_CALLS
+        leaves = list(flatten(out))
+        size = sum(t.numel() * t.element_size() for _, t in leaves if isinstance(t, torch.Tensor))
+        if pending is None or not leaves or not all(type(t) is torch.Tensor for _, t in leaves) or \
+                self._bytes + size > FIRST_CALL_BYTES:
+            self.seen = True  # (a later call is no first call of this one's kind: stop there)
+            return
+        self._bytes += size
+        self.calls.append((pending, [(path, t.detach().clone()) for path, t in leaves]))
+
+    def cancel(self) -> None:
+        """The call before() saw raised: its inputs are not paired with the next call's outputs."""
+        self._pending = None
 
     def watch(self, module: torch.nn.Module) -> None:
-        """Record `module`'s first forward call (hooks, removed after it: a model called directly, as the
+        """Record `module`'s first forward calls (hooks, removed after them: a model called directly, as the
         audit's standard test calls it, before any Subject exists)."""
         handles: list[Any] = []
 
@@ -191,8 +217,9 @@ class FirstCall:
 
         def post(_module: Any, _args: tuple, out: Any) -> None:
             self.after(out)
-            for handle in handles:
-                handle.remove()
+            if self.seen:
+                for handle in handles:
+                    handle.remove()
 
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
 
@@ -288,6 +315,7 @@ class Subject:
                 first.after(out)
             raise_pending_launch_error(self.device)  # no sync: a launch that failed at once, raised here
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            first.cancel()
             try:  # a launch error the kernel left pending before it raised is part of this failure
                 raise_pending_launch_error(self.device)
             except Exception:  # noqa: BLE001 - raising it cleared it; the kernel's own exception is the verdict
@@ -309,6 +337,7 @@ class Subject:
             if not first.seen and not grad:
                 first.after(out)
         except (Exception, SystemExit) as exc:
+            first.cancel()
             _raise_if_lost(exc, "reference")
             raise UserCodeError("reference", exc) from exc
         self._output_elements[_shapes_key(args)] = sum(t.numel() for t in tensors(out))

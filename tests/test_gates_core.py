@@ -255,7 +255,61 @@ def test_determinism_passes_a_first_call_that_only_warms_up():
         return good_softmax(x)
 
     result = _after_a_first_call(warmed)
-    assert result.verdict == "pass" and "the first call in the process made again: bitwise equal" in result.message
+    assert result.verdict == "pass" and "call(s) in the process made again: bitwise equal" in result.message
+
+
+class _TunedFirstWins:
+    """Times one block size a call on its first three calls and keeps the first: the first call and every
+    call from the fourth on sum alike; the second and third do not (the red-team candidate
+    softmax__autotune_first_calls, caught or missed by its timings until kgate kept more than the first)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        block = (32, 7, 5)[self.calls - 1] if self.calls <= 3 else 32
+        z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+        return z / sum(z[..., j:j + block].sum(dim=-1, keepdim=True) for j in range(0, z.shape[-1], block))
+
+
+def test_determinism_fails_an_autotuner_whose_winner_is_its_first_config():
+    from kgate import gates as registry
+    from kgate.inputs import Case
+    from tests.gate_harness import subject_for
+
+    subject = subject_for(_TunedFirstWins(), ref_softmax, rows)
+    for seed in (101, 102, 103, 104, 105):  # the standard test's trials, before any gate
+        trial = subject.inputs(Case(None, "float32", seed))
+        subject.run_reference(trial)
+        subject.run_kernel(trial)
+    result = registry.get("determinism").check(subject)
+    assert result.verdict == "fail", result.message
+    assert "call number 2 in the process differs from the same call made later" in result.message
+
+
+def test_determinism_keeps_no_call_that_raised_as_a_first_call():
+    """A first call that raised is not paired with the next call's outputs (a false first-call failure)."""
+    from kgate import gates as registry
+    from kgate.inputs import Case
+    from kgate.subject import UserCodeError
+    from tests.gate_harness import subject_for
+
+    calls = []
+
+    def raises_once(x):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("first call fails")
+        return good_softmax(x)
+
+    subject = subject_for(raises_once, ref_softmax, rows)
+    with pytest.raises(UserCodeError):
+        subject.run_kernel(subject.inputs(Case(None, "float32", 7)))
+    subject.run_reference(subject.inputs(Case(None, "float32", 8)))
+    subject.run_kernel(subject.inputs(Case(None, "float32", 8)))
+    result = registry.get("determinism").check(subject)
+    assert result.verdict == "pass", result.message
 
 
 def test_determinism_skips_when_declared():

@@ -33,3 +33,25 @@ class _Autotuned:
 
 
 rowsum_autotuned_first_call = _Autotuned()
+
+
+class _TunedOneConfigACall:
+    """An autotuner that times one config a call on its first three calls (blocks of SPLIT, 7 and 5) and then
+    keeps the first one: every call from the fourth on sums as the first did, so only the second and third
+    calls show that it computes otherwise while it tunes."""
+
+    configs = (SPLIT, 7, 5)
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        block = self.configs[self.calls - 1] if self.calls <= len(self.configs) else self.configs[0]
+        total = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+        for part in torch.arange(x.shape[-1], device=x.device).split(block):
+            total = total + x[..., part].sum(dim=-1)
+        return total
+
+
+rowsum_tuned_first_config_wins = _TunedOneConfigACall()

@@ -11,10 +11,11 @@ KernelBench pair's models, which draw from generators seeded alike on every call
 kernel whose result depends on the generators' state (a completion order drawn at random, stochastic
 rounding) where the reference's does not fails; where the reference's depends on it too, the kernel's may.
 
-And the kernel's very first call in the process (`Subject.first_calls`: in an audit the standard test's first
-trial, before any gate) is made again on copies of its inputs: a kernel that autotunes or warms up on its
-first calls and computes otherwise there must give the same bits, where the reference's first call, made
-again the same way, does."""
+And the kernel's first calls in the process (`Subject.first_calls`, up to FIRST_CALLS: in an audit the
+standard test's trials, before any gate) are made again on copies of their inputs: a kernel that autotunes
+or warms up on its first calls and computes otherwise there must give the same bits, where the reference's
+first calls, made again the same way, do. More than the first one: an autotuner that times one
+configuration a call and keeps the fastest computes as its first call did whenever that one wins."""
 
 from __future__ import annotations
 
@@ -132,21 +133,32 @@ class Determinism(Gate):
         kernel, reference = subject.first_calls["kernel"], subject.first_calls["reference"]
         if not (kernel.kept and reference.kept):
             return "; the first call not kept (too large, or not made on plain tensors)"
-        again = [t for _, t in flatten(subject.run_kernel(clone_tree(kernel.args)))]
-        for (path, was), now in zip(kernel.out, again):
-            mismatch = bitwise_mismatch(was, now) if isinstance(now, torch.Tensor) else None
-            if mismatch is None:
-                continue
-            own = [t for _, t in flatten(subject.run_reference(clone_tree(reference.args)))]
-            if any(isinstance(b, torch.Tensor) and bitwise_mismatch(a, b) for (_, a), b in zip(reference.out, own)):
-                return "; the first call differs from a later one, as the reference's first call does"
-            return self.failed(subject, f"the kernel's first call in the process differs from the same call made "
-                               f"later, in {path}: {mismatch.describe()}; the "
-                               f"reference's first call, made again, is bitwise equal (warm-up or autotuning "
-                               f"that computes otherwise on the first calls)", case=None, expected=repr(mismatch.got),
-                               got=repr(mismatch.expected), where=f"{path}{list(mismatch.index)}",
-                               details={"differing": mismatch.count, "first_call": True})
-        return "; the first call in the process made again: bitwise equal"
+        for number, (args, out) in enumerate(kernel.calls, 1):
+            again = [t for _, t in flatten(subject.run_kernel(clone_tree(args)))]
+            for (path, was), now in zip(out, again):
+                mismatch = bitwise_mismatch(was, now) if isinstance(now, torch.Tensor) else None
+                if mismatch is None:
+                    continue
+                if self._reference_differs(subject, reference):
+                    return "; a first call differs from a later one, as one of the reference's first calls does"
+                nth = "first call" if number == 1 else f"call number {number}"
+                return self.failed(subject, f"the kernel's {nth} in the process differs from the same call made "
+                                   f"later, in {path}: {mismatch.describe()}; the reference's first "
+                                   f"{len(reference.calls)} call(s), made again, are bitwise equal (warm-up or "
+                                   f"autotuning that computes otherwise on the first calls)", case=None,
+                                   expected=repr(mismatch.got), got=repr(mismatch.expected),
+                                   where=f"{path}{list(mismatch.index)}",
+                                   details={"differing": mismatch.count, "first_call": number})
+        return f"; the first {len(kernel.calls)} call(s) in the process made again: bitwise equal"
+
+    @staticmethod
+    def _reference_differs(subject: Subject, reference: Any) -> bool:
+        """Whether one of the reference's kept first calls, made again, differs bitwise."""
+        for args, out in reference.calls:
+            own = [t for _, t in flatten(subject.run_reference(clone_tree(args)))]
+            if any(isinstance(b, torch.Tensor) and bitwise_mismatch(a, b) for (_, a), b in zip(out, own)):
+                return True
+        return False
 
 
 GATE = Determinism
