@@ -229,6 +229,11 @@ def outgrew_share(result: GateResult) -> bool:
     return any(isinstance(t, str) and out_of_gpu_memory(t) for t in texts) or at_memory_limit(result.message)
 
 
+def first_try(result: GateResult, share: float | None) -> dict[str, Any]:
+    """A result that outgrew its share, as the details of its second try (and of its HELD line) keep it."""
+    return {"share": share, "verdict": result.verdict, "message": result.message[:2000]}
+
+
 @dataclass
 class Judging:
     """One kernel being judged: its results so far, and the gates that outgrew its share of the GPU's memory
@@ -338,8 +343,7 @@ class Runner:
                 continue
             markers = self._held_before[kernel.name]
             first = {g: (markers[g].details or {}).get("outgrew_share") or {} for g in gates}
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
-            log_path = self.out_dir / "logs" / f"{safe}.log"
+            log_path = self._log_path(kernel)
             judging = Judging(kernel, gates, self.device_for(kernel), log_path, {},
                               share=next((f.get("share") for f in first.values() if f.get("share")), None),
                               quiet=True)
@@ -391,8 +395,7 @@ class Runner:
         gates = self.gates_for(kernel)
         device = self.device_for(kernel)
         self.events.kernel_started(kernel, gates)
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
-        log_path = self.out_dir / "logs" / f"{safe}.log"
+        log_path = self._log_path(kernel)
         # resuming: the results an earlier run recorded stand; only the other gates are judged
         results: dict[str, GateResult] = {g: r for g, r in self._judged.get(kernel.name, {}).items() if g in gates}
         judging = Judging(kernel, gates, device, log_path, results, share)
@@ -406,7 +409,7 @@ class Runner:
         if len(groups) == 1:
             self._judge(judging, groups[0], log_path)
             return judging
-        logs = [log_path.with_name(f"{safe}.part{i}.log") for i in range(len(groups))]
+        logs = [log_path.with_name(f"{log_path.stem}.part{i}.log") for i in range(len(groups))]
         with ThreadPoolExecutor(max_workers=len(groups)) as pool:
             list(pool.map(lambda g: self._judge(judging, g[0], g[1]), zip(groups, logs, strict=True)))
         with open(log_path, "a" if self.options.resume else "w", encoding="utf-8") as log:
@@ -416,6 +419,10 @@ class Runner:
                     log.write(part.read_text(encoding="utf-8", errors="replace"))
                     part.unlink()
         return judging
+
+    def _log_path(self, kernel: ResolvedKernel) -> Path:
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
+        return self.out_dir / "logs" / f"{safe}.log"
 
     def _again_alone(self, judging: Judging) -> None:
         """Judge again the gates that outgrew the kernel's share of the GPU's memory, in one worker with the
@@ -485,8 +492,7 @@ class Runner:
         def record(result: GateResult) -> None:
             first = judging.again.get(result.gate) if alone else None
             if first is not None:
-                result.details = {**(result.details or {}), "outgrew_share": {
-                    "share": judging.share, "verdict": first.verdict, "message": first.message[:2000]}}
+                result.details = {**(result.details or {}), "outgrew_share": first_try(first, judging.share)}
             with self._lock:
                 results[result.gate] = result  # (held too: the worker's loop below counts it judged)
                 held = share is not None and outgrew_share(result)
@@ -495,8 +501,7 @@ class Runner:
             if held:  # a marker, so that a run stopped before the alone phase still knows (HELD)
                 self._stream(kernel.name, GateResult(
                     result.gate, "error", f"{HELD} ({share:g}); judged again alone once the shared work is done",
-                    result.tolerance_free, broken=True, details={"outgrew_share": {
-                        "share": share, "verdict": result.verdict, "message": result.message[:2000]}}))
+                    result.tolerance_free, broken=True, details={"outgrew_share": first_try(result, share)}))
                 return
             self._stream(kernel.name, result)
             if not judging.quiet:

@@ -167,14 +167,6 @@ class FirstCall:
     def kept(self) -> bool:
         return bool(self.calls)
 
-    @property
-    def args(self) -> tuple | None:
-        return self.calls[0][0] if self.calls else None
-
-    @property
-    def out(self) -> list[tuple[str, torch.Tensor]]:
-        return self.calls[0][1] if self.calls else []
-
     def before(self, args: tuple) -> None:
         if self.seen or self._pending is not None:
             return
@@ -196,8 +188,7 @@ class FirstCall:
         self.seen = self._made >= FIRST_CALLS
         leaves = list(flatten(out))
         size = sum(t.numel() * t.element_size() for _, t in leaves if isinstance(t, torch.Tensor))
-        if pending is None or not leaves or not all(type(t) is torch.Tensor for _, t in leaves) or \
-                self._bytes + size > FIRST_CALL_BYTES:
+        if not leaves or not all(type(t) is torch.Tensor for _, t in leaves) or self._bytes + size > FIRST_CALL_BYTES:
             self.seen = True  # (a later call is no first call of this one's kind: stop there)
             return
         self._bytes += size

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kgate import procmem
+from kgate.faults import ContextLost
 from kgate.sandbox import SANDBOXED_ENV
 
 EVENT_FD_ENV = "KGATE_EVENT_FD"
@@ -215,7 +216,7 @@ def run_job(job: dict[str, Any]) -> int:
 
 
 def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | None,
-              timeout: float | None = None) -> Any:
+              timeout: float | None = None) -> ContextLost | None:
     """Run the named gates on `subject`, sending gate_start and result events; a gate that raises
     gets `error`. With the per-gate `timeout`, each gate's subject gets a search deadline of
     `SEARCH_SHARE` x timeout: a gate that searches (accumulation) starts no new probe after it and
@@ -227,7 +228,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     gates not reached), else None."""
     from kgate import gates as registry
     from kgate import subject as subject_module
-    from kgate.faults import ContextLost, context_lost, fault_message, reference_fault_message
+    from kgate.faults import context_lost, fault_message, reference_fault_message
     from kgate.shrink import CRASH
     from kgate.subject import UserCodeError
 
@@ -261,14 +262,15 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
                                                                                "role": exc.role})
         except ContextLost as exc:  # in a call to the reference: see kgate.faults.ContextLost
             lost, role, reference_fault = exc.line, exc.role, exc.own
-            details = {"cuda_error": exc.line, "first_reported_by": exc.role, "reference_fault": exc.own,
-                       "traceback": "".join(traceback.format_exception(exc.exc or exc))}
-            if exc.own:
+            trace = "".join(traceback.format_exception(exc.exc or exc))
+            if exc.own:  # the gate's verdict stands: a skip (else the fault is the kernel's, below)
                 result = {"gate": name, "verdict": "skip", "tolerance_free": gate.tolerance_free,
-                          "message": reference_fault_message(exc.line, exc.role), "details": details,
-                          "repro": subject.repro(name)}
+                          "message": reference_fault_message(exc.line, exc.role), "repro": subject.repro(name),
+                          "details": {"cuda_error": exc.line, "first_reported_by": exc.role,
+                                      "reference_fault": True, "traceback": trace}}
             else:
-                result = _error_result(name, gate.tolerance_free, fault_message(exc.line, exc.role), details)
+                result = _error_result(name, gate.tolerance_free, f"{exc.role} raised: {exc.line}",
+                                       {"traceback": trace, "role": exc.role})
         except BaseException as exc:  # noqa: BLE001 - a gate bug must not lose the other gates' results
             lost = context_lost(exc)
             result = _error_result(name, gate.tolerance_free, f"kgate internal error in gate {name}: "

@@ -69,6 +69,13 @@ def guard_args(args: tuple, byte: int, inplace: set[int]) -> tuple[tuple, list[t
     return tuple(out), guards
 
 
+def guard_writes(guards: list[tuple[int, Guarded]], hook: AllocationHook) -> tuple[list[tuple[str, str]], str]:
+    """The changed guard bands after a guarded call, (label, what changed) each, and the message's "(and N
+    more)" tail."""
+    problems = [(g.label, msg) for g in [g for _, g in guards] + hook.guarded if (msg := g.check())]
+    return problems, f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+
+
 class Bounds(Gate):
     name = "bounds"
     summary = "no read or write outside the given and allocated tensors (guard bands; compute-sanitizer on GPU)"
@@ -82,9 +89,8 @@ class Bounds(Gate):
             runs = []
             for byte in (NAN_BYTE, SENTINEL_BYTE):
                 out, args, guards, hook = self.run_guarded(subject, base.args, byte)
-                problems = [(g.label, msg) for g in [g for _, g in guards] + hook.guarded if (msg := g.check())]
+                problems, more = guard_writes(guards, hook)
                 if problems:
-                    more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                     return self.failed(subject, f"out-of-bounds write: {problems[0][1]}{more}", case=case,
                                        expected="guard bands untouched", got="guard bytes changed",
                                        where=problems[0][0], details={"writes": [m for _, m in problems],
@@ -147,10 +153,9 @@ class Bounds(Gate):
                 raise
             notes.append(f"strided inputs: the kernel raised {type(exc.exc).__name__} (the layouts gate judges it)")
             return None
-        problems = [(g.label, msg) for g in [g for _, g in guards] + hook.guarded if (msg := g.check())]
+        problems, more = guard_writes(guards, hook)
         if not problems:
             return None
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         layout = ", ".join(f"argument {i} {describe_layout(s)}" for i, s in enumerate(strided) if s is not None)
         return self.failed(subject, f"out-of-bounds write with every tensor argument at every other element "
                            f"({layout}): {problems[0][1]}{more}; with contiguous arguments the guard bands stay "
