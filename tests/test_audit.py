@@ -802,6 +802,42 @@ def test_second_tries_alone_wait_until_no_shared_work_is_left(monkeypatch, tmp_p
     assert {r["id"] for r in records if r.get("retried_alone")} == {"big1", "big2"}
 
 
+def test_the_whole_device_waits_until_no_candidate_in_a_share_can_still_ask_for_a_wider_one(monkeypatch, tmp_path):
+    """A candidate held for the whole device is judged once no shared work is left (the scheduler's
+    docstring), not as soon as the slots happen to be free: a judge that has just released its slot may be
+    about to ask for a wider share for its own candidate, which must not come after the whole device. The
+    device's slots here keep each judge that frees one away for a moment, as a busy machine's scheduler may."""
+    from kgate.audit import scheduler
+    from kgate.audit.evaluate import AuditOptions
+
+    class SlowToComeBack(DeviceLease):
+        def release(self, width: int = 1) -> None:
+            super().release(width)
+            time.sleep(0.3)
+
+    lock, calls = threading.Lock(), []
+
+    def fake_evaluate(pair, options, device, *, gpu_memory_fraction=None, compiled=None, cancel=None, turns=None,
+                      earlier=None):
+        with lock:
+            calls.append((pair.id, gpu_memory_fraction))
+        first_big = pair.id == "big__a" and earlier is None
+        time.sleep(0.6 if first_big else 0.05)
+        need = {"big.py": 0.4, "huge.py": 0.9}[pair.problem.name]
+        return {"id": pair.id, "oom": gpu_memory_fraction is not None and gpu_memory_fraction < need, "gates": [],
+                "device": device, "share_tried": gpu_memory_fraction}
+
+    monkeypatch.setattr(scheduler, "DeviceLease", SlowToComeBack)
+    monkeypatch.setattr(scheduler, "evaluate_pair", fake_evaluate)
+    pairs = [Pair("huge__a", CORPUS / "h.py", CORPUS / "huge.py"), Pair("big__a", CORPUS / "a.py", CORPUS / "big.py")]
+    plan = scheduler.Plan(devices=["cuda:0"], slots=4, compile_jobs=1, compile_stage=False)
+    records = []
+    assert scheduler.run_local(pairs, AuditOptions(gates=[], out_dir=tmp_path), plan, records.append) == 2
+    assert ("big__a", 0.475) in calls, calls  # big__a outgrew a quarter and took half
+    assert calls[-1] == ("huge__a", None), f"a share was taken after the whole device: {calls}"
+    assert {r["id"] for r in records if r.get("retried_alone")} == {"huge__a"}
+
+
 def test_with_four_judges_a_candidate_that_outgrew_its_share_is_judged_again_in_half_the_memory_at_once(
         monkeypatch, tmp_path):
     """On the H200 (throughput benchmark of 2026-12-04): a 2 G-element reduction outgrew a quarter of the memory, was judged alone at

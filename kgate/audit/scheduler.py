@@ -371,10 +371,12 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         device_slots = leases[device]
         while not cancel.is_set():
             with lock:
-                lock.wait_for(lambda: alone_later or sharing[0] == 0 or cancel.is_set(), timeout=0.2)
+                # not before every slot's shared work has ended: a candidate still in a share may yet
+                # outgrow it and take a wider share, which must not come after the whole device
+                lock.wait_for(lambda: sharing[0] == 0 or cancel.is_set(), timeout=0.2)
                 if cancel.is_set() or timed_out() or (not alone_later and sharing[0] == 0):
                     return
-                if not alone_later:
+                if sharing[0]:
                     continue
                 pair, outcome, why, earlier = alone_later.pop(0)
             device_slots.acquire(device_slots.slots)
