@@ -75,3 +75,29 @@ def test_an_ignored_tokens_nan_does_not_reach_the_jsd_reference():
     assert torch.equal(loss.detach(), clean.detach())
     assert torch.equal(poisoned.grad[2], torch.zeros(6, dtype=torch.float64))
     assert torch.isnan(kernels.jsd_labels_reference(poisoned.detach(), log_p, torch.tensor([0, 1, 3, 2])))
+
+
+def test_the_kl_reference_rejects_a_target_that_is_no_distribution_even_when_it_holds_zeros():
+    """The KL reference's domain is a target distribution. Its check once summed exp(log p) over finite rows
+    only, so a target whose probabilities are all subnormal (some flushed to 0, log 0 = -Inf) skipped it, and
+    the distributions gate failed Liger on the GPU for its documented eps clamp, log(max(p, 1e-10)), on a
+    target that is no distribution. A distribution holding zeros is still accepted; a NaN row still passes."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("liger_field_kernels", FOLDER / "kernels.py")
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    gen = torch.Generator().manual_seed(0)
+    log_q = torch.randn(4, 6, generator=gen).log_softmax(-1)
+    p = torch.randn(4, 6, generator=gen).softmax(-1)
+    p[:, 0] = 0
+    p = p / p.sum(-1, keepdim=True)
+    assert torch.isfinite(kernels.kl_div_batchmean_reference(log_q, p))  # zeros in a distribution: accepted
+    subnormal = p * (torch.finfo(torch.float32).tiny / 2)
+    with pytest.raises(ValueError, match="sum to one"):
+        kernels.kl_div_batchmean_reference(log_q, subnormal)
+    poisoned = p.clone()
+    poisoned[1, 2] = float("nan")
+    assert torch.isnan(kernels.kl_div_batchmean_reference(log_q, poisoned))  # the NaN probe still runs

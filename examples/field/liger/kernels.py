@@ -268,16 +268,24 @@ def kl_div_batchmean(log_q, p):
 
 
 def _check_probabilities(p):
-    """A probability is not negative: a negative target (-Inf included) is outside KL divergence's domain, where
-    Liger and torch differ (Liger takes log(max(p, eps)), torch's xlogy gives NaN). NaN passes (a comparison with
-    NaN is false), so the NaN probes still run."""
+    """The target is a distribution: no probability is negative (a negative target, -Inf included, is outside
+    KL divergence's domain, where Liger and torch differ: Liger takes log(max(p, eps)), torch's xlogy gives
+    NaN), and each finite row sums to one (within 0.1), summed as probabilities: a check on log(p) would skip
+    every row holding a zero (log 0 = -Inf is not finite), and so let through a target that is no
+    distribution, such as one whose every probability is subnormal or flushed to 0. NaN passes (a
+    comparison with NaN is false, a row holding NaN is not summed), so the NaN probes still run."""
     if bool((p < 0).any()):
         raise ValueError("the target holds a negative probability")
+    finite = torch.isfinite(p).all(dim=-1)
+    sums = p[finite].double().sum(dim=-1)
+    if sums.numel() and (sums - 1).abs().max() > 0.1:
+        raise ValueError(f"rows of the target must be probabilities (they sum to one); a row sums to "
+                         f"{sums[(sums - 1).abs().argmax()].item():.4g}")
 
 
 def kl_div_batchmean_reference(log_q, p):
     _check_probabilities(p)
-    _check_distribution(log_q, p.log())
+    _check_distribution(log_q)
     return _float32_loss(F.kl_div(log_q, p, reduction="batchmean"))
 
 
