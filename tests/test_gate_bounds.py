@@ -172,6 +172,52 @@ def test_sanitizer_errors_fail_and_clean_runs_pass(monkeypatch, tmp_path, manife
     assert info["errors"] == [] and "memcheck clean" in info["note"]
 
 
+# racecheck on one H100 (the field run of Liger's fused linear cross-entropy, which calls torch.matmul): every
+# hazard inside cuBLAS's own Hopper kernel
+_RACE_IN_CUBLAS = "\n".join(["========= COMPUTE-SANITIZER"] + [
+    "========= Error: Race reported between Read access at nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT+0xa50\n"
+    "=========     and Write access at nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT+0x45c0 [504 hazards]\n"
+    "========= "] * 5 + ["========= RACECHECK SUMMARY: 5 hazards displayed (5 errors, 0 warnings)"])
+
+
+def _racecheck(monkeypatch, tmp_path, manifest, output, tool="racecheck"):
+    monkeypatch.delenv("KGATE_SANITIZER", raising=False)
+    monkeypatch.setenv("KGATE_SANITIZER_TOOLS", tool)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    _fake_sanitizer(bin_dir, output, 86)
+    return Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
+
+
+def test_a_racecheck_report_only_inside_a_library_kernel_the_candidate_calls_is_noted_not_failed(
+        monkeypatch, tmp_path, manifest):
+    info = _racecheck(monkeypatch, tmp_path, manifest, _RACE_IN_CUBLAS)
+    assert info["errors"] == [], info
+    assert "5 hazard(s)" in info["note"] and "nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT" in info["note"]
+    assert "not the candidate's" in info["note"]
+
+
+@pytest.mark.parametrize("case", ["own kernel", "one of them its own", "not all displayed", "memcheck"])
+def test_a_report_in_the_candidates_own_kernel_or_not_wholly_seen_still_fails(monkeypatch, tmp_path, manifest, case):
+    output, tool = _RACE_IN_CUBLAS, "racecheck"
+    if case == "own kernel":
+        output = output.replace("nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT", "_rms_norm_forward_kernel")
+    elif case == "one of them its own":
+        output = output.replace("Write access at nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT",
+                                "Write access at _chunked_softmax", 1)
+    elif case == "not all displayed":  # hazards past the print limit could lie anywhere
+        output = output.replace("(5 errors", "(16 errors")
+    else:  # a bad argument can make a library's kernel access memory out of bounds
+        output, tool = textwrap.dedent("""\
+            ========= Invalid __global__ read of size 16 bytes
+            =========     at nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT+0xa50
+            ========= ERROR SUMMARY: 1 error"""), "memcheck"
+    info = _racecheck(monkeypatch, tmp_path, manifest, output, tool)
+    assert [e["tool"] for e in info["errors"]] == [tool], info
+    assert info["errors"][0]["count"] == (16 if case == "not all displayed" else 1 if tool == "memcheck" else 5)
+
+
 def test_sanitizer_subprocess_entry_point_runs_the_kernel(tmp_path, capsys):
     (tmp_path / "k.py").write_text(textwrap.dedent("""\
         import torch
