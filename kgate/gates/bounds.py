@@ -17,12 +17,14 @@ within a 240 s budget, under each tool of
 `KGATE_SANITIZER_TOOLS` (default memcheck,racecheck,synccheck; initcheck is opt-in, the
 initialization gate already judges unwritten outputs) in a subprocess that loads this kernel the way
 the worker does; any error a tool reports fails the gate, but one: racecheck and synccheck judge the code
-of a kernel (a shared-memory hazard, a barrier misused, inside it), which its caller's arguments cannot
-cause, so a report whose every hazard lies in a kernel the candidate only calls, NVIDIA's libraries' or
-torch's own (`PLATFORM_KERNEL`: cuBLAS's `nvjet_*`, `*xmma*`, cuBLAS, cuDNN, `at::native::`), is noted
-and does not fail the gate (racecheck reported races inside cuBLAS's Hopper kernels under a matmul);
-memcheck's reports always count, since a bad argument can make any kernel read or write out of bounds.
-`KGATE_SANITIZER=0` turns it off (`kgate selftest` turns it off unless given --sanitizer).
+of a kernel (a shared-memory hazard, a barrier misused, inside it), not what its caller passes, so where
+every hazard of such a report lies at a code site (kernel and offset) that the reference's own report
+under the same tool on the same case names too (cuBLAS's `nvjet_*` kernel behind a matmul both call, say),
+the report is the platform's: it is noted and does not fail the gate. The reference is the manifest's code,
+which the candidate cannot steer, and a kernel of the candidate's named after a library's races at other
+offsets, so neither sets its report aside. memcheck's reports always
+count, since a bad argument can make any kernel read or write out of bounds. `KGATE_SANITIZER=0` turns it
+off (`kgate selftest` turns it off unless given --sanitizer).
 """
 
 from __future__ import annotations
@@ -55,27 +57,35 @@ _ERRORS_RE = re.compile(r"ERROR SUMMARY:\s*(\d+)\s+error", re.IGNORECASE)
 # racecheck's summary: "RACECHECK SUMMARY: 5 hazards displayed (16 errors, 0 warnings)"
 _HAZARDS_RE = re.compile(r"SUMMARY:\s*(\d+)\s+hazards?\s+displayed\s*\((\d+)\s+errors?", re.IGNORECASE)
 # where a report line names the code: "... access at nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT+0xa50"
-_AT_RE = re.compile(r"\bat\s+(?:void\s+)?(.+?)\+0x[0-9a-fA-F]+")
-# kernels of NVIDIA's libraries and of torch, which a candidate calls but did not write
-PLATFORM_KERNEL = re.compile(r"^(?:nvjet_|(?:sm\d+_)?xmma|cublas|cudnn|at::native::|at::cuda::)", re.IGNORECASE)
+_AT_RE = re.compile(r"\bat\s+(?:void\s+)?(.+?\+0x[0-9a-fA-F]+)")
 # tools whose reports judge a kernel's own code, not what it was given
 CODE_TOOLS = ("racecheck", "synccheck")
 PRINT_LIMIT = 100  # reports printed per tool: all of them must be seen to set a report aside
 
 
-def platform_hazards(tool: str, text: str) -> list[str] | None:
-    """The kernels named by a racecheck/synccheck report `text` when every reported hazard lies in a platform
-    kernel (`PLATFORM_KERNEL`) and every one was printed; else None (the report counts against the kernel)."""
-    if tool not in CODE_TOOLS:
-        return None
+def hazard_sites(text: str) -> set[str] | None:
+    """Where the hazards of a racecheck/synccheck report `text` lie, each a kernel and an offset in its code
+    (`nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT+0xa50`), or None when it printed fewer hazards than it counted
+    (the ones not printed could lie anywhere)."""
     summary = _HAZARDS_RE.search(text)
     if summary and int(summary.group(1)) < int(summary.group(2)):
-        return None  # more errors than hazards displayed: the unseen ones may be the kernel's own
-    names = {m.group(1).strip() for line in text.splitlines() if line.startswith("=========")
-             for m in _AT_RE.finditer(line)}
-    if not names or not all(PLATFORM_KERNEL.match(name) for name in names):
         return None
-    return sorted(names)
+    return {m.group(1).strip() for line in text.splitlines() if line.startswith("=========")
+            for m in _AT_RE.finditer(line)}
+
+
+def platform_hazards(tool: str, text: str, reference_text: str | None) -> list[str] | None:
+    """The kernels of the candidate's racecheck/synccheck report `text` when every hazard site in it (kernel and
+    code offset) is one the reference's report under the same tool names too (`reference_text`, None when it
+    was not run), every hazard of both printed: the report is the platform's. Else None (it counts against
+    the candidate). Sites, not names alone: a kernel of the candidate's that took a library kernel's name
+    would race at other offsets."""
+    if tool not in CODE_TOOLS or reference_text is None:
+        return None
+    sites, platform = hazard_sites(text), hazard_sites(reference_text)
+    if not sites or platform is None or not sites <= platform:
+        return None
+    return sorted({site.rsplit("+0x", 1)[0] for site in sites})
 
 
 def guard_args(args: tuple, byte: int, inplace: set[int]) -> tuple[tuple, list[tuple[int, Guarded]]]:
@@ -230,47 +240,55 @@ class Bounds(Gate):
         job = {"manifest": str(Path(manifest).resolve()), "kernel": subject.name, "device": str(subject.device),
                "case": case.to_json()}
         errors, ran, notes = [], [], []
-        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-sanitize-", delete=False) as f:
-            json.dump(job, f)
-            job_path = f.name
         deadline = time.monotonic() + SANITIZER_BUDGET_S
-        try:
-            for tool in tools:
-                left = deadline - time.monotonic()
-                if left < 5:
-                    notes.append(f"{tool} not run (the {SANITIZER_BUDGET_S:g} s sanitizer budget is spent)")
-                    continue
-                from kgate.sandbox import kgate_command
+        from kgate.sandbox import kgate_command
 
+        def run(tool: str, call: str) -> tuple[str, int] | None:
+            """Output and exit code of one tool over one call of the kernel (or the reference); None on time out."""
+            with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-sanitize-", delete=False) as f:
+                json.dump({**job, "call": call}, f)
+            try:
+                left = deadline - time.monotonic()
                 cmd = [exe, "--tool", tool, "--error-exitcode", "86", "--print-limit", str(PRINT_LIMIT),
-                       *kgate_command("kgate.gates.bounds", job_path)]
-                try:
-                    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left,
-                                          cwd=str(Path(job["manifest"]).parent), stdin=subprocess.DEVNULL)
-                except subprocess.TimeoutExpired:
-                    notes.append(f"{tool} timed out after {left:.0f} s (not judged)")
-                    continue
-                ran.append(tool)
-                text = proc.stdout + proc.stderr
-                match = _ERRORS_RE.search(text)
-                hazards = _HAZARDS_RE.search(text)
-                count = (int(match.group(1)) if match else int(hazards.group(2)) if hazards
-                         else (1 if proc.returncode == 86 else 0))
-                if proc.returncode not in (0, 86) and not (match or hazards):
-                    notes.append(f"{tool} could not run the kernel (exit {proc.returncode}): {text.strip()[-300:]}")
-                    continue
-                platform = platform_hazards(tool, text) if count else None
+                       *kgate_command("kgate.gates.bounds", f.name)]
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 1),
+                                      cwd=str(Path(job["manifest"]).parent), stdin=subprocess.DEVNULL)
+                return proc.stdout + proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired:
+                return None
+            finally:
+                os.unlink(f.name)
+
+        for tool in tools:
+            left = deadline - time.monotonic()
+            if left < 5:
+                notes.append(f"{tool} not run (the {SANITIZER_BUDGET_S:g} s sanitizer budget is spent)")
+                continue
+            got = run(tool, "kernel")
+            if got is None:
+                notes.append(f"{tool} timed out after {left:.0f} s (not judged)")
+                continue
+            ran.append(tool)
+            text, returncode = got
+            match = _ERRORS_RE.search(text)
+            hazards = _HAZARDS_RE.search(text)
+            count = (int(match.group(1)) if match else int(hazards.group(2)) if hazards
+                     else (1 if returncode == 86 else 0))
+            if returncode not in (0, 86) and not (match or hazards):
+                notes.append(f"{tool} could not run the kernel (exit {returncode}): {text.strip()[-300:]}")
+                continue
+            if count and tool in CODE_TOOLS and deadline - time.monotonic() >= 5:
+                baseline = run(tool, "reference")
+                platform = platform_hazards(tool, text, baseline[0] if baseline else None)
                 if platform:
-                    notes.append(f"{tool} reported {count} hazard(s), every one inside a kernel the candidate calls "
-                                 f"but did not write ({', '.join(platform[:2])}): not the candidate's")
+                    notes.append(f"{tool} reported {count} hazard(s), every one inside a kernel the reference runs "
+                                 f"into as well ({', '.join(platform[:2])}): the platform's, not the kernel's")
                     continue
-                if count:
-                    first = next((ln.strip() for ln in text.splitlines() if ln.startswith("=========") and
-                                  ("Invalid" in ln or "Race" in ln or "Error" in ln or "error" in ln)), text[-300:])
-                    errors.append({"tool": tool, "count": count, "first": first.strip("= ").strip(),
-                                   "output": text[-4000:]})
-        finally:
-            os.unlink(job_path)
+            if count:
+                first = next((ln.strip() for ln in text.splitlines() if ln.startswith("=========") and
+                              ("Invalid" in ln or "Race" in ln or "Error" in ln or "error" in ln)), text[-300:])
+                errors.append({"tool": tool, "count": count, "first": first.strip("= ").strip(),
+                               "output": text[-4000:]})
         note = f"compute-sanitizer: {', '.join(ran) or 'no tool'} clean" + (f"; {'; '.join(notes)}" if notes else "")
         return {"note": note, "errors": errors, "ran": ran, "problems": notes}
 
@@ -293,7 +311,8 @@ def _sanitize_main(job_path: str) -> int:
     kernel = manifest.by_name(job["kernel"])
     resolve(kernel.reference, "reference", manifest.base)
     source = resolve(kernel.inputs, "inputs", manifest.base) if isinstance(kernel.inputs, Ref) else kernel.inputs
-    kernel_fn = resolve(kernel.kernel, "kernel", manifest.base)
+    kernel_fn = resolve(kernel.reference if job.get("call") == "reference" else kernel.kernel, "kernel",
+                        manifest.base)
     c = job["case"]
     case = Case(tuple(c["shape"]) if c["shape"] is not None else None, c["dtype"], c["seed"])
     device = torch.device(job["device"])
