@@ -397,6 +397,22 @@ class Subject:
             return None
         return unless_rejected(lambda: self.oracle(args, device=torch.device("cpu")))
 
+    def reference_on_cpu(self, args: tuple) -> Any | None:
+        """The reference in the kernel's dtype on CPU copies of `args`, where the kernel runs on another device:
+        None on the CPU already, for a module reference (its weights live on the device), where the host cannot
+        hold it, or where the reference raises there. A reference's subnormal results may differ by device
+        (torch's CUDA float32 rms_norm backward gives 0 where its CPU path keeps the subnormal the oracle has):
+        the special_values gate asks it before it calls a kept subnormal a departure from the reference's flush."""
+        if self.device.type == "cpu" or isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module) \
+                or not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
+            return None
+        try:
+            with torch.no_grad():
+                out = self.reference_fn(*map_tensors(args, lambda t: t.detach().cpu()))
+        except Exception:  # noqa: BLE001 - a reference that runs on its own device only: no CPU evaluation
+            return None
+        return map_tensors(out, lambda t: t.detach())
+
     def baseline(self, case: Case) -> Baseline:
         """Pristine inputs, reference and oracle outputs for a case, cached (a few cases at a time)."""
         if case in self._baselines:

@@ -217,6 +217,38 @@ def test_a_kernel_that_keeps_subnormals_the_reference_flushes_fails():
     assert result.verdict == "fail" and "the kernel keeps a subnormal" in result.message, result.message
 
 
+def test_a_kept_subnormal_the_reference_flushes_only_on_its_device_passes_and_a_flush_on_the_cpu_too_fails(
+        monkeypatch):
+    """torch's CUDA float32 rms_norm backward gives 0 where the oracle, its CPU path and Liger's kernel keep the
+    subnormal (a field run on an H100): a 0 the reference gives on its device alone is that device's path, not
+    the op's flush. Emulated here, the kernel on the CPU: the reference flushes, its evaluation on the host
+    (Subject.reference_on_cpu, asked where the kernel runs on another device) keeps the subnormal. A
+    reference that flushes on the host as well keeps the contract: the kernel must flush."""
+    from kgate.subject import Subject
+
+    def flushing_reference(x):
+        out = x * 0.75
+        return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)
+
+    monkeypatch.setattr(Subject, "reference_on_cpu", lambda self, args: sv_correct.scale(*args))
+    result = check("special_values", sv_correct.scale, flushing_reference, sv_correct.make_inputs)
+    assert result.verdict == "pass", result.message
+    monkeypatch.setattr(Subject, "reference_on_cpu", lambda self, args: flushing_reference(*args))
+    result = check("special_values", sv_correct.scale, flushing_reference, sv_correct.make_inputs)
+    assert result.verdict == "fail" and "the kernel keeps a subnormal" in result.message, result.message
+    # a kernel that flushes where the reference keeps still fails, whatever the host says
+    monkeypatch.setattr(Subject, "reference_on_cpu", lambda self, args: flushing_reference(*args))
+    result = check("special_values", flushing_reference, sv_correct.scale, sv_correct.make_inputs)
+    assert result.verdict == "fail" and "the kernel flushes it to zero" in result.message, result.message
+
+
+def test_the_reference_on_the_cpu_is_asked_only_where_the_kernel_runs_elsewhere():
+    from tests.gate_harness import subject_for
+
+    subject = subject_for(sv_correct.scale, sv_correct.reference_scale, sv_correct.make_inputs)
+    assert subject.reference_on_cpu(subject.inputs(subject.cases[0])) is None  # on the CPU already
+
+
 def test_subnormal_products_are_judged_too():
     def product(x, y):
         return x * y

@@ -25,6 +25,9 @@ counts as a flush only where the inputs determine the result to within its own m
 input by an ulp of its dtype (SENSITIVITY_DRAWS seeded sign draws, the largest move per element:
 `distributions.oracle_moves`) moves the oracle by at least |oracle|, a 0 is the rounding of a computation in the
 dtype (a float16 sum whose running sums are a thousand times its result), in the reference or the kernel alike.
+Where the kernel runs on another device than the CPU, a reference's 0 is its flush only where the same reference
+in the same dtype on the CPU gives 0 too (`Subject.reference_on_cpu`): torch's CUDA float32 rms_norm backward
+gives 0 where its CPU path keeps the subnormal the oracle has, a device's path, not the op's semantics.
 
 The probes run in rounds: first, for every case, the last element of each input, the overflow probe and
 the two subnormal probes; then the whole lines and the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
@@ -324,6 +327,8 @@ class SpecialValues(Gate):
             lambda: subject.run_reference(clone_tree(probe))))
         # asked only for a subnormal finding
         moves = functools.cache(lambda: oracle_moves(subject, probe, oracle, draws=SENSITIVITY_DRAWS))
+        cpu_reference = functools.cache(lambda: dict(flatten(on_host)) if (
+            on_host := subject.reference_on_cpu(clone_tree(probe))) is not None else {})
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
@@ -385,7 +390,8 @@ class SpecialValues(Gate):
             ref = references.get(path)
             if isinstance(ref, torch.Tensor) and ref.shape == got.shape and got.is_floating_point():
                 failure = self.subnormals(subject, case, label, path, got.detach(), ref, want,
-                                          lambda path=path: moves().get(path))
+                                          lambda path=path: moves().get(path),
+                                          lambda path=path: cpu_reference().get(path))
                 if failure is not None:
                     return failure
         if spread is not None:
@@ -406,27 +412,36 @@ class SpecialValues(Gate):
         return actual == (other if mode == "exact" else other.clamp(max=1))
 
     def subnormals(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor, ref: torch.Tensor,
-                   want: torch.Tensor, moves: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
+                   want: torch.Tensor, moves: Callable[[], torch.Tensor | None] = lambda: None,
+                   on_cpu: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
         """Where the oracle, rounded to the output's dtype, is clearly subnormal (`CLEARLY_SUBNORMAL`): the kernel
         flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes. Only
         where the inputs determine the result to within its own magnitude (`moves()`, the oracle's move per
         element when every input moves by an ulp of its dtype, `oracle_moves`, is below |oracle|): elsewhere a 0
         is a rounding of the computation in the dtype (a float16 prefix sum whose running sums are a thousand
-        times its result), not a flush."""
+        times its result), not a flush. A reference's 0 is its flush only where the same reference in the same
+        dtype on the CPU (`on_cpu()`, asked where the kernel runs on another device) gives 0 as well: where it
+        keeps the subnormal there, the device's 0 is that device's path (torch's CUDA float32 rms_norm
+        backward), not the op's semantics, and a kernel keeping the subnormal departs from no contract."""
         tiny = torch.finfo(got.dtype).tiny
         o = want.to(device=got.device, dtype=got.dtype)
         clearly = (o.abs() >= tiny * CLEARLY_SUBNORMAL) & (o.abs() < tiny)
         r = ref.to(got.device)
         kept = clearly & (r != 0) & (r.abs() < tiny)
         flushed = clearly & (r == 0)
-        for mask, expected, what, bad in (
-                (kept, "the subnormal the reference keeps", "the kernel flushes it to zero", got == 0),
-                (flushed, "0, as the reference flushes it", "the kernel keeps a subnormal", (got != 0) & (got.abs() < tiny))):
+        for reference_flushes, mask, expected, what, bad in (
+                (False, kept, "the subnormal the reference keeps", "the kernel flushes it to zero", got == 0),
+                (True, flushed, "0, as the reference flushes it", "the kernel keeps a subnormal",
+                 (got != 0) & (got.abs() < tiny))):
             diff = mask & bad
             moved = moves() if diff.any() else None
             if moved is not None and moved.shape == o.shape:
                 rounding = moved.to(got.device) >= want.to(got.device).abs()
                 mask, diff = mask & ~rounding, diff & ~rounding
+            cpu = on_cpu() if reference_flushes and diff.any() else None
+            if isinstance(cpu, torch.Tensor) and cpu.shape == o.shape:
+                kept_there = cpu.to(device=got.device, dtype=got.dtype) != 0
+                mask, diff = mask & ~kept_there, diff & ~kept_there
             # On the products probe a chained computation may underflow in an intermediate another order keeps
             # (a * b * c as (a * b) * c): some subnormal results lost is a reformulation; every one lost is a flush.
             if diff.any() and (label != UNDERFLOW or bool(diff.sum() == mask.sum())):
