@@ -55,6 +55,6 @@ for lib in ${LIBS//,/ }; do  # one after another: one kgate at a time on the GPU
   echo "$lib rc=$?" >>"$OUT/$lib.log"
   tail -n 1 "$OUT/$lib.log"
 done
-for lib in ${LIBS//,/ }; do
-  [ -f "$OUT/$lib/results.jsonl" ] && echo "$lib: $(wc -l <"$OUT/$lib/results.jsonl") results"
+for lib in ${LIBS//,/ }; do  # (each library's kgate exit code is the last line of its LIB.log)
+  if [ -f "$OUT/$lib/results.jsonl" ]; then echo "$lib: $(wc -l <"$OUT/$lib/results.jsonl") results"; else echo "$lib: no results"; fi
 done
