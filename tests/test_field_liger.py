@@ -101,3 +101,19 @@ def test_the_kl_reference_rejects_a_target_that_is_no_distribution_even_when_it_
     poisoned = p.clone()
     poisoned[1, 2] = float("nan")
     assert torch.isnan(kernels.kl_div_batchmean_reference(log_q, poisoned))  # the NaN probe still runs
+
+
+def test_the_large_logits_reproducer_shows_the_defect_there_and_only_there():
+    """docs/field/liger.md finding 19 (the loss rounded at the logits' magnitude): the stand-alone reproducer,
+    run as a user would on a CPU (Triton's interpreter), prints a DEFECT line for logits near 4608 and none for
+    logits near 0 or 64, where Liger's error stays within a few times torch's."""
+    import os
+    import subprocess
+    import sys
+
+    script = FOLDER / "repro" / "cross_entropy_large_logits.py"
+    proc = subprocess.run([sys.executable, str(script)], cwd=script.parent, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if "offset" in line]
+    assert [line.startswith("DEFECT") for line in lines] == [False, False, True], proc.stdout
