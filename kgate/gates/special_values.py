@@ -327,8 +327,12 @@ class SpecialValues(Gate):
             lambda: subject.run_reference(clone_tree(probe))))
         # asked only for a subnormal finding
         moves = functools.cache(lambda: oracle_moves(subject, probe, oracle, draws=SENSITIVITY_DRAWS))
-        cpu_reference = functools.cache(lambda: dict(flatten(on_host)) if (
-            on_host := subject.reference_on_cpu(clone_tree(probe))) is not None else {})
+
+        @functools.cache
+        def cpu_reference() -> dict:  # the reference in the dtype on the host, by output path
+            on_host = subject.reference_on_cpu(clone_tree(probe))
+            return dict(flatten(on_host)) if on_host is not None else {}
+
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
@@ -413,14 +417,14 @@ class SpecialValues(Gate):
 
     def subnormals(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor, ref: torch.Tensor,
                    want: torch.Tensor, moves: Callable[[], torch.Tensor | None] = lambda: None,
-                   on_cpu: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
+                   reference_on_cpu: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
         """Where the oracle, rounded to the output's dtype, is clearly subnormal (`CLEARLY_SUBNORMAL`): the kernel
         flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes. Only
         where the inputs determine the result to within its own magnitude (`moves()`, the oracle's move per
         element when every input moves by an ulp of its dtype, `oracle_moves`, is below |oracle|): elsewhere a 0
         is a rounding of the computation in the dtype (a float16 prefix sum whose running sums are a thousand
         times its result), not a flush. A reference's 0 is its flush only where the same reference in the same
-        dtype on the CPU (`on_cpu()`, asked where the kernel runs on another device) gives 0 as well: where it
+        dtype on the CPU (`reference_on_cpu()`, asked where the kernel runs elsewhere) gives 0 as well: where it
         keeps the subnormal there, the device's 0 is that device's path (torch's CUDA float32 rms_norm
         backward), not the op's semantics, and a kernel keeping the subnormal departs from no contract."""
         tiny = torch.finfo(got.dtype).tiny
@@ -438,7 +442,7 @@ class SpecialValues(Gate):
             if moved is not None and moved.shape == o.shape:
                 rounding = moved.to(got.device) >= want.to(got.device).abs()
                 mask, diff = mask & ~rounding, diff & ~rounding
-            cpu = on_cpu() if reference_flushes and diff.any() else None
+            cpu = reference_on_cpu() if reference_flushes and diff.any() else None
             if isinstance(cpu, torch.Tensor) and cpu.shape == o.shape:
                 kept_there = cpu.to(device=got.device, dtype=got.dtype) != 0
                 mask, diff = mask & ~kept_there, diff & ~kept_there
