@@ -413,6 +413,24 @@ class Subject:
             return None
         return map_tensors(out, lambda t: t.detach())
 
+    def reference_widened(self, args: tuple) -> Any | None:
+        """The reference on `args` with its bfloat16 tensors widened to float32, on the kernel's device: None where
+        no argument is bfloat16, for a module reference (its weights keep their dtype) or where the reference
+        raises so. The two dtypes share their exponent range (the same smallest normal), so a flush of subnormal
+        results gives 0 in both; a 0 that only the bfloat16 evaluation gives is the rounding of its 8-bit
+        mantissa in an intermediate (a product below bfloat16's smallest subnormal), not a flush. The
+        special_values gate asks it before it calls a kept subnormal a departure from the reference's flush."""
+        if not any(t.dtype == torch.bfloat16 for t in tensors(args)) \
+                or isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module):
+            return None
+        try:
+            with torch.no_grad():
+                out = self.reference_fn(*map_tensors(
+                    args, lambda t: t.detach().float() if t.dtype == torch.bfloat16 else t.detach()))
+        except Exception:  # noqa: BLE001 - a reference that takes bfloat16 only: no widened evaluation
+            return None
+        return map_tensors(out, lambda t: t.detach())
+
     def baseline(self, case: Case) -> Baseline:
         """Pristine inputs, reference and oracle outputs for a case, cached (a few cases at a time)."""
         if case in self._baselines:

@@ -166,6 +166,7 @@ def test_sanitizer_errors_fail_and_clean_runs_pass(monkeypatch, tmp_path, manife
         ========= ERROR SUMMARY: 1 error"""), 86)
     info = Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
     assert info["ran"] == ["memcheck"] and info["errors"][0]["count"] == 1
+    assert "memcheck reported errors" in info["note"] and "memcheck clean" not in info["note"]
     assert "Invalid __global__ write" in info["errors"][0]["first"]
     _fake_sanitizer(bin_dir, "========= ERROR SUMMARY: 0 errors", 0)
     info = Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
@@ -181,9 +182,11 @@ _RACE_IN_CUBLAS = "\n".join(["========= COMPUTE-SANITIZER"] + [
 _NO_RACE = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
 
 
-def _sanitize_both(monkeypatch, tmp_path, manifest, kernel_output, reference_output, tool="racecheck"):
-    """Bounds.sanitize with a stand-in compute-sanitizer that prints `kernel_output` over the kernel's call and
-    `reference_output` over the reference's (the job file, its last argument, says which)."""
+def _sanitize_both(monkeypatch, tmp_path, manifest, kernel_output, reference_output, tool="racecheck",
+                   replay_output=_NO_RACE):
+    """Bounds.sanitize with a stand-in compute-sanitizer that prints `kernel_output` over the kernel's call,
+    `reference_output` over the reference's and `replay_output` over the replay of the torch operators the kernel
+    called (the job file, its last argument, says which)."""
     monkeypatch.delenv("KGATE_SANITIZER", raising=False)
     monkeypatch.setenv("KGATE_SANITIZER_TOOLS", tool)
     bin_dir = tmp_path / "bin"
@@ -192,7 +195,10 @@ def _sanitize_both(monkeypatch, tmp_path, manifest, kernel_output, reference_out
     exe = bin_dir / "compute-sanitizer"
     exe.write_text("#!/bin/sh\nfor last; do :; done\n"
                    "if grep -q '\"call\": \"reference\"' \"$last\"; then\n"
-                   f"cat <<'EOF'\n{reference_output}\nEOF\nelse\ncat <<'EOF'\n{kernel_output}\nEOF\nfi\nexit 86\n")
+                   f"cat <<'EOF'\n{reference_output}\nEOF\n"
+                   "elif grep -q '\"call\": \"replay\"' \"$last\"; then\n"
+                   f"cat <<'EOF'\n{replay_output}\nEOF\n"
+                   f"else\ncat <<'EOF'\n{kernel_output}\nEOF\nfi\nexit 86\n")
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
     return Bounds().sanitize(_CudaSubject(manifest), Case(None, "float32", 0))
 
@@ -203,6 +209,18 @@ def test_a_race_report_in_a_kernel_the_reference_runs_into_too_is_the_platforms_
     assert info["errors"] == [], info
     assert "5 hazard(s)" in info["note"] and "nvjet_sm90_tst_256x64_64x5_2x1_v_bz_TNT" in info["note"]
     assert "the platform's" in info["note"]
+
+
+def test_a_race_report_in_a_kernel_torchs_own_operators_reach_too_is_the_platforms(monkeypatch, tmp_path, manifest):
+    """Liger's fused linear cross-entropy multiplies chunks of the logits with torch.matmul: cuBLAS picks another
+    kernel for the chunks than for the reference's whole product, so the reference's report is clean; the
+    replay of the torch operators the kernel called reaches the same kernel and sites."""
+    info = _sanitize_both(monkeypatch, tmp_path, manifest, _RACE_IN_CUBLAS, _NO_RACE, replay_output=_RACE_IN_CUBLAS)
+    assert info["errors"] == [], info
+    assert "torch's operators reach as well" in info["note"] and "the platform's" in info["note"]
+    other = _RACE_IN_CUBLAS.replace("+0xa50", "+0x1f0")  # a racy kernel of its own under the library's name
+    info = _sanitize_both(monkeypatch, tmp_path, manifest, other, _NO_RACE, replay_output=_RACE_IN_CUBLAS)
+    assert [e["tool"] for e in info["errors"]] == ["racecheck"], info
 
 
 @pytest.mark.parametrize("case", ["reference clean", "same name other code", "own kernel", "one of them its own",
@@ -256,6 +274,13 @@ def test_sanitizer_subprocess_entry_point_runs_the_kernel(tmp_path, capsys):
     job.write_text(job.read_text()[:-1] + ', "call": "reference"}')  # the baseline run calls the reference alone
     assert bounds_module._sanitize_main(str(job)) == 0
     assert capsys.readouterr().out == "reference ran on cpu\n"
+    # the replay runs torch's operators from the record alone: the manifest's code is never loaded
+    (tmp_path / "ops.json").write_text('{"ops": [{"op": "aten.mul.Tensor", "args": [{"tensor": [3], "stride": [1], '
+                                       '"offset": 0, "dtype": "float32", "device": "cpu"}, 2.0], "kwargs": {}}]}')
+    (tmp_path / "k.py").write_text("raise SystemExit('the candidate was imported')\n")
+    job.write_text(job.read_text()[:-1] + ', "call": "replay", "ops": "%s"}' % (tmp_path / "ops.json"))
+    assert bounds_module._sanitize_main(str(job)) == 0
+    assert capsys.readouterr().out == ""
 
 
 def test_gate_on_cpu_never_calls_the_sanitizer(monkeypatch):

@@ -266,6 +266,54 @@ def test_subnormal_products_are_judged_too():
     assert result.verdict == "fail" and "products are subnormal" in result.message, result.message
 
 
+def _scaled_product(a, b):
+    """A product scaled up, computed in the inputs' dtype: on inputs scaled so that products are subnormal, a * b
+    falls below bfloat16's smallest subnormal (9.2e-41) where the oracle's a * b * 1000 is a clearly subnormal
+    result (as Llama's RMSNorm reference: `weight * y` in bfloat16, its backward's dy * weight, then rstd)."""
+    return (a * b) * 1000.0
+
+
+def _scaled_product_in_float32(a, b):
+    """The same in float32, rounded once to the dtype (Liger's RMSNorm backward multiplies so)."""
+    return ((a.float() * b.float()) * 1000.0).to(a.dtype)
+
+
+def _bf16_pair(seed, shape=None, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(4, 64, generator=gen, dtype=torch.float64).to(dtype) for _ in range(2))
+
+
+def test_a_bfloat16_reference_zero_that_float32_keeps_is_rounding_not_a_flush(monkeypatch):
+    """The reference rounds a * b to 0 in bfloat16 where the kernel, multiplying in float32, keeps the subnormal
+    result the oracle has. float32 has bfloat16's smallest normal: a flush would give 0 there too, and the
+    reference on its inputs widened to float32 keeps the result, so the 0 is bfloat16's rounding: pass. Without
+    the widened evaluation the same pair fails (the premise), and a reference that flushes its results fails
+    the kernel still, widened or not."""
+    from kgate.subject import Subject
+
+    result = check("special_values", _scaled_product_in_float32, _scaled_product, _bf16_pair, dtypes=["bfloat16"])
+    assert result.verdict == "pass", result.message
+    monkeypatch.setattr(Subject, "reference_widened", lambda self, args: None)
+    before = check("special_values", _scaled_product_in_float32, _scaled_product, _bf16_pair, dtypes=["bfloat16"])
+    assert before.verdict == "fail" and "the kernel keeps a subnormal" in before.message, before.message
+    monkeypatch.undo()
+
+    def flushing(a, b):  # an FTZ reference: subnormal results are 0, in bfloat16 and in float32 alike
+        out = _scaled_product_in_float32(a, b)
+        return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)
+
+    flushed = check("special_values", _scaled_product_in_float32, flushing, _bf16_pair, dtypes=["bfloat16"])
+    assert flushed.verdict == "fail" and "the kernel keeps a subnormal" in flushed.message, flushed.message
+
+
+def test_the_widened_reference_is_asked_only_for_bfloat16_arguments():
+    subject = subject_for(_scaled_product, _scaled_product, _bf16_pair, dtypes=["float32"])
+    assert subject.reference_widened(subject.inputs(subject.cases[0])) is None
+    subject = subject_for(_scaled_product, _scaled_product, _bf16_pair, dtypes=["bfloat16"])
+    widened = subject.reference_widened(subject.inputs(subject.cases[0]))
+    assert widened.dtype == torch.float32
+
+
 # --- a reference whose special-value semantics differ by device ------------------------------------------
 
 def _rms_norm(x):

@@ -18,17 +18,21 @@ within a 240 s budget, under each tool of
 initialization gate already judges unwritten outputs) in a subprocess that loads this kernel the way
 the worker does; any error a tool reports fails the gate, but one: racecheck and synccheck judge the code
 of a kernel (a shared-memory hazard, a barrier misused, inside it), not what its caller passes, so where
-every hazard of such a report lies at a code site (kernel and offset) that the reference's own report
-under the same tool on the same case names too (cuBLAS's `nvjet_*` kernel behind a matmul both call, say),
-the report is the platform's: it is noted and does not fail the gate. The reference is the manifest's code,
-which the candidate cannot steer, and a kernel of the candidate's named after a library's races at other
-offsets, so neither sets its report aside. memcheck's reports always
+every hazard of such a report lies at a code site (kernel and offset) that a baseline's report under the
+same tool names too, the report is the platform's: it is noted and does not fail the gate. The baselines,
+each run only where the one before leaves a site unmatched: the reference on the same case (cuBLAS's `nvjet_*`
+kernel behind a matmul both call), then the ATen operators the kernel's own call ran, recorded at the
+dispatcher and replayed on fresh tensors of the same shapes, strides and dtypes in a process that never
+loads the candidate (`kgate/replay.py`; Liger's chunked matmuls reach another cuBLAS kernel than the
+reference's whole product). Neither runs the candidate's code, and a kernel of the candidate's named after
+a library's races at other offsets, so neither sets its report aside. memcheck's reports always
 count, since a bad argument can make any kernel read or write out of bounds. `KGATE_SANITIZER=0` turns it
 off (`kgate selftest` turns it off unless given --sanitizer).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -74,16 +78,20 @@ def hazard_sites(text: str) -> set[str] | None:
             for m in _AT_RE.finditer(line)}
 
 
-def platform_hazards(tool: str, text: str, reference_text: str | None) -> list[str] | None:
+def platform_hazards(tool: str, text: str, baselines: list[str | None]) -> list[str] | None:
     """The kernels of the candidate's racecheck/synccheck report `text` when every hazard site in it (kernel and
-    code offset) is one the reference's report under the same tool names too (`reference_text`, None when it
-    was not run), every hazard of both printed: the report is the platform's. Else None (it counts against
-    the candidate). Sites, not names alone: a kernel of the candidate's that took a library kernel's name
-    would race at other offsets."""
-    if tool not in CODE_TOOLS or reference_text is None:
+    code offset) is one that a baseline's report under the same tool names too (`baselines`: the reference's
+    run, the replay of the torch operators the candidate called; None for one not run; a baseline that
+    printed fewer hazards than it counted adds nothing): the report is the platform's. Else None (it counts
+    against the candidate). Sites, not names alone: a kernel of the candidate's that took a library kernel's
+    name would race at other offsets."""
+    if tool not in CODE_TOOLS:
         return None
-    sites, platform = hazard_sites(text), hazard_sites(reference_text)
-    if not sites or platform is None or not sites <= platform:
+    sites = hazard_sites(text)
+    platform: set[str] = set()
+    for baseline in baselines:
+        platform |= (hazard_sites(baseline) if baseline is not None else None) or set()
+    if not sites or not sites <= platform:
         return None
     return sorted({site.rsplit("+0x", 1)[0] for site in sites})
 
@@ -235,10 +243,19 @@ class Bounds(Gate):
         if manifest is None or not Path(manifest).exists():
             return {"note": "compute-sanitizer: skipped (no manifest file to reload the kernel from)",
                     "errors": [], "ran": []}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-ops-", delete=False) as f:
+            ops = f.name  # the torch operators the kernel's call ran (kgate/replay.py), written by its run
+        try:
+            return self._sanitize_tools(subject, case, exe, manifest, ops)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(ops)
+
+    def _sanitize_tools(self, subject: Subject, case: Case, exe: str, manifest: Any, ops: str) -> dict[str, Any]:
         tools = [t.strip() for t in os.environ.get("KGATE_SANITIZER_TOOLS", ",".join(SANITIZER_TOOLS)).split(",")
                  if t.strip()]
         job = {"manifest": str(Path(manifest).resolve()), "kernel": subject.name, "device": str(subject.device),
-               "case": case.to_json()}
+               "case": case.to_json(), "ops": ops}
         errors, ran, notes = [], [], []
         deadline = time.monotonic() + SANITIZER_BUDGET_S
         from kgate.sandbox import kgate_command
@@ -277,19 +294,34 @@ class Bounds(Gate):
             if returncode not in (0, 86) and not (match or hazards):
                 notes.append(f"{tool} could not run the kernel (exit {returncode}): {text.strip()[-300:]}")
                 continue
-            if count and tool in CODE_TOOLS and deadline - time.monotonic() >= 5:
-                baseline = run(tool, "reference")
-                platform = platform_hazards(tool, text, baseline[0] if baseline else None)
+            if count and tool in CODE_TOOLS:
+                # the baselines, each asked only where the ones before leave a hazard site of the kernel's unmatched
+                baselines: list[str | None] = []
+                for call, whose in (("reference", "the reference runs into as well"),
+                                    ("replay", "torch's operators reach as well, called as the kernel called them")):
+                    if deadline - time.monotonic() < 5:
+                        break
+                    baseline = run(tool, call)
+                    baselines.append(baseline[0] if baseline else None)
+                    platform = platform_hazards(tool, text, baselines)
+                    if platform:
+                        notes.append(f"{tool} reported {count} hazard(s), every one inside a kernel {whose} "
+                                     f"({', '.join(platform[:2])}): the platform's, not the kernel's")
+                        break
+                else:
+                    platform = None
                 if platform:
-                    notes.append(f"{tool} reported {count} hazard(s), every one inside a kernel the reference runs "
-                                 f"into as well ({', '.join(platform[:2])}): the platform's, not the kernel's")
                     continue
             if count:
                 first = next((ln.strip() for ln in text.splitlines() if ln.startswith("=========") and
                               ("Invalid" in ln or "Race" in ln or "Error" in ln or "error" in ln)), text[-300:])
                 errors.append({"tool": tool, "count": count, "first": first.strip("= ").strip(),
                                "output": text[-4000:]})
-        note = f"compute-sanitizer: {', '.join(ran) or 'no tool'} clean" + (f"; {'; '.join(notes)}" if notes else "")
+        reported = {e["tool"] for e in errors}
+        clean = [t for t in ran if t not in reported]
+        note = (f"compute-sanitizer: {', '.join(clean) or 'no tool'} clean"
+                + (f"; {', '.join(sorted(reported))} reported errors" if reported else "")
+                + (f"; {'; '.join(notes)}" if notes else ""))
         return {"note": note, "errors": errors, "ran": ran, "problems": notes}
 
 
@@ -307,6 +339,11 @@ def _sanitize_main(job_path: str) -> int:
     from kgate.manifest import Ref, load
 
     job = json.loads(Path(job_path).read_text())
+    if job.get("call") == "replay":  # torch's operators only: the candidate's code is never loaded here
+        from kgate.replay import replay
+
+        replay(job["ops"])
+        return 0
     manifest = load(job["manifest"], check_files=False)
     kernel = manifest.by_name(job["kernel"])
     resolve(kernel.reference, "reference", manifest.base)
@@ -317,7 +354,12 @@ def _sanitize_main(job_path: str) -> int:
     case = Case(tuple(c["shape"]) if c["shape"] is not None else None, c["dtype"], c["seed"])
     device = torch.device(job["device"])
     args = InputFactory(source)(case, device)
-    kernel_fn(*args)
+    if job.get("call") == "reference" or not job.get("ops"):
+        kernel_fn(*args)
+    else:
+        from kgate.replay import record
+
+        record(kernel_fn, args, job["ops"])
     synchronize(device)
     return 0
 

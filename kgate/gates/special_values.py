@@ -27,7 +27,11 @@ input by an ulp of its dtype (SENSITIVITY_DRAWS seeded sign draws, the largest m
 dtype (a float16 sum whose running sums are a thousand times its result), in the reference or the kernel alike.
 Where the kernel runs on another device than the CPU, a reference's 0 is its flush only where the same reference
 in the same dtype on the CPU gives 0 too (`Subject.reference_on_cpu`): torch's CUDA float32 rms_norm backward
-gives 0 where its CPU path keeps the subnormal the oracle has, a device's path, not the op's semantics.
+gives 0 where its CPU path keeps the subnormal the oracle has, a device's path, not the op's semantics. Nor is
+it one where the reference on its bfloat16 inputs widened to float32 keeps the subnormal
+(`Subject.reference_widened`): both dtypes have the same smallest normal, so a flush gives 0 in both, and a 0 of
+the bfloat16 evaluation alone is an intermediate rounded below bfloat16's smallest subnormal (Llama's RMSNorm
+reference computes `weight * y` in bfloat16; its backward loses what Liger's kernel keeps).
 
 The probes run in rounds: first, for every case, the last element of each input, the overflow probe and
 the two subnormal probes; then the whole lines and the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
@@ -333,6 +337,11 @@ class SpecialValues(Gate):
             on_host = subject.reference_on_cpu(clone_tree(probe))
             return dict(flatten(on_host)) if on_host is not None else {}
 
+        @functools.cache
+        def widened_reference() -> dict:  # the reference on bfloat16 inputs widened to float32, by output path
+            widened = subject.reference_widened(clone_tree(probe))
+            return dict(flatten(widened)) if widened is not None else {}
+
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
             return self.failed(subject, f"output structure differs from the reference's ({label})", case=case,
@@ -395,7 +404,8 @@ class SpecialValues(Gate):
             if isinstance(ref, torch.Tensor) and ref.shape == got.shape and got.is_floating_point():
                 failure = self.subnormals(subject, case, label, path, got.detach(), ref, want,
                                           lambda path=path: moves().get(path),
-                                          lambda path=path: cpu_reference().get(path))
+                                          lambda path=path: cpu_reference().get(path),
+                                          lambda path=path: widened_reference().get(path))
                 if failure is not None:
                     return failure
         if spread is not None:
@@ -417,7 +427,8 @@ class SpecialValues(Gate):
 
     def subnormals(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor, ref: torch.Tensor,
                    want: torch.Tensor, moves: Callable[[], torch.Tensor | None] = lambda: None,
-                   reference_on_cpu: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
+                   reference_on_cpu: Callable[[], torch.Tensor | None] = lambda: None,
+                   reference_widened: Callable[[], torch.Tensor | None] = lambda: None) -> GateResult | None:
         """Where the oracle, rounded to the output's dtype, is clearly subnormal (`CLEARLY_SUBNORMAL`): the kernel
         flushes to zero where the reference keeps the subnormal, or keeps one where the reference flushes. Only
         where the inputs determine the result to within its own magnitude (`moves()`, the oracle's move per
@@ -426,7 +437,11 @@ class SpecialValues(Gate):
         times its result), not a flush. A reference's 0 is its flush only where the same reference in the same
         dtype on the CPU (`reference_on_cpu()`, asked where the kernel runs elsewhere) gives 0 as well: where it
         keeps the subnormal there, the device's 0 is that device's path (torch's CUDA float32 rms_norm
-        backward), not the op's semantics, and a kernel keeping the subnormal departs from no contract."""
+        backward), not the op's semantics, and a kernel keeping the subnormal departs from no contract. Nor where
+        the reference on bfloat16 inputs widened to float32 (`reference_widened()`) keeps it: the two dtypes share
+        the smallest normal, so a flush gives 0 in both, and a 0 of the bfloat16 evaluation alone is the rounding
+        of an intermediate below bfloat16's smallest subnormal (Liger's RMSNorm backward keeps what Llama's
+        reference loses in `weight * y`)."""
         tiny = torch.finfo(got.dtype).tiny
         o = want.to(device=got.device, dtype=got.dtype)
         clearly = (o.abs() >= tiny * CLEARLY_SUBNORMAL) & (o.abs() < tiny)
@@ -442,10 +457,11 @@ class SpecialValues(Gate):
             if moved is not None and moved.shape == o.shape:
                 rounding = moved.to(got.device) >= want.to(got.device).abs()
                 mask, diff = mask & ~rounding, diff & ~rounding
-            cpu = reference_on_cpu() if reference_flushes and diff.any() else None
-            if isinstance(cpu, torch.Tensor) and cpu.shape == o.shape:
-                kept_there = cpu.to(device=got.device, dtype=got.dtype) != 0
-                mask, diff = mask & ~kept_there, diff & ~kept_there
+            for other in (reference_on_cpu, reference_widened):  # another evaluation that keeps it: no flush
+                kept_there = other() if reference_flushes and diff.any() else None
+                if isinstance(kept_there, torch.Tensor) and kept_there.shape == o.shape:
+                    kept_there = kept_there.to(device=got.device, dtype=got.dtype) != 0
+                    mask, diff = mask & ~kept_there, diff & ~kept_there
             # On the products probe a chained computation may underflow in an intermediate another order keeps
             # (a * b * c as (a * b) * c): some subnormal results lost is a reformulation; every one lost is a flush.
             if diff.any() and (label != UNDERFLOW or bool(diff.sum() == mask.sum())):
