@@ -431,6 +431,13 @@ class Subject:
             return None
         return map_tensors(out, lambda t: t.detach())
 
+    def release_caches(self) -> bool:
+        """Drop the cached baselines (inputs, reference outputs and float64 oracles of recent cases: they are
+        made again when asked); whether any was held."""
+        held = bool(self._baselines)
+        self._baselines.clear()
+        return held
+
     def baseline(self, case: Case) -> Baseline:
         """Pristine inputs, reference and oracle outputs for a case, cached (a few cases at a time)."""
         if case in self._baselines:

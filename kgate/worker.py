@@ -228,53 +228,21 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     gates not reached), else None."""
     from kgate import gates as registry
     from kgate import subject as subject_module
-    from kgate.faults import context_lost, fault_message, reference_fault_message
-    from kgate.shrink import CRASH
-    from kgate.subject import UserCodeError
+    from kgate.faults import context_lost, fault_message
 
-    backward_subject = None
+    backward: list[Any] = [None]  # the gradients' subject, made when a backward gate first asks for it
     for name in names:
         gate = registry.get(name)
         channel.send("gate_start", gate=name)
         start = _clock()
-        lost: str | None = None
-        role = "kernel"
-        reference_fault = False  # the reference's own launches lost the context: the gate's verdict stands
-        try:
-            target = subject
-            if registry.is_backward(name):  # the same gate, judging the gradients (kgate/backward.py)
-                if backward_subject is None:
-                    from kgate.backward import BackwardSubject
 
-                    backward_subject = BackwardSubject(subject)
-                target = backward_subject
-            target.deadline = _monotonic() + SEARCH_SHARE * timeout if timeout else None
-            result = gate.check(target).to_json()
-            result["gate"] = name
-            if result["verdict"] == "fail" and result.get("details", {}).get("kind") == CRASH:
-                result = _crash_on_declared_inputs(target, name, gate.tolerance_free, result)
-        except UserCodeError as exc:
-            lost, role = context_lost(exc), exc.role
-            hint = ""
-            if isinstance(exc.exc, MemoryError):
-                hint = f" (the worker's memory limit is {memory} bytes; raise limits.memory if legitimate)"
-            result = _error_result(name, gate.tolerance_free, str(exc) + hint, {"traceback": exc.trace,
-                                                                               "role": exc.role})
-        except ContextLost as exc:  # in a call to the reference: see kgate.faults.ContextLost
-            lost, role, reference_fault = exc.line, exc.role, exc.own
-            trace = "".join(traceback.format_exception(exc.exc or exc))
-            if exc.own:  # the gate's verdict stands: a skip (else the fault is the kernel's, below)
-                result = {"gate": name, "verdict": "skip", "tolerance_free": gate.tolerance_free,
-                          "message": reference_fault_message(exc.line, exc.role), "repro": subject.repro(name),
-                          "details": {"cuda_error": exc.line, "first_reported_by": exc.role,
-                                      "reference_fault": True, "traceback": trace}}
-            else:
-                result = _error_result(name, gate.tolerance_free, f"{exc.role} raised: {exc.line}",
-                                       {"traceback": trace, "role": exc.role})
-        except BaseException as exc:  # noqa: BLE001 - a gate bug must not lose the other gates' results
-            lost = context_lost(exc)
-            result = _error_result(name, gate.tolerance_free, f"kgate internal error in gate {name}: "
-                                   f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
+        result, lost, role, reference_fault = _attempt(gate, name, subject, backward, memory, timeout)
+        if lost is None and ran_out_of_gpu_memory(result) and release_caches(subject, backward[0]):
+            # kgate's own caches (the baselines of recent cases: inputs, reference outputs and float64 oracles)
+            # may be what left the kernel too little of the worker's share: freed, the gate is judged once more
+            first = _summary(result)
+            result, lost, role, reference_fault = _attempt(gate, name, subject, backward, memory, timeout)
+            result.setdefault("details", {})["after_freeing_caches"] = first
         if lost is None:
             try:  # looked up on the module each time: what the gates' own calls use
                 subject_module.synchronize(subject.device)
@@ -295,6 +263,91 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
         if lost is not None:
             return ContextLost(lost, role, reference_fault)
     return None
+
+
+def _attempt(gate: Any, name: str, subject: Any, backward: list[Any], memory: int | None,
+             timeout: float | None) -> tuple[dict[str, Any], str | None, str, bool]:
+    """One judgement of gate `name` on `subject` (its gradients' subject, for a backward gate, made into
+    backward[0] once): the result, the lost context's line (or None), who reported it, and whether the
+    reference's own launches lost it (the gate's verdict then stands)."""
+    from kgate import gates as registry
+    from kgate.faults import context_lost, reference_fault_message
+    from kgate.shrink import CRASH
+    from kgate.subject import UserCodeError
+
+    lost: str | None = None
+    role = "kernel"
+    reference_fault = False
+    try:
+        target = subject
+        if registry.is_backward(name):  # the same gate, judging the gradients (kgate/backward.py)
+            if backward[0] is None:
+                from kgate.backward import BackwardSubject
+
+                backward[0] = BackwardSubject(subject)
+            target = backward[0]
+        target.deadline = _monotonic() + SEARCH_SHARE * timeout if timeout else None
+        result = gate.check(target).to_json()
+        result["gate"] = name
+        if result["verdict"] == "fail" and result.get("details", {}).get("kind") == CRASH:
+            result = _crash_on_declared_inputs(target, name, gate.tolerance_free, result)
+    except UserCodeError as exc:
+        lost, role = context_lost(exc), exc.role
+        hint = ""
+        if isinstance(exc.exc, MemoryError):
+            hint = f" (the worker's memory limit is {memory} bytes; raise limits.memory if legitimate)"
+        result = _error_result(name, gate.tolerance_free, str(exc) + hint, {"traceback": exc.trace,
+                                                                           "role": exc.role})
+    except ContextLost as exc:  # in a call to the reference: see kgate.faults.ContextLost
+        lost, role, reference_fault = exc.line, exc.role, exc.own
+        trace = "".join(traceback.format_exception(exc.exc or exc))
+        if exc.own:  # the gate's verdict stands: a skip (else the fault is the kernel's, below)
+            result = {"gate": name, "verdict": "skip", "tolerance_free": gate.tolerance_free,
+                      "message": reference_fault_message(exc.line, exc.role), "repro": subject.repro(name),
+                      "details": {"cuda_error": exc.line, "first_reported_by": exc.role,
+                                  "reference_fault": True, "traceback": trace}}
+        else:
+            result = _error_result(name, gate.tolerance_free, f"{exc.role} raised: {exc.line}",
+                                   {"traceback": trace, "role": exc.role})
+    except BaseException as exc:  # noqa: BLE001 - a gate bug must not lose the other gates' results
+        lost = context_lost(exc)
+        result = _error_result(name, gate.tolerance_free, f"kgate internal error in gate {name}: "
+                               f"{type(exc).__name__}: {exc}", {"traceback": traceback.format_exc()})
+    return result, lost, role, reference_fault
+
+
+def ran_out_of_gpu_memory(result: dict[str, Any]) -> bool:
+    """Whether a gate's result (not a pass) says the GPU ran out of memory (its message or traceback)."""
+    from kgate.shares import out_of_gpu_memory
+
+    details = result.get("details") or {}
+    return result.get("verdict") != "pass" and any(
+        out_of_gpu_memory(text) for text in (result.get("message"), details.get("traceback"))
+        if isinstance(text, str))
+
+
+def release_caches(*subjects: Any) -> bool:
+    """Free what kgate keeps between gates on `subjects` (their cached baselines) and return the caching
+    allocator's unused blocks to the device; whether anything was held."""
+    import gc
+
+    held = False
+    for subject in subjects:
+        if subject is not None:
+            held = subject.release_caches() or held
+    if held:
+        gc.collect()
+        if torch_cuda_available():
+            import torch
+
+            torch.cuda.empty_cache()
+    return held
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

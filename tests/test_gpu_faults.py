@@ -500,3 +500,52 @@ def test_a_real_pending_launch_error_is_the_kernels(tmp_path, monkeypatch):
                                                         str(raised.value.exc))
     assert context_lost(raised.value) is None  # the context stays usable
     torch.ones(4, device="cuda").add_(1)  # nothing left pending for kgate's own next launch
+
+
+# --- out of memory in a share: kgate's own caches freed, the gate judged once more ---------------------------
+
+class _NeedsRoom(Gate):
+    """A gate whose kernel runs out of device memory while kgate's cached baselines are held (`always`: also
+    without them); it counts its judgements."""
+
+    name, summary, tolerance_free = "oracle", "test double", False
+
+    def __init__(self, always=False):
+        self.always, self.calls = always, 0
+
+    def check(self, subject):
+        self.calls += 1
+        crowded = bool(subject._baselines)
+        subject.baseline(subject.cases[0])
+        if crowded or self.always:
+            return self.failed(subject, "kernel raised OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                        "250.00 MiB", case=subject.cases[0])
+        return self.passed("fits")
+
+
+@pytest.mark.parametrize("always", [False, True])
+def test_a_gate_that_ran_out_of_memory_beside_kgates_caches_is_judged_once_more_without_them(monkeypatch, always):
+    gate = _NeedsRoom(always)
+    monkeypatch.setattr(registry, "get", lambda name: gate)
+    channel = Channel()
+    subject = subject_for(double, double, inputs)
+    subject.baseline(subject.cases[0])  # what an earlier gate left cached
+    assert run_gates(channel, subject, ["oracle"], None) is None
+    result = channel.results()["oracle"]
+    assert gate.calls == 2  # once more, never more
+    assert result["verdict"] == ("fail" if always else "pass"), result
+    first = result["details"]["after_freeing_caches"]
+    assert first["verdict"] == "fail" and "out of memory" in first["message"]
+
+
+def test_a_gate_out_of_memory_with_nothing_cached_is_not_judged_again(monkeypatch):
+    class Always(_NeedsRoom):
+        def check(self, subject):
+            self.calls += 1
+            return self.failed(subject, "kernel raised OutOfMemoryError: CUDA out of memory", case=subject.cases[0])
+
+    gate = Always()
+    monkeypatch.setattr(registry, "get", lambda name: gate)
+    channel = Channel()
+    run_gates(channel, subject_for(double, double, inputs), ["oracle"], None)
+    assert gate.calls == 1 and "after_freeing_caches" not in channel.results()["oracle"].get("details", {})
