@@ -78,8 +78,8 @@ def record(fn: Any, args: tuple, path: str | Path, device_type: str = "cuda") ->
                 try:
                     entry = {"op": str(func), "args": encode(list(args)),
                              "kwargs": {k: encode(v) for k, v in kwargs.items()}}
-                except Unrecordable:
-                    entry = None
+                except Exception:  # noqa: BLE001 - Unrecordable, or a tensor subclass's own error: left out;
+                    entry = None  # the record never breaks the call it watches
                 key = json.dumps(entry, sort_keys=True) if entry else ""
                 if entry and key not in seen:
                     seen.add(key)
