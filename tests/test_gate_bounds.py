@@ -3,6 +3,7 @@ tested with stand-in executables (the real compute-sanitizer needs a GPU)."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import textwrap
@@ -183,10 +184,15 @@ _NO_RACE = "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards 
 
 
 def _sanitize_both(monkeypatch, tmp_path, manifest, kernel_output, reference_output, tool="racecheck",
-                   replay_output=_NO_RACE):
+                   replay_output=_NO_RACE, record_exit=0):
     """Bounds.sanitize with a stand-in compute-sanitizer that prints `kernel_output` over the kernel's call,
     `reference_output` over the reference's and `replay_output` over the replay of the torch operators the kernel
-    called (the job file, its last argument, says which)."""
+    called (the job file, its last argument, says which); the recording call, outside the sanitizer, exits
+    `record_exit`."""
+    import kgate.sandbox
+
+    monkeypatch.setattr(kgate.sandbox, "kgate_command",
+                        lambda module, *args, **_: ["sh", "-c", f"exit {record_exit}", *args])
     monkeypatch.delenv("KGATE_SANITIZER", raising=False)
     monkeypatch.setenv("KGATE_SANITIZER_TOOLS", tool)
     bin_dir = tmp_path / "bin"
@@ -220,6 +226,10 @@ def test_a_race_report_in_a_kernel_torchs_own_operators_reach_too_is_the_platfor
     assert "torch's operators reach as well" in info["note"] and "the platform's" in info["note"]
     other = _RACE_IN_CUBLAS.replace("+0xa50", "+0x1f0")  # a racy kernel of its own under the library's name
     info = _sanitize_both(monkeypatch, tmp_path, manifest, other, _NO_RACE, replay_output=_RACE_IN_CUBLAS)
+    assert [e["tool"] for e in info["errors"]] == ["racecheck"], info
+    # a recording call that fails gives no replay: the report counts
+    info = _sanitize_both(monkeypatch, tmp_path, manifest, _RACE_IN_CUBLAS, _NO_RACE, replay_output=_RACE_IN_CUBLAS,
+                          record_exit=1)
     assert [e["tool"] for e in info["errors"]] == ["racecheck"], info
 
 
@@ -274,6 +284,11 @@ def test_sanitizer_subprocess_entry_point_runs_the_kernel(tmp_path, capsys):
     job.write_text(job.read_text()[:-1] + ', "call": "reference"}')  # the baseline run calls the reference alone
     assert bounds_module._sanitize_main(str(job)) == 0
     assert capsys.readouterr().out == "reference ran on cpu\n"
+    # the recording call runs the kernel once more and writes the torch operators it ran on CUDA tensors
+    job.write_text(job.read_text()[:-1] + ', "call": "record", "ops": "%s"}' % (tmp_path / "recorded.json"))
+    assert bounds_module._sanitize_main(str(job)) == 0
+    assert capsys.readouterr().out == "kernel ran on cpu\n"
+    assert json.loads((tmp_path / "recorded.json").read_text())["ops"] == []  # none on CUDA here
     # the replay runs torch's operators from the record alone: the manifest's code is never loaded
     (tmp_path / "ops.json").write_text('{"ops": [{"op": "aten.mul.Tensor", "args": [{"tensor": [3], "stride": [1], '
                                        '"offset": 0, "dtype": "float32", "device": "cpu"}, 2.0], "kwargs": {}}]}')

@@ -22,8 +22,9 @@ every hazard of such a report lies at a code site (kernel and offset) that a bas
 same tool names too, the report is the platform's: it is noted and does not fail the gate. The baselines,
 each run only where the one before leaves a site unmatched: the reference on the same case (cuBLAS's `nvjet_*`
 kernel behind a matmul both call), then the ATen operators the kernel's own call ran, recorded at the
-dispatcher and replayed on fresh tensors of the same shapes, strides and dtypes in a process that never
-loads the candidate (`kgate/replay.py`; Liger's chunked matmuls reach another cuBLAS kernel than the
+dispatcher in one more call of the kernel outside the sanitizer (the judged runs stay unwatched: a dispatch
+mode can change what torch.compile runs) and replayed on fresh tensors of the same shapes, strides and
+dtypes in a process that never loads the candidate (`kgate/replay.py`; Liger's chunked matmuls reach another cuBLAS kernel than the
 reference's whole product). Neither runs the candidate's code, and a kernel of the candidate's named after
 a library's races at other offsets, so neither sets its report aside. memcheck's reports always
 count, since a bad argument can make any kernel read or write out of bounds. `KGATE_SANITIZER=0` turns it
@@ -257,17 +258,20 @@ class Bounds(Gate):
         job = {"manifest": str(Path(manifest).resolve()), "kernel": subject.name, "device": str(subject.device),
                "case": case.to_json(), "ops": ops}
         errors, ran, notes = [], [], []
+        recorded: list[bool] = []  # whether the recording call ran (once, the first time a replay is asked)
         deadline = time.monotonic() + SANITIZER_BUDGET_S
         from kgate.sandbox import kgate_command
 
-        def run(tool: str, call: str) -> tuple[str, int] | None:
-            """Output and exit code of one tool over one call of the kernel (or the reference); None on time out."""
+        def run(tool: str | None, call: str) -> tuple[str, int] | None:
+            """Output and exit code of one tool over one call of the kernel (or the reference, the recording call,
+            the replay; no tool: outside the sanitizer); None on time out."""
             with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="kgate-sanitize-", delete=False) as f:
                 json.dump({**job, "call": call}, f)
             try:
                 left = deadline - time.monotonic()
-                cmd = [exe, "--tool", tool, "--error-exitcode", "86", "--print-limit", str(PRINT_LIMIT),
-                       *kgate_command("kgate.gates.bounds", f.name)]
+                sanitizer = [exe, "--tool", tool, "--error-exitcode", "86", "--print-limit", str(PRINT_LIMIT)] \
+                    if tool else []
+                cmd = [*sanitizer, *kgate_command("kgate.gates.bounds", f.name)]
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max(left, 1),
                                       cwd=str(Path(job["manifest"]).parent), stdin=subprocess.DEVNULL)
                 return proc.stdout + proc.stderr, proc.returncode
@@ -297,9 +301,17 @@ class Bounds(Gate):
             if count and tool in CODE_TOOLS:
                 # the baselines, each asked only where the ones before leave a hazard site of the kernel's unmatched
                 baselines: list[str | None] = []
+                platform: list[str] | None = None
                 for call, whose in (("reference", "the reference runs into as well"),
                                     ("replay", "torch's operators reach as well, called as the kernel called them")):
                     if deadline - time.monotonic() < 5:
+                        break
+                    if call == "replay" and not recorded:
+                        # the kernel's call once more, outside the sanitizer, its torch operators recorded: the
+                        # judged runs above stay unwatched (a dispatch mode can change what torch.compile runs)
+                        made = run(None, "record")
+                        recorded.append(made is not None and made[1] == 0)
+                    if call == "replay" and not recorded[0]:
                         break
                     baseline = run(tool, call)
                     baselines.append(baseline[0] if baseline else None)
@@ -308,8 +320,6 @@ class Bounds(Gate):
                         notes.append(f"{tool} reported {count} hazard(s), every one inside a kernel {whose} "
                                      f"({', '.join(platform[:2])}): the platform's, not the kernel's")
                         break
-                else:
-                    platform = None
                 if platform:
                     continue
             if count:
@@ -354,12 +364,12 @@ def _sanitize_main(job_path: str) -> int:
     case = Case(tuple(c["shape"]) if c["shape"] is not None else None, c["dtype"], c["seed"])
     device = torch.device(job["device"])
     args = InputFactory(source)(case, device)
-    if job.get("call") == "reference" or not job.get("ops"):
-        kernel_fn(*args)
-    else:
+    if job.get("call") == "record":  # outside the sanitizer: the torch operators the kernel's call runs
         from kgate.replay import record
 
         record(kernel_fn, args, job["ops"])
+    else:
+        kernel_fn(*args)
     synchronize(device)
     return 0
 
