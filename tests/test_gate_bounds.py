@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import textwrap
+import time
 
 import pytest
 import torch
@@ -368,3 +369,17 @@ def test_outputs_follow_the_filling_only_when_every_run_of_each_filling_agrees(s
 
     assert follows_filling(run, [("out", torch.tensor([1.0]))], [("out", torch.tensor([2.0]))]) is follows
 
+
+
+def test_a_report_left_without_baseline_time_counts(monkeypatch, tmp_path, manifest):
+    """The sanitizer budget spent by the kernel's own run: no baseline is run, and the report counts."""
+    monkeypatch.setattr(bounds_module, "SANITIZER_BUDGET_S", 5.3)
+    real_run = bounds_module.subprocess.run
+
+    def slow(*args, **kwargs):  # the tool's run takes half a second, leaving under 5 s of the budget
+        time.sleep(0.5)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(bounds_module.subprocess, "run", slow)
+    info = _sanitize_both(monkeypatch, tmp_path, manifest, _RACE_IN_CUBLAS, _RACE_IN_CUBLAS)
+    assert [e["tool"] for e in info["errors"]] == ["racecheck"], info
