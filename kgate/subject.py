@@ -401,7 +401,7 @@ class Subject:
         """The reference in the kernel's dtype on CPU copies of `args`, where the kernel runs on another device:
         None on the CPU already, for a module reference (its weights live on the device), where the host cannot
         hold it, or where the reference raises there. A reference's subnormal results may differ by device
-        (torch's CUDA float32 rms_norm backward gives 0 where its CPU path keeps the subnormal the oracle has):
+        (torch's CUDA bfloat16 cumsum gives 0 where its CPU path keeps the subnormal sum of subnormal inputs):
         the special_values gate asks it before it calls a kept subnormal a departure from the reference's flush."""
         if self.device.type == "cpu" or isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module) \
                 or not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):

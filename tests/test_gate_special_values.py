@@ -219,8 +219,8 @@ def test_a_kernel_that_keeps_subnormals_the_reference_flushes_fails():
 
 def test_a_kept_subnormal_the_reference_flushes_only_on_its_device_passes_and_a_flush_on_the_cpu_too_fails(
         monkeypatch):
-    """torch's CUDA float32 rms_norm backward gives 0 where the oracle, its CPU path and Liger's kernel keep the
-    subnormal (a field run on an H100): a 0 the reference gives on its device alone is that device's path, not
+    """torch's CUDA bfloat16 cumsum gives 0 where the oracle, its CPU path and FlagGems' kernel keep the subnormal
+    sum of subnormal inputs (a field run on an H100): a 0 the reference gives on its device alone is that device's path, not
     the op's flush. Emulated here, the kernel on the CPU: the reference flushes, its evaluation on the host
     (Subject.reference_on_cpu, asked where the kernel runs on another device) keeps the subnormal. A
     reference that flushes on the host as well keeps the contract: the kernel must flush."""

@@ -26,8 +26,8 @@ input by an ulp of its dtype (SENSITIVITY_DRAWS seeded sign draws, the largest m
 `distributions.oracle_moves`) moves the oracle by at least |oracle|, a 0 is the rounding of a computation in the
 dtype (a float16 sum whose running sums are a thousand times its result), in the reference or the kernel alike.
 Where the kernel runs on another device than the CPU, a reference's 0 is its flush only where the same reference
-in the same dtype on the CPU gives 0 too (`Subject.reference_on_cpu`): torch's CUDA float32 rms_norm backward
-gives 0 where its CPU path keeps the subnormal the oracle has, a device's path, not the op's semantics. Nor is
+in the same dtype on the CPU gives 0 too (`Subject.reference_on_cpu`): torch's CUDA bfloat16 cumsum gives 0
+where its CPU path keeps the subnormal sum of subnormal inputs, a device's path, not the op's semantics. Nor is
 it one where the reference on its bfloat16 inputs widened to float32 keeps the subnormal
 (`Subject.reference_widened`): both dtypes have the same smallest normal, so a flush gives 0 in both, and a 0 of
 the bfloat16 evaluation alone is an intermediate rounded below bfloat16's smallest subnormal (Llama's RMSNorm
@@ -436,8 +436,8 @@ class SpecialValues(Gate):
         is a rounding of the computation in the dtype (a float16 prefix sum whose running sums are a thousand
         times its result), not a flush. A reference's 0 is its flush only where the same reference in the same
         dtype on the CPU (`reference_on_cpu()`, asked where the kernel runs elsewhere) gives 0 as well: where it
-        keeps the subnormal there, the device's 0 is that device's path (torch's CUDA float32 rms_norm
-        backward), not the op's semantics, and a kernel keeping the subnormal departs from no contract. Nor where
+        keeps the subnormal there, the device's 0 is that device's path (torch's CUDA bfloat16 cumsum on
+        subnormal inputs), not the op's semantics, and a kernel keeping the subnormal departs from no contract. Nor where
         the reference on bfloat16 inputs widened to float32 (`reference_widened()`) keeps it: the two dtypes share
         the smallest normal, so a flush gives 0 in both, and a 0 of the bfloat16 evaluation alone is the rounding
         of an intermediate below bfloat16's smallest subnormal (Liger's RMSNorm backward keeps what Llama's
