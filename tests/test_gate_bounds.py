@@ -228,10 +228,13 @@ def test_a_race_report_in_a_kernel_torchs_own_operators_reach_too_is_the_platfor
     other = _RACE_IN_CUBLAS.replace("+0xa50", "+0x1f0")  # a racy kernel of its own under the library's name
     info = _sanitize_both(monkeypatch, tmp_path, manifest, other, _NO_RACE, replay_output=_RACE_IN_CUBLAS)
     assert [e["tool"] for e in info["errors"]] == ["racecheck"], info
+    assert set(info["errors"][0]["baselines"]) == {"reference", "replay"}  # kept for whoever reads the failure
+    assert "0 hazards" in info["errors"][0]["baselines"]["reference"]
     # a recording call that fails gives no replay: the report counts
     info = _sanitize_both(monkeypatch, tmp_path, manifest, _RACE_IN_CUBLAS, _NO_RACE, replay_output=_RACE_IN_CUBLAS,
                           record_exit=1)
     assert [e["tool"] for e in info["errors"]] == ["racecheck"], info
+    assert set(info["errors"][0]["baselines"]) == {"reference"}
 
 
 @pytest.mark.parametrize("case", ["reference clean", "same name other code", "own kernel", "one of them its own",

@@ -298,6 +298,7 @@ class Bounds(Gate):
             if returncode not in (0, 86) and not (match or hazards):
                 notes.append(f"{tool} could not run the kernel (exit {returncode}): {text.strip()[-300:]}")
                 continue
+            seen: dict[str, str | None] = {}  # each baseline's report (its tail, for the error's details)
             if count and tool in CODE_TOOLS:
                 # the baselines, each asked only where the ones before leave a hazard site of the kernel's unmatched
                 baselines: list[str | None] = []
@@ -315,6 +316,7 @@ class Bounds(Gate):
                         break
                     baseline = run(tool, call)
                     baselines.append(baseline[0] if baseline else None)
+                    seen[call] = baseline[0][-1500:] if baseline else None
                     platform = platform_hazards(tool, text, baselines)
                     if platform:
                         notes.append(f"{tool} reported {count} hazard(s), every one inside a kernel {whose} "
@@ -326,7 +328,7 @@ class Bounds(Gate):
                 first = next((ln.strip() for ln in text.splitlines() if ln.startswith("=========") and
                               ("Invalid" in ln or "Race" in ln or "Error" in ln or "error" in ln)), text[-300:])
                 errors.append({"tool": tool, "count": count, "first": first.strip("= ").strip(),
-                               "output": text[-4000:]})
+                               "output": text[-4000:], **({"baselines": seen} if seen else {})})
         reported = {e["tool"] for e in errors}
         clean = [t for t in ran if t not in reported]
         note = (f"compute-sanitizer: {', '.join(clean) or 'no tool'} clean"
