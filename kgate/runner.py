@@ -41,7 +41,7 @@ from kgate.gates.base import PASS, GateResult
 from kgate.manifest import LoadedManifest, ResolvedKernel
 from kgate.report import KernelResult
 from kgate.sandbox import kgate_command, python_command  # noqa: F401 (python_command: kgate.audit's)
-from kgate.shares import MEMORY_LIMIT, at_memory_limit, memory_share, out_of_gpu_memory
+from kgate.shares import MEMORY_LIMIT, at_memory_limit, memory_share, result_out_of_gpu_memory
 
 POLL_S = 0.05
 LOAD_TIMEOUT_S = 120.0  # at least this long to start a worker and import the kernel
@@ -224,9 +224,7 @@ def outgrew_share(result: GateResult) -> bool:
     the CPU). Such a result is judged again alone, with the whole GPU."""
     if result.verdict == PASS:
         return False
-    details = result.details or {}
-    texts = [result.message, details.get("traceback"), details.get("log_tail")]
-    return any(isinstance(t, str) and out_of_gpu_memory(t) for t in texts) or at_memory_limit(result.message)
+    return result_out_of_gpu_memory(result.verdict, result.message, result.details) or at_memory_limit(result.message)
 
 
 def first_try(result: GateResult, share: float | None) -> dict[str, Any]:

@@ -28,6 +28,14 @@ def out_of_gpu_memory(text: str | None) -> bool:
     return bool(text) and GPU_OOM.search(text) is not None
 
 
+def result_out_of_gpu_memory(verdict: str | None, message: str | None, details: dict | None) -> bool:
+    """Whether a gate's result, a verdict other than pass, says the GPU ran out of memory: its message, its
+    traceback or its worker's log tail (`details`)."""
+    details = details or {}
+    return verdict != "pass" and any(isinstance(text, str) and out_of_gpu_memory(text)
+                                     for text in (message, details.get("traceback"), details.get("log_tail")))
+
+
 def at_memory_limit(text: str | None) -> bool:
     """Whether `text` says the GPU ran out of memory or the worker passed kgate's host memory limit: on a
     shared GPU, most often a share too small (a float64 oracle that did not fit moves to the host)."""

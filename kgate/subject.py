@@ -403,15 +403,9 @@ class Subject:
         hold it, or where the reference raises there. A reference's subnormal results may differ by device
         (torch's CUDA bfloat16 cumsum gives 0 where its CPU path keeps the subnormal sum of subnormal inputs):
         the special_values gate asks it before it calls a kept subnormal a departure from the reference's flush."""
-        if self.device.type == "cpu" or isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module) \
-                or not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
+        if self.device.type == "cpu" or not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
             return None
-        try:
-            with torch.no_grad():
-                out = self.reference_fn(*map_tensors(args, lambda t: t.detach().cpu()))
-        except Exception:  # noqa: BLE001 - a reference that runs on its own device only: no CPU evaluation
-            return None
-        return map_tensors(out, lambda t: t.detach())
+        return self._reference_on(args, lambda t: t.detach().cpu())
 
     def reference_widened(self, args: tuple) -> Any | None:
         """The reference on `args` with its bfloat16 tensors widened to float32, on the kernel's device: None where
@@ -420,14 +414,19 @@ class Subject:
         results gives 0 in both; a 0 that only the bfloat16 evaluation gives is the rounding of its 8-bit
         mantissa in an intermediate (a product below bfloat16's smallest subnormal), not a flush. The
         special_values gate asks it before it calls a kept subnormal a departure from the reference's flush."""
-        if not any(t.dtype == torch.bfloat16 for t in tensors(args)) \
-                or isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module):
+        if not any(t.dtype == torch.bfloat16 for t in tensors(args)):
+            return None
+        return self._reference_on(args, lambda t: t.detach().float() if t.dtype == torch.bfloat16 else t.detach())
+
+    def _reference_on(self, args: tuple, convert: Callable[[torch.Tensor], torch.Tensor]) -> Any | None:
+        """The reference (no grad) on `args` with every tensor converted by `convert`: None for a module reference
+        (its weights keep their device and dtype) or where the reference raises on the converted arguments."""
+        if isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module):
             return None
         try:
             with torch.no_grad():
-                out = self.reference_fn(*map_tensors(
-                    args, lambda t: t.detach().float() if t.dtype == torch.bfloat16 else t.detach()))
-        except Exception:  # noqa: BLE001 - a reference that takes bfloat16 only: no widened evaluation
+                out = self.reference_fn(*map_tensors(args, convert))
+        except Exception:  # noqa: BLE001 - a reference that runs on its own device or dtype only: no evaluation
             return None
         return map_tensors(out, lambda t: t.detach())
 

@@ -229,6 +229,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     from kgate import gates as registry
     from kgate import subject as subject_module
     from kgate.faults import context_lost, fault_message
+    from kgate.shares import result_out_of_gpu_memory
 
     backward: list[Any] = [None]  # the gradients' subject, made when a backward gate first asks for it
     for name in names:
@@ -237,7 +238,8 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
         start = _clock()
 
         result, lost, role, reference_fault = _attempt(gate, name, subject, backward, memory, timeout)
-        if lost is None and ran_out_of_gpu_memory(result) and release_caches(subject, backward[0]):
+        out_of_memory = result_out_of_gpu_memory(result.get("verdict"), result.get("message"), result.get("details"))
+        if lost is None and out_of_memory and release_caches(subject, backward[0]):
             # kgate's own caches (the baselines of recent cases: inputs, reference outputs and float64 oracles)
             # may be what left the kernel too little of the worker's share: freed, the gate is judged once more
             first = _summary(result)
@@ -316,16 +318,6 @@ def _attempt(gate: Any, name: str, subject: Any, backward: list[Any], memory: in
     return result, lost, role, reference_fault
 
 
-def ran_out_of_gpu_memory(result: dict[str, Any]) -> bool:
-    """Whether a gate's result (not a pass) says the GPU ran out of memory (its message or traceback)."""
-    from kgate.shares import out_of_gpu_memory
-
-    details = result.get("details") or {}
-    return result.get("verdict") != "pass" and any(
-        out_of_gpu_memory(text) for text in (result.get("message"), details.get("traceback"))
-        if isinstance(text, str))
-
-
 def release_caches(*subjects: Any) -> bool:
     """Free what kgate keeps between gates on `subjects` (their cached baselines) and return the caching
     allocator's unused blocks to the device; whether anything was held."""
@@ -336,18 +328,12 @@ def release_caches(*subjects: Any) -> bool:
         if subject is not None:
             held = subject.release_caches() or held
     if held:
-        gc.collect()
-        if torch_cuda_available():
-            import torch
+        import torch
 
+        gc.collect()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.empty_cache()
     return held
-
-
-def torch_cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def _summary(result: dict[str, Any]) -> dict[str, Any]:

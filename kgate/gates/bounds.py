@@ -258,7 +258,6 @@ class Bounds(Gate):
         job = {"manifest": str(Path(manifest).resolve()), "kernel": subject.name, "device": str(subject.device),
                "case": case.to_json(), "ops": ops}
         errors, ran, notes = [], [], []
-        recorded: list[bool] = []  # whether the recording call ran (once, the first time a replay is asked)
         deadline = time.monotonic() + SANITIZER_BUDGET_S
         from kgate.sandbox import kgate_command
 
@@ -279,6 +278,14 @@ class Bounds(Gate):
                 return None
             finally:
                 os.unlink(f.name)
+
+        @functools.cache
+        def recorded() -> bool:
+            """Whether the recording call ran: the kernel's call once more, outside the sanitizer, its torch
+            operators recorded (once, the first time a replay is asked). The judged runs stay unwatched: a
+            dispatch mode can change what torch.compile runs."""
+            made = run(None, "record")
+            return made is not None and made[1] == 0
 
         for tool in tools:
             left = deadline - time.monotonic()
@@ -307,12 +314,7 @@ class Bounds(Gate):
                                     ("replay", "torch's operators reach as well, called as the kernel called them")):
                     if deadline - time.monotonic() < 5:
                         break
-                    if call == "replay" and not recorded:
-                        # the kernel's call once more, outside the sanitizer, its torch operators recorded: the
-                        # judged runs above stay unwatched (a dispatch mode can change what torch.compile runs)
-                        made = run(None, "record")
-                        recorded.append(made is not None and made[1] == 0)
-                    if call == "replay" and not recorded[0]:
+                    if call == "replay" and not recorded():
                         break
                     baseline = run(tool, call)
                     baselines.append(baseline[0] if baseline else None)

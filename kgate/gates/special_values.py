@@ -78,6 +78,7 @@ import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -332,15 +333,16 @@ class SpecialValues(Gate):
         # asked only for a subnormal finding
         moves = functools.cache(lambda: oracle_moves(subject, probe, oracle, draws=SENSITIVITY_DRAWS))
 
-        @functools.cache
-        def cpu_reference() -> dict:  # the reference in the dtype on the host, by output path
-            on_host = subject.reference_on_cpu(clone_tree(probe))
-            return dict(flatten(on_host)) if on_host is not None else {}
+        def by_path(evaluate: Callable[[tuple], Any]) -> Callable[[], dict]:
+            """Another evaluation of the reference on the probe, by output path, made once when first asked."""
+            @functools.cache
+            def outputs() -> dict:
+                out = evaluate(clone_tree(probe))
+                return dict(flatten(out)) if out is not None else {}
+            return outputs
 
-        @functools.cache
-        def widened_reference() -> dict:  # the reference on bfloat16 inputs widened to float32, by output path
-            widened = subject.reference_widened(clone_tree(probe))
-            return dict(flatten(widened)) if widened is not None else {}
+        # the reference in the dtype on the host; on bfloat16 inputs widened to float32
+        cpu_reference, widened_reference = by_path(subject.reference_on_cpu), by_path(subject.reference_widened)
 
         out = subject.run_kernel(clone_tree(probe))
         if structure(out) != structure(oracle):
