@@ -306,6 +306,51 @@ def test_a_bfloat16_reference_zero_that_float32_keeps_is_rounding_not_a_flush(mo
     assert flushed.verdict == "fail" and "the kernel keeps a subnormal" in flushed.message, flushed.message
 
 
+def _underflowing_product(a, b):
+    """a * b through an intermediate that float16 quantises in its subnormal range: on inputs scaled so that
+    products are subnormal (peak 7e-3), b / 512 is a float16 subnormal and a * (b / 512) rounds to a multiple of
+    its smallest subnormal (6e-8), 0 for some elements, before the scaling by 512 brings it back to the oracle's
+    clearly subnormal a * b (as the float16 `dy * weight` of Llama's RMSNorm backward before rstd)."""
+    return (a * (b / 512)) * 512
+
+
+def _product_in_float32(a, b):
+    return (a.float() * b.float()).to(a.dtype)
+
+
+def _f16_pair(seed, shape=None, dtype=torch.float16):
+    """Two inputs that peak at the same elements (products near the top of float16's subnormal range)."""
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(8, 256, generator=gen, dtype=torch.float64)
+    return a.to(dtype), (a * (1 + 0.01 * torch.randn(8, 256, generator=gen, dtype=torch.float64))).to(dtype)
+
+
+def test_a_reference_that_keeps_subnormal_results_does_not_flush_its_zeros():
+    """The float16 reference gives 0 for some clearly subnormal results (an intermediate rounded in float16's
+    subnormal range) and keeps the others: a reference that keeps subnormal results of an output does not flush,
+    so a kernel keeping every one passes. The premise (the reference's zeros where the oracle is clearly
+    subnormal, beside kept ones) is checked on the probe's scaling; a reference that flushes every subnormal
+    result fails the same kernel."""
+    import math
+
+    tiny = torch.finfo(torch.float16).tiny
+    a, b = (t.double() / t.double().abs().max() * math.sqrt(tiny) * 0.9 for t in _f16_pair(0))
+    a, b = a.half(), b.half()
+    oracle, ref = (a.double() * b.double()).half(), _underflowing_product(a, b)
+    clearly = (oracle.abs() >= tiny / 16) & (oracle.abs() < tiny)
+    assert (clearly & (ref == 0)).any() and (clearly & (ref != 0) & (ref.abs() < tiny)).any()
+
+    result = check("special_values", _product_in_float32, _underflowing_product, _f16_pair, dtypes=["float16"])
+    assert result.verdict == "pass", result.message
+
+    def flushing(a, b):  # an FTZ reference: every subnormal result is 0
+        out = _underflowing_product(a, b)
+        return torch.where(out.abs() < torch.finfo(out.dtype).tiny, torch.zeros_like(out), out)
+
+    flushed = check("special_values", _product_in_float32, flushing, _f16_pair, dtypes=["float16"])
+    assert flushed.verdict == "fail" and "the kernel keeps a subnormal" in flushed.message, flushed.message
+
+
 def test_the_widened_reference_is_asked_only_for_bfloat16_arguments():
     subject = subject_for(_scaled_product, _scaled_product, _bf16_pair, dtypes=["float32"])
     assert subject.reference_widened(subject.inputs(subject.cases[0])) is None
