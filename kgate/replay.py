@@ -26,7 +26,10 @@ from typing import Any
 import torch
 
 MAX_OPS = 2000  # distinct operator calls kept; a longer record keeps its first ones
-_PRECISION_FLAGS = ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction")
+# torch.backends.cuda.matmul's settings that choose among cuBLAS's kernels (the isolation gate reads them too);
+# a torch without one lacks the attribute
+MATMUL_SETTINGS = ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+                   "allow_fp16_accumulation", "fp32_precision")
 
 
 class Unrecordable(Exception):
@@ -94,23 +97,35 @@ def record(fn: Any, args: tuple, path: str | Path, device_type: str = "cuda") ->
 
 
 def settings() -> dict[str, Any]:
-    """The matmul precision settings that choose among cuBLAS's kernels."""
+    """The matmul precision settings that choose among cuBLAS's kernels (a setting torch refuses to read, as when
+    the legacy and the fp32_precision APIs were mixed, is left out)."""
     matmul = torch.backends.cuda.matmul
-    return {"float32_matmul_precision": torch.get_float32_matmul_precision(),
-            **{flag: bool(getattr(matmul, flag)) for flag in _PRECISION_FLAGS if hasattr(matmul, flag)},
-            "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+    found: dict[str, Any] = {"float32_matmul_precision": torch.get_float32_matmul_precision(),
+                             "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32)}
+    for name in MATMUL_SETTINGS:
+        try:
+            value = getattr(matmul, name)
+        except (AttributeError, RuntimeError):
+            continue
+        if isinstance(value, (bool, str)):
+            found[name] = value
+    return found
 
 
 def _apply(recorded: dict[str, Any]) -> None:
+    """Set what `settings` recorded; a value this torch does not take is left at its default."""
     matmul = torch.backends.cuda.matmul
     if isinstance(recorded.get("float32_matmul_precision"), str):
         try:
             torch.set_float32_matmul_precision(recorded["float32_matmul_precision"])
         except (RuntimeError, ValueError):
             pass
-    for flag in _PRECISION_FLAGS:
-        if isinstance(recorded.get(flag), bool) and hasattr(matmul, flag):
-            setattr(matmul, flag, recorded[flag])
+    for name in MATMUL_SETTINGS:
+        if isinstance(recorded.get(name), (bool, str)) and hasattr(matmul, name):
+            try:
+                setattr(matmul, name, recorded[name])
+            except (AttributeError, RuntimeError, TypeError, ValueError):
+                pass
     if isinstance(recorded.get("cudnn_allow_tf32"), bool):
         torch.backends.cudnn.allow_tf32 = recorded["cudnn_allow_tf32"]
 

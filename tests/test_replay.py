@@ -93,3 +93,20 @@ def test_expanded_and_offset_views_and_integer_indices_replay():
     assert empty.shape == (0, 3)
     assert replay.decode([{"float": "inf"}, {"dtype": "bfloat16"}, {"enum": "contiguous_format"}]) == \
         [float("inf"), torch.bfloat16, torch.contiguous_format]
+
+
+def test_the_matmul_settings_the_isolation_gate_reads_are_recorded_and_set_again():
+    from kgate.replay import MATMUL_SETTINGS, _apply, settings
+
+    matmul = torch.backends.cuda.matmul
+    before = settings()
+    present = [name for name in MATMUL_SETTINGS if name in before]
+    assert "allow_tf32" in present and "allow_fp16_reduced_precision_reduction" in present
+    flipped = dict(before, allow_fp16_reduced_precision_reduction=not before["allow_fp16_reduced_precision_reduction"])
+    try:
+        _apply(flipped)
+        assert matmul.allow_fp16_reduced_precision_reduction is flipped["allow_fp16_reduced_precision_reduction"]
+        assert settings()["allow_fp16_reduced_precision_reduction"] is flipped["allow_fp16_reduced_precision_reduction"]
+    finally:
+        _apply(before)
+    assert settings() == before

@@ -46,6 +46,7 @@ from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
 from kgate.oracle import LeafError, measure
+from kgate.replay import MATMUL_SETTINGS
 from kgate.subject import Baseline, ModuleState, Subject, UserCodeError, synchronize, unless_rejected
 
 JOIN_S = 2.0  # how long to wait for threads the kernel started
@@ -98,8 +99,7 @@ def _flag_getters() -> dict[str, Any]:
         "torch.backends.mkldnn.enabled": lambda: torch.backends.mkldnn.enabled,
         "torch.backends.cuda.preferred_linalg_library()": cuda.preferred_linalg_library,
     }
-    for name in ("allow_tf32", "allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
-                 "allow_fp16_accumulation", "fp32_precision"):
+    for name in MATMUL_SETTINGS:
         getters[f"torch.backends.cuda.matmul.{name}"] = lambda name=name: getattr(cuda.matmul, name)
     for name in ("flash_sdp_enabled", "mem_efficient_sdp_enabled", "math_sdp_enabled", "cudnn_sdp_enabled",
                  "fp16_bf16_reduction_math_sdp_allowed"):
