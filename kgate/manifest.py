@@ -536,9 +536,14 @@ class ResolvedKernel:
         return {f.resolve() for f in files if f is not None}
 
     def digest(self) -> str:
-        """What a result of this kernel was judged on: the manifest's text and the kernel's, reference's and
-        inputs' files (kgate run --resume keeps only results recorded under the same digest)."""
-        h = hashlib.sha256(self.manifest.path.read_bytes() if self.manifest.path.exists() else b"")
+        """What a result of this kernel was judged on: its own entry and the manifest's defaults as kgate read
+        them (not the text around them: another entry's change, a comment, or an anchor no entry of this kernel
+        merges leaves it), the manifest's folder, and the kernel's, reference's and inputs' files (kgate run
+        --resume keeps only results recorded under the same digest)."""
+        settings = {"version": self.manifest.model.version, "base": str(self.manifest.base),
+                    "defaults": self.manifest.model.defaults.model_dump(mode="json"),
+                    "entry": self.entry.model_dump(mode="json")}
+        h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
         for path in sorted(self.source_files()):
             h.update(str(path).encode() + b"\0")
             try:

@@ -153,7 +153,7 @@ def read_judged(text: str, digests: dict[str, str] | None = None,
     """kernel -> gate -> result, from the text of a results.jsonl an earlier run streamed (the last line a
     kill tore, and the results that judged nothing (`UNJUDGED`), left out; a later line wins), and how many
     results were left out because they were judged on something else: with `digests` (kernel -> its
-    ResolvedKernel.digest()), a result recorded under another manifest text or other kernel files, or
+    ResolvedKernel.digest()), a result recorded under another kernel entry, other defaults or other kernel files, or
     without a digest, is not kept. `held` collects the gates whose last line is a HELD marker (kernel ->
     gate -> the marker)."""
     judged: dict[str, dict[str, GateResult]] = {}

@@ -630,3 +630,29 @@ def test_kgate_run_and_kgate_audit_check_the_cuda_device_in_one_place(monkeypatc
         runner.resolve_device("cudax")
     with pytest.raises(UsageError, match="use auto, cpu, cuda or cuda:N"):
         make_plan("gpu", None, 1)
+
+
+def test_a_kernels_digest_follows_its_own_entry_and_the_defaults_not_the_rest_of_the_manifest(tmp_path):
+    """--resume's digest: editing another kernel's entry or a comment keeps a kernel's results; editing its own
+    entry, or the defaults every entry takes, makes them stale."""
+    (tmp_path / "k.py").write_text("def f(x):\n    return x\n")
+    text = ("version: 1\ndefaults:\n  dtypes: [float32]\nkernels:\n"
+            "  - name: a\n    kernel: k.py:f\n    reference: k.py:f\n    shapes: [[4]]\n"
+            "  - name: b\n    kernel: k.py:f\n    reference: k.py:f\n    shapes: [[4]]\n")
+    path = tmp_path / "kgate.yaml"
+
+    def digests(manifest_text: str) -> dict[str, str]:
+        path.write_text(manifest_text)
+        manifest = load(path)
+        return {k.name: k.digest() for k in manifest.kernels}
+
+    first = digests(text)
+    assert first["a"] != first["b"]
+    other = digests(text.replace("    shapes: [[4]]\n", "    shapes: [[4]]\n    seeds: [3]\n", 2)
+                    .replace("    shapes: [[4]]\n    seeds: [3]\n", "    shapes: [[4]]\n", 1))
+    assert other["a"] == first["a"] and other["b"] != first["b"]  # only b's entry changed
+    assert digests("# a comment\n" + text) == first
+    defaults = digests(text.replace("dtypes: [float32]", "dtypes: [float32, float64]"))
+    assert defaults["a"] != first["a"] and defaults["b"] != first["b"]
+    (tmp_path / "k.py").write_text("def f(x):\n    return x + 0\n")
+    assert digests(text)["a"] != first["a"]  # the kernel's file
