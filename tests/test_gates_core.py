@@ -183,6 +183,32 @@ def test_determinism_fails_only_what_the_reference_holds():
     assert blamed.verdict == "fail" and "the reference called the same way is bitwise equal" in blamed.message
 
 
+class _NowAndThen:
+    """A cumsum whose last element moves by one ulp on every 7th call of the process (one counter for kernel and
+    reference, both this code): an operator that differs only now and then, as torch's CUDA cumsum, whose scan
+    combines the blocks' partial sums in the order they finish."""
+    calls = 0
+
+    def __call__(self, x):
+        _NowAndThen.calls += 1
+        out = x.cumsum(-1)
+        if _NowAndThen.calls % 7 == 0:
+            out[..., -1] = torch.nextafter(out[..., -1], torch.tensor(float("inf"), dtype=out.dtype))
+        return out
+
+
+def test_determinism_gives_a_reference_that_differs_now_and_then_rounds_to_show_it():
+    """The kernel is the reference's own code: where the kernel's calls differ and the reference's first round of
+    calls happens not to, the reference gets more rounds and shows the same differences (skip, not fail). Beside
+    a deterministic reference the same kernel fails, naming the reference's calls."""
+    for start in range(7):  # wherever the kernel's difference falls in the reference's calls
+        _NowAndThen.calls = start
+        result = check("determinism", _NowAndThen(), _NowAndThen(), rows, shapes=[[3, 64]])
+        assert result.verdict != "fail", (start, result.message)
+    blamed = check("determinism", _NowAndThen(), lambda x: x.cumsum(-1), rows, shapes=[[3, 64]])
+    assert blamed.verdict == "fail" and "bitwise equal (30 calls, 10 round(s) of 3)" in blamed.message, blamed.message
+
+
 def test_determinism_fails_a_result_that_follows_generators_seeded_alike_on_every_call():
     """As a KernelBench pair's models are called (kgate.oracle.seeded: the same seed on every call), a random
     completion order repeats from call to call; at other generator states it does not, and the reference's
