@@ -1,5 +1,8 @@
 """The machine a GPU benchmark ran on, for its record's environment.txt: the time (UTC), the GPU and driver
-(nvidia-smi), the installed version of each named distribution, and the kgate commit.
+(nvidia-smi), the installed version of each named distribution, and which kgate: the checkout's commit (and
+whether its kgate/ differs from that commit: a copied working tree may carry older git metadata) and the
+digest of the source of the kgate Python imports (the `kgate.source` of an audit's records), which tells
+the code that ran whatever the git metadata says.
 
     python bench/environment.py torch triton fla-core ...
 """
@@ -34,7 +37,17 @@ def describe(distributions: list[str]) -> list[str]:
             lines.append(f"{name} {metadata.version(name)}")
         except metadata.PackageNotFoundError:
             lines.append(f"{name} not installed")
-    lines.append(f"kgate {_run(['git', 'rev-parse', '--short', 'HEAD']) or '(not a git checkout)'}")
+    commit = _run(["git", "rev-parse", "--short", "HEAD"])
+    changed = _run(["git", "status", "--porcelain", "--", "kgate"]) if commit else None
+    try:
+        from kgate.audit.evaluate import kgate_stamp
+
+        stamp = kgate_stamp()
+        source = f"; imported kgate {stamp['version']}, source digest {stamp['source']}"
+    except Exception as exc:  # noqa: BLE001 - the description goes on without it
+        source = f"; kgate not importable ({type(exc).__name__})"
+    lines.append(f"kgate {commit or '(not a git checkout)'}"
+                 + (" (the checkout's kgate/ differs from that commit)" if changed else "") + source)
     return lines
 
 

@@ -268,3 +268,14 @@ def test_the_schedule_replay_gives_each_retry_policy_its_hand_computed_wall(tmp_
     out = capsys.readouterr().out
     assert "6 record(s), 4 judges, 1 outgrew" in out and "| given | 50.0 | 40.0 | 33.0 |" in out
     assert "| best |" in out and "| longest |" not in out  # no problem file to count here
+
+
+def test_the_environment_names_the_imported_kgates_source_beside_the_commit():
+    """environment.txt's kgate line: the checkout's commit, and the digest of the kgate that is imported (the one
+    an audit's records carry), which tells the code that ran where the git metadata is stale."""
+    from kgate.audit.evaluate import kgate_stamp
+
+    environment = _load("environment")
+    [line] = [x for x in environment.describe(["torch"]) if x.startswith("kgate ")]
+    assert f"source digest {kgate_stamp()['source']}" in line
+    assert any(x.startswith("torch ") for x in environment.describe(["torch"]))
