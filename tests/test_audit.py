@@ -1966,3 +1966,23 @@ def test_an_audit_worker_forked_from_its_template_loads_a_problem_without_import
     new = json.loads(done.stdout.strip().splitlines()[-1])
     assert not [m for m in new if m.split(".")[0] in ("sympy", "mpmath") or m.startswith("torch.fx")], new
     assert len(new) <= 5, new
+
+
+def test_kgates_source_digest_is_the_same_for_a_checkout_and_a_wheel_that_carries_the_catalogue(tmp_path):
+    """A wheel carries the control catalogue as kgate/catalogue; the digest a record names covers kgate's own
+    code only, so one commit gives one digest installed or checked out; a change to a gate's file changes it."""
+    import shutil
+
+    from kgate.audit.evaluate import kgate_stamp, package_digest
+
+    checkout = ROOT / "kgate"
+    assert package_digest(checkout) == kgate_stamp()["source"]
+    wheel = tmp_path / "kgate"
+    shutil.copytree(checkout, wheel, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "gates" / "oracle", wheel / "catalogue" / "oracle",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.md"))
+    assert any((wheel / "catalogue").rglob("*.py"))
+    assert package_digest(wheel) == package_digest(checkout)
+    gate = wheel / "gates" / "oracle.py"
+    gate.write_text(gate.read_text() + "\n# changed\n")
+    assert package_digest(wheel) != package_digest(checkout)

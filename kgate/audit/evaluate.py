@@ -282,13 +282,18 @@ def pair_digest(pair: Pair) -> str:
 
 @functools.cache
 def kgate_stamp() -> dict[str, str]:
-    """Which kgate judged a record: its version and a digest of its own source files (the gates' code),
-    so that a report joined from several runs (--resume across sessions) can say whether every record
-    comes from the same kgate."""
+    """Which kgate judged a record: its version and a digest of its own source files (the gates' code,
+    not the control catalogue an installed kgate carries in `kgate/catalogue`: a checkout and a wheel of
+    one commit give one digest), so that a report joined from several runs (--resume across sessions) can say
+    whether every record comes from the same kgate."""
     import kgate
 
-    root = Path(kgate.__file__).resolve().parent
-    return {"version": kgate.__version__, "source": source_digest(*sorted(root.rglob("*.py")))}
+    return {"version": kgate.__version__, "source": package_digest(Path(kgate.__file__).resolve().parent)}
+
+
+def package_digest(root: Path) -> str:
+    """The digest of the Python files under `root`, a kgate package, less its `catalogue` folder."""
+    return source_digest(*sorted(p for p in root.rglob("*.py") if p.relative_to(root).parts[0] != "catalogue"))
 
 
 def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_fraction: float | None = None,
