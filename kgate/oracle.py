@@ -571,10 +571,36 @@ def seeded(seed: int | None) -> Iterator[None]:
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
         torch.manual_seed(seed + _SEED_SHIFT.get())
+        watch = _SEEDED_DRAWS.get()
+        start = _torch_generators(cuda) if watch is not None else None
         yield
+        if watch is not None:
+            end = _torch_generators(cuda)
+            watch.update(name for name, state in start.items() if not torch.equal(state, end[name]))
 
 
 _SEED_SHIFT: contextvars.ContextVar[int] = contextvars.ContextVar("kgate_seed_shift", default=0)
+# While set (`seeded_draws`): the torch generators a call under `seeded` drew from, which fork_rng hides after it
+_SEEDED_DRAWS: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("kgate_seeded_draws", default=None)
+
+
+def _torch_generators(cuda: bool) -> dict[str, torch.Tensor]:
+    states = {"torch's CPU generator": torch.get_rng_state()}
+    if cuda:
+        states[f"torch's generator of cuda:{torch.cuda.current_device()}"] = torch.cuda.get_rng_state()
+    return states
+
+
+@contextlib.contextmanager
+def seeded_draws() -> Iterator[set[str]]:
+    """The names of torch's generators that calls under `seeded` inside drew from (each such call seeds them and
+    puts their state back after, so the draws do not show outside)."""
+    found: set[str] = set()
+    token = _SEEDED_DRAWS.set(found)
+    try:
+        yield found
+    finally:
+        _SEEDED_DRAWS.reset(token)
 
 
 @contextlib.contextmanager

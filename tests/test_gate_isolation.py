@@ -518,3 +518,67 @@ def test_a_kernel_already_off_before_the_change_is_not_called_stale():
     assert check("oracle", sum_to_hundreds, lambda x: x.sum(), make, dtypes=["float16"]).verdict == "fail"
     result = check("isolation", sum_to_hundreds, lambda x: x.sum(), make, dtypes=["float16"])
     assert result.verdict == "pass", result.message
+
+
+# --- random generators ----------------------------------------------------------------------------------------
+
+def _softmax_rows_in_random_order(x):
+    """Right values whatever the order; the order drawn from torch's global generator."""
+    order = torch.randperm(x.shape[0])
+    out = torch.empty_like(x)
+    out[order] = torch.softmax(x[order], dim=-1)
+    return out
+
+
+def _softmax_sampled_telemetry(x):
+    """Right values; Python's global random decides whether to log (it draws on every call)."""
+    import random
+
+    if random.random() < 0.01:
+        pass  # (a log line would go here)
+    return torch.softmax(x, dim=-1)
+
+
+def test_a_kernel_drawing_from_a_global_generator_the_reference_leaves_alone_fails():
+    """Values right and bitwise deterministic, but the caller's random stream moved on: isolation fails, naming the
+    generator."""
+    softmax = lambda x: torch.softmax(x, dim=-1)  # noqa: E731
+    for kernel, name in ((_softmax_rows_in_random_order, "torch's CPU generator"),
+                         (_softmax_sampled_telemetry, "Python's random module")):
+        result = check("isolation", kernel, softmax, rows)
+        assert result.verdict == "fail" and f"the kernel draws from {name}" in result.message, result.message
+        assert check("determinism", kernel, softmax, rows).verdict == "pass"
+
+
+def test_the_random_streams_probe_puts_the_generators_back():
+    import random
+
+    from kgate.gates.isolation import RandomStreams
+
+    streams = RandomStreams(torch.device("cpu"))
+    saved = streams.take()
+    torch.rand(3)
+    random.random()
+    moved = streams.take()
+    assert not all(streams.same(moved[k], saved[k]) for k in saved)
+    streams.put(saved)
+    assert all(streams.same(streams.take()[k], saved[k]) for k in saved)
+
+
+def test_a_private_generator_or_a_reference_that_draws_too_passes():
+    """A generator of the kernel's own leaves the caller's streams alone; where the reference draws from the global
+    generator itself (dropout in training), the kernel may too."""
+    private = torch.Generator().manual_seed(0)
+
+    def rows_in_private_order(x):
+        order = torch.randperm(x.shape[0], generator=private)
+        out = torch.empty_like(x)
+        out[order] = torch.softmax(x[order], dim=-1)
+        return out
+
+    def drawing_reference(x):
+        torch.rand(1)  # draws, as the kernel does
+        return torch.softmax(x, dim=-1)
+
+    assert check("isolation", rows_in_private_order, lambda x: torch.softmax(x, dim=-1), rows).verdict == "pass"
+    assert check("isolation", _softmax_rows_in_random_order, drawing_reference, rows).verdict == "pass"

@@ -324,6 +324,24 @@ def show_global_state(name, spec):
     return f"process-wide state changed and left changed: {changed}" if changed else None
 
 
+def show_random_stream(name, spec):
+    """From the same seeds, what the program draws after a call of the reference and after one of the candidate."""
+    import random
+
+    _, reference, candidate = load(name)
+    inputs = demo_inputs(name)
+
+    def draws_after(model):
+        torch.manual_seed(1234)
+        random.seed(1234)
+        call(model, inputs)
+        return torch.rand(4).tolist(), random.random()
+
+    before, after = draws_after(reference), draws_after(candidate)
+    return f"the numbers drawn after the call: {before} after the reference, {after} after the candidate" \
+        if before != after else None
+
+
 def show_patched(name, spec):
     _, reference, init_inputs = load_reference(name)
     inputs = demo_inputs(name)
@@ -351,7 +369,8 @@ def show_raises(name, spec):
 SHOW = {"values": show_values, "aliases": show_aliases, "nondeterministic": show_nondeterministic,
         "input_changed": show_input_changed, "poisoned": show_poisoned, "memo": show_memo,
         "stale_params": show_stale_params, "after_return": show_after_return, "reused": show_reused,
-        "contiguity": show_contiguity, "global_state": show_global_state, "patched": show_patched,
+        "contiguity": show_contiguity, "global_state": show_global_state, "random_stream": show_random_stream,
+        "patched": show_patched,
         "raises": show_raises}
 
 

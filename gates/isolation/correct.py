@@ -100,3 +100,16 @@ def sum_rounded_toward_zero(x):
     out = total.to(x.dtype)
     away = torch.isfinite(out) & (out.float().abs() > total.abs())
     return torch.where(away, torch.nextafter(out, torch.zeros_like(out)), out)
+
+
+_ORDER = torch.Generator().manual_seed(0)
+
+
+def softmax_private_generator(x):
+    """Rows handed out in a random order drawn from a generator of its own: the caller's random streams are
+    left alone."""
+    rows = x.reshape(-1, x.shape[-1])
+    order = torch.randperm(rows.shape[0], generator=_ORDER).to(x.device)
+    out = torch.empty_like(rows)
+    out[order] = softmax_stable(rows[order])
+    return out.reshape(x.shape)

@@ -122,3 +122,14 @@ def softmax_memo_sampled(x):
         _SAMPLED.clear()
         _SAMPLED[key] = softmax_stable(x)
     return _SAMPLED[key]
+
+
+def softmax_random_row_order(x):
+    """Rows handed out in a random order each call (load balancing across workers): each row's softmax is the
+    same whatever the order, but the order comes from torch's global generator, so every random number the
+    caller draws afterwards changes."""
+    rows = x.reshape(-1, x.shape[-1])
+    order = torch.randperm(rows.shape[0], device=x.device)
+    out = torch.empty_like(rows)
+    out[order] = softmax_stable(rows[order])
+    return out.reshape(x.shape)

@@ -1,5 +1,5 @@
 """isolation: the kernel computes its answer now, from its inputs, and touches nothing else.
-Tolerance-free. Seven probes:
+Tolerance-free. Eight probes:
 
 - plain results: every output is a plain, strided, materialized `torch.Tensor` (no subclass, no
   lazy wrapper, no meta tensor, no pending conjugate/negative bit);
@@ -19,6 +19,10 @@ Tolerance-free. Seven probes:
 - no patching: the callables of torch (functions, Tensor methods), of kgate, of time, of builtins and
   of the reference's module (and its code objects) are the same objects after the calls as before the
   kernel's module was imported (or, in-process, before this gate's calls);
+- random generators left alone: from the same states, a generator the reference's call leaves as it was
+  (torch's CPU generator, the kernel's CUDA device's, Python's `random`, numpy's global one) the kernel's call
+  must leave as it was too (`RandomStreams`): a kernel that draws from it changes every random number its
+  caller draws afterwards;
 - process state unchanged: torch's numerics switches, grad/autocast modes, default dtype and device,
   thread count and the floating-point environment's flush-to-zero/denormals-are-zero modes (`_flags`)
   are as they were at the same moment, after this gate's calls and one more on the inputs in float64
@@ -30,6 +34,8 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import pickle
+import random
 import sys
 import threading
 import time
@@ -45,7 +51,7 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of, overl
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
-from kgate.oracle import LeafError, measure
+from kgate.oracle import LeafError, measure, seeded_draws
 from kgate.replay import MATMUL_SETTINGS
 from kgate.subject import Baseline, ModuleState, Subject, UserCodeError, synchronize, unless_rejected
 
@@ -77,6 +83,42 @@ def floating_point_environment() -> dict[str, bool]:
     subnormal = 5e-324
     return {"flush-to-zero (subnormal results become 0)": smallest_normal / 4.0 == 0.0,
             "denormals-are-zero (subnormal operands read as 0)": subnormal * 2.0 ** 60 == 0.0}
+
+
+class RandomStreams:
+    """The process's global random generators, whose stream a caller's later draws continue: torch's CPU
+    generator, torch's generator of the kernel's CUDA device, Python's `random` and, where imported, numpy's
+    global generator. `take` reads their states, `put` sets them back."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def take(self) -> dict[str, Any]:
+        states: dict[str, Any] = {"torch's CPU generator": torch.get_rng_state(),
+                                  "Python's random module": random.getstate()}
+        if self.device.type == "cuda":
+            states[f"torch's generator of {self.device}"] = torch.cuda.get_rng_state(self.device)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            states["numpy's global generator"] = numpy.random.get_state()
+        return states
+
+    def put(self, states: dict[str, Any]) -> None:
+        for name, state in states.items():
+            if name == "torch's CPU generator":
+                torch.set_rng_state(state)
+            elif name == "Python's random module":
+                random.setstate(state)
+            elif name == "numpy's global generator":
+                sys.modules["numpy"].random.set_state(state)
+            else:
+                torch.cuda.set_rng_state(state, self.device)
+
+    @staticmethod
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            return torch.equal(a, b)
+        return pickle.dumps(a) == pickle.dumps(b)
 
 
 def _flag_getters() -> dict[str, Any]:
@@ -468,6 +510,9 @@ class Isolation(Gate):
                 result, parameters = self.parameters(subject, cases[0])
                 if result is not None:
                     return result
+                result = self.random_streams(subject, cases[0])
+                if result is not None:
+                    return result
                 self.call_in_float64(subject, cases[0])
         finally:
             patched = before.changes(Snapshot.take(subject.raw_reference_fn))
@@ -480,7 +525,8 @@ class Isolation(Gate):
             "memoization not probed (inputs of another seed differ in shape or no tensor input)"
         return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, outputs of "
                            f"{OWNED_CALLS} calls stay unchanged, "
-                           + (f"{parameters}, " if parameters else "") + "no patching, process state unchanged")
+                           + (f"{parameters}, " if parameters else "") + "no patching, process state unchanged, "
+                           "random generators drawn from only where the reference draws")
 
     def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
         base = subject.baseline(case)
@@ -541,6 +587,36 @@ class Isolation(Gate):
                         where=f"{path}{list(mismatch.index)}",
                         details={"threads": running, "processes": processes, "held_s": HOLD_S if probe == 0 else 0})
         return None
+
+    def random_streams(self, subject: Subject, case: Case) -> GateResult | None:
+        """The kernel draws from no global random generator the reference leaves alone: from the same states,
+        a call of the reference and one of the kernel; a generator the reference's call left as it was and the
+        kernel's moved on is one whose every later draw (dropout masks, sampling, data order) the kernel
+        changes. The states are put back after."""
+        streams = RandomStreams(subject.device)
+        args = subject.baseline(case).args
+        saved = streams.take()
+        try:
+            with seeded_draws() as reference_draws:  # a KernelBench pair's calls run seeded, their states put back
+                subject.run_reference(clone_tree(args))
+            after_reference = streams.take()
+            streams.put(saved)
+            with seeded_draws() as kernel_draws:
+                subject.run_kernel(clone_tree(args))
+            after_kernel = streams.take()
+        finally:
+            streams.put(saved)
+        moved = [name for name, state in saved.items()
+                 if streams.same(after_reference.get(name), state) and not streams.same(after_kernel.get(name), state)]
+        moved += sorted(kernel_draws - reference_draws - set(moved))
+        if not moved:
+            return None
+        return self.failed(subject, f"the kernel draws from {moved[0]}, which the reference's call leaves as it "
+                           f"was: every random number the program draws after the kernel (dropout masks, sampling, "
+                           f"data order) changes with it in place" + (f"; also {', '.join(moved[1:])}"
+                                                                      if len(moved) > 1 else ""),
+                           case=case, expected=f"{moved[0]}: unchanged by the call", got="moved on by the call",
+                           where=moved[0], details={"generators": moved})
 
     @staticmethod
     def call_in_float64(subject: Subject, case: Case) -> None:
