@@ -296,3 +296,69 @@ def test_requires_grad_is_not_judged_without_backward():
 def test_output_that_requires_grad_passes_when_backward_is_declared():
     result = contract(_Scale(), _Scale(), backward=True, shapes=[[6, 10]])
     assert result.verdict == "pass" and "requires_grad" in result.message
+
+
+# --- module buffers the call writes ---------------------------------------------------------------------------
+
+class _BatchNormed(torch.nn.Module):
+    """A BatchNorm in training mode (KernelBench leaves its models so): each call normalises with the batch's
+    statistics and updates the running ones."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.bn = torch.nn.BatchNorm1d(16)
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+class _BatchStatsOnly(_BatchNormed):
+    """The same output from the batch's statistics, the running statistics never updated."""
+
+    def forward(self, x):
+        bn = self.bn
+        return torch.nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True, bn.momentum, bn.eps)
+
+
+class _CountsTwice(_BatchNormed):
+    def forward(self, x):
+        out = self.bn(x)
+        self.bn.num_batches_tracked += 1
+        return out
+
+
+class _FusedBatchNorm(_BatchNormed):
+    """Its own formula, the running statistics updated as torch updates them."""
+
+    def forward(self, x):
+        bn = self.bn
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        with torch.no_grad():
+            bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
+            bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * x.var(0, unbiased=True))
+            bn.num_batches_tracked += 1
+        return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
+
+
+def _batch(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(32, 16, generator=gen).to(dtype=dtype, device=device),)
+
+
+def test_a_module_that_leaves_the_buffers_the_reference_updates_fails():
+    """Right output, running statistics never updated (or a counter moved twice): contract fails naming the
+    buffer; the oracle alone passes it."""
+    stale = check("contract", _BatchStatsOnly(), _BatchNormed(), _batch)
+    assert stale.verdict == "fail" and "'bn.running_mean'" in stale.message and "leaves it as it was" in stale.message
+    assert check("oracle", _BatchStatsOnly(), _BatchNormed(), _batch).verdict == "pass"
+    twice = check("contract", _CountsTwice(), _BatchNormed(), _batch)
+    assert twice.verdict == "fail" and "'bn.num_batches_tracked'" in twice.message and "adds 2" in twice.message
+
+
+def test_a_module_that_writes_its_buffers_as_the_reference_does_passes():
+    result = check("contract", _FusedBatchNorm(), _BatchNormed(), _batch)
+    assert result.verdict == "pass" and "3 shared module buffer(s) written as the reference writes them" in \
+        result.message, result.message
+    plain = check("contract", lambda x: x * 2, lambda x: x * 2, _batch)  # functions: no module state to compare
+    assert plain.verdict == "pass" and "module buffer" not in plain.message

@@ -342,6 +342,20 @@ def show_random_stream(name, spec):
         if before != after else None
 
 
+def show_stale_buffers(name, spec):
+    """One call of each in training mode from the same state, then both in eval mode on new inputs: a module
+    that did not update its state as the reference did computes otherwise there."""
+    _, reference, candidate = load(name)
+    candidate.load_state_dict(reference.state_dict())
+    call(reference, demo_inputs(name))
+    call(candidate, demo_inputs(name))
+    reference.eval()
+    candidate.eval()
+    later = demo_inputs(name, seed=1)
+    why = beyond_tolerance(call(candidate, later), oracle(reference, later), call(reference, later))
+    return f"in eval mode after one training call: {why}" if why else None
+
+
 def show_patched(name, spec):
     _, reference, init_inputs = load_reference(name)
     inputs = demo_inputs(name)
@@ -370,6 +384,7 @@ SHOW = {"values": show_values, "aliases": show_aliases, "nondeterministic": show
         "input_changed": show_input_changed, "poisoned": show_poisoned, "memo": show_memo,
         "stale_params": show_stale_params, "after_return": show_after_return, "reused": show_reused,
         "contiguity": show_contiguity, "global_state": show_global_state, "random_stream": show_random_stream,
+        "stale_buffers": show_stale_buffers,
         "patched": show_patched,
         "raises": show_raises}
 

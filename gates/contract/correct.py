@@ -59,3 +59,37 @@ def linear_weight_stationary(x, w):
     """Computes w @ x^T (the weight as the left operand, as a weight-stationary schedule does) and hands
     back the caller's layout: the transpose of that product, made contiguous."""
     return (w @ x.T).T.contiguous()
+
+
+def make_batch(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (32, 16), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+class BatchNormTraining(torch.nn.Module):
+    """The reference: a BatchNorm in training mode, which normalises with the batch's statistics and updates
+    its running ones on every call."""
+
+    def __init__(self, features=16):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(features)
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+class BatchNormOwnFormula(BatchNormTraining):
+    """Its own normalisation, the running statistics updated as torch updates them (unbiased variance)."""
+
+    def forward(self, x):
+        bn = self.bn
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        with torch.no_grad():
+            bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
+            bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * x.var(0, unbiased=True))
+            bn.num_batches_tracked += 1
+        return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
+
+
+batchnorm_reference = BatchNormTraining()
+batchnorm_own_formula = BatchNormOwnFormula()

@@ -24,3 +24,19 @@ def linear_weight_stationary_no_copy(x, w):
     right values with strides (1, rows) where the reference's result is contiguous; the caller's
     `out.view(-1)` raises."""
     return (w @ x.T).T
+
+
+class BatchNormBatchStatsOnly(torch.nn.Module):
+    """Normalises with the batch's statistics, as the reference does in training mode, and never updates the
+    running ones: the right output now, and a model that computes with its initial statistics in eval mode."""
+
+    def __init__(self, features=16):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(features)
+
+    def forward(self, x):
+        bn = self.bn
+        return torch.nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True, bn.momentum, bn.eps)
+
+
+batchnorm_batch_stats_only = BatchNormBatchStatsOnly()

@@ -1,7 +1,9 @@
 """contract: the output has the reference's structure, shape, dtype and device, is a plain
 torch.Tensor (no subclass, no lazy wrapper) and does not alias an input where the reference's output
 does not; its memory layout is one a caller of the reference can use (`layout_problem`), and, for a
-kernel that declares `backward: true`, it requires grad where the reference's does. Tolerance-free."""
+kernel that declares `backward: true`, it requires grad where the reference's does. For `nn.Module` kernel and
+reference, a call changes the module buffers both hold as the reference's call does (running statistics a
+BatchNorm in training mode updates, counters by the same amount: `Contract.buffers_written`). Tolerance-free."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from typing import Any
 
 import torch
 
-from kgate.compare import clone_tree, flatten, map_tensors, overlaps, structure
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, overlaps, structure
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
-from kgate.subject import Subject
+from kgate.subject import ModuleState, Subject
 
 
 def aliased_inputs(out: Any, args: tuple, skip: set[int]) -> dict[str, set[int]]:
@@ -91,6 +93,24 @@ def layout_problem(got: torch.Tensor, want: torch.Tensor) -> tuple[str, str, str
                 f"strides {tuple(want.stride())} (or padded rows of that order), or contiguous",
                 f"strides {tuple(got.stride())}")
     return None
+
+
+def _change(before: torch.Tensor, after: torch.Tensor) -> Any:
+    """How one call changed a buffer: None (bitwise unchanged), ("adds", n) for an integer buffer every element of
+    which moved by n (a counter), else "changes it"."""
+    if bitwise_mismatch(before, after) is None:
+        return None
+    if not (before.dtype.is_floating_point or before.dtype.is_complex or before.dtype == torch.bool):
+        steps = (after.long() - before.long()).unique()
+        if steps.numel() == 1:
+            return ("adds", int(steps.item()))
+    return "changed"
+
+
+def _said(change: Any) -> str:
+    if change is None:
+        return "leaves it as it was"
+    return f"adds {change[1]} to it" if isinstance(change, tuple) else "changes it"
 
 
 def named_fields(obj: Any, path: str = "out") -> dict[str, tuple[str, ...] | None]:
@@ -176,8 +196,49 @@ class Contract(Gate):
             if result is not None:
                 return result
             grad = ", requires_grad"
+        buffers = ""
+        if cases:
+            result, buffers = self.buffers_written(subject, cases[0])
+            if result is not None:
+                return result
         return self.passed(f"structure, shape, dtype, device, layout{grad} and aliasing as the reference in "
-                           f"{len(cases)} case(s)")
+                           f"{len(cases)} case(s)" + (f"; {buffers}" if buffers else ""))
+
+    def buffers_written(self, subject: Subject, case: Case) -> tuple[GateResult | None, str]:
+        """A module's state the call writes, as the reference writes it: of the buffers kernel and reference
+        modules both hold (same name, shape and dtype), one call of each must change the same ones (a
+        BatchNorm in training mode updates its running statistics; a kernel that normalises with the batch's
+        statistics and never updates them returns the right output, and the module computes with stale
+        statistics once in eval mode), and an integer buffer (a step counter, `num_batches_tracked`) by the
+        same amount. Float buffers are compared changed or not, not by value. The modules' state is put
+        back after. Returns (a failure or None, what was compared)."""
+        modules = subject.modules()
+        if modules is None:
+            return None, ""
+        kernel_buffers, reference_buffers = (dict(m.named_buffers()) for m in modules)
+        shared = [n for n, t in reference_buffers.items() if n in kernel_buffers
+                  and kernel_buffers[n].shape == t.shape and kernel_buffers[n].dtype == t.dtype]
+        if not shared:
+            return None, ""
+        args = subject.baseline(case).args
+        state = ModuleState(subject, modules)
+        try:
+            changes = []
+            for run, buffers in ((subject.run_reference, reference_buffers), (subject.run_kernel, kernel_buffers)):
+                before = {n: buffers[n].detach().clone() for n in shared}
+                run(clone_tree(args))
+                changes.append({n: _change(before[n], buffers[n].detach()) for n in shared})
+        finally:
+            state.close()
+        reference, kernel = changes
+        for name in shared:
+            if reference[name] == kernel[name]:
+                continue
+            return self.failed(subject, f"the module's buffer {name!r}: the reference's call {_said(reference[name])}, "
+                               f"the kernel's {_said(kernel[name])} (state a later call or eval mode reads: "
+                               "running statistics, counters)", case=case, expected=_said(reference[name]),
+                               got=_said(kernel[name]), where=name), ""
+        return None, f"{len(shared)} shared module buffer(s) written as the reference writes them"
 
     def requires_grad(self, subject: Subject, case: Case) -> GateResult | None:
         """A kernel that declares `backward: true` is called as training calls it: floating-point inputs that
