@@ -1,6 +1,8 @@
 """Row softmax kernels for the demo: one reference, one correct kernel and a few that go wrong the
 way generated kernels do. Plain PyTorch so the demo runs on any CPU; `make demo` gates them."""
 
+import os
+
 import torch
 
 
@@ -48,10 +50,15 @@ def softmax_inplace(x):
     return x / x.sum(dim=-1, keepdim=True)
 
 
+# The order atomics arrive in: a generator of its own, seeded by the OS (drawing from torch's global one would
+# change the caller's random numbers too, which the isolation gate reports)
+_ARRIVAL = torch.Generator().manual_seed(int.from_bytes(os.urandom(7), "little"))
+
+
 def softmax_atomic_order(x):
     """Sums each row in an order that changes from call to call, as float atomics do on a GPU."""
     z = torch.exp(x - x.amax(dim=-1, keepdim=True))
-    perm = torch.randperm(x.shape[-1], device=x.device)
+    perm = torch.randperm(x.shape[-1], generator=_ARRIVAL).to(x.device)
     total = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     for block in perm.split(64):
         total = total + z[..., block].sum(dim=-1)
