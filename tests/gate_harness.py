@@ -33,3 +33,14 @@ def subject_for(kernel, reference, make_inputs=None, *, shapes=None, dtypes=("fl
 
 def check(gate: str, kernel, reference, make_inputs=None, **kwargs: Any) -> GateResult:
     return registry.get(gate).check(subject_for(kernel, reference, make_inputs, **kwargs))
+
+
+def catalogue(gate: str, name: str):
+    """The catalogue's module gates/GATE/NAME.py (its controls, reference and inputs factory), loaded from its file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "gates" / gate / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"catalogue_{gate}_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

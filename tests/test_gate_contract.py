@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kgate.compare import overlaps, structure
-from tests.gate_harness import check
+from tests.gate_harness import catalogue, check
 
 Pair = namedtuple("Pair", ["values", "indices"])
 Triple = namedtuple("Triple", ["values", "indices", "extra"])
@@ -300,25 +300,9 @@ def test_output_that_requires_grad_passes_when_backward_is_declared():
 
 # --- module buffers the call writes ---------------------------------------------------------------------------
 
-class _BatchNormed(torch.nn.Module):
-    """A BatchNorm in training mode (KernelBench leaves its models so): each call normalises with the batch's
-    statistics and updates the running ones."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.bn = torch.nn.BatchNorm1d(16)
-
-    def forward(self, x):
-        return self.bn(x)
-
-
-class _BatchStatsOnly(_BatchNormed):
-    """The same output from the batch's statistics, the running statistics never updated."""
-
-    def forward(self, x):
-        bn = self.bn
-        return torch.nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True, bn.momentum, bn.eps)
+_correct, _violating = catalogue("contract", "correct"), catalogue("contract", "violating")
+_BatchNormed, _BatchStatsOnly = _correct.BatchNormTraining, _violating.BatchNormBatchStatsOnly
+_FusedBatchNorm = _correct.BatchNormOwnFormula
 
 
 class _CountsTwice(_BatchNormed):
@@ -326,19 +310,6 @@ class _CountsTwice(_BatchNormed):
         out = self.bn(x)
         self.bn.num_batches_tracked += 1
         return out
-
-
-class _FusedBatchNorm(_BatchNormed):
-    """Its own formula, the running statistics updated as torch updates them."""
-
-    def forward(self, x):
-        bn = self.bn
-        mean, var = x.mean(0), x.var(0, unbiased=False)
-        with torch.no_grad():
-            bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
-            bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * x.var(0, unbiased=True))
-            bn.num_batches_tracked += 1
-        return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
 
 
 def _batch(seed, shape=None, dtype=torch.float32, device="cpu"):

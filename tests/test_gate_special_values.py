@@ -7,7 +7,7 @@ import torch
 
 from kgate import gates as registry
 from kgate.gates.special_values import RANDOM_POSITIONS, positions
-from tests.gate_harness import check, subject_for
+from tests.gate_harness import catalogue, check, subject_for
 
 
 def rows(seed, shape=None, dtype=torch.float32):
@@ -154,18 +154,7 @@ def test_nan_and_inf_reaching_every_row_through_a_matmul_still_match():
 
 # --- whole lines of special values; subnormal results --------------------------------------------------
 
-def _catalogue(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "gates" / "special_values" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"catalogue_special_values_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-sv_correct, sv_violating = _catalogue("correct"), _catalogue("violating")
+sv_correct, sv_violating = catalogue("special_values", "correct"), catalogue("special_values", "violating")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
