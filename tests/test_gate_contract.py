@@ -333,3 +333,33 @@ def test_a_module_that_writes_its_buffers_as_the_reference_does_passes():
         result.message, result.message
     plain = check("contract", lambda x: x * 2, lambda x: x * 2, _batch)  # functions: no module state to compare
     assert plain.verdict == "pass" and "module buffer" not in plain.message
+
+
+class _Totals(torch.nn.Module):
+    """Keeps a float64 running total of its inputs (a buffer) and doubles them."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(1, dtype=torch.float64))
+
+    def forward(self, x):
+        self.total += x.detach().sum().double()
+        return x * 2
+
+
+class _TotalsForgotten(_Totals):
+    def forward(self, x):
+        return x * 2
+
+
+def test_module_buffers_are_compared_on_a_case_in_the_modules_own_dtype_only():
+    """At another dtype the reference runs as a converted copy whose buffers are not the module's: no case in the
+    modules' own dtype, nothing compared (and said); in it, the forgotten update fails."""
+    def values(seed, shape=None, dtype=torch.float32, device="cpu"):
+        return (torch.randn(4, 8, generator=torch.Generator().manual_seed(seed)).to(dtype=dtype, device=device),)
+
+    other = check("contract", _TotalsForgotten(), _Totals(), values, dtypes=["float32"])
+    assert other.verdict == "pass" and "module buffers not compared (no case in the modules' own dtype)" in \
+        other.message, other.message
+    own = check("contract", _TotalsForgotten(), _Totals(), values, dtypes=["float32", "float64"])
+    assert own.verdict == "fail" and "'total'" in own.message, own.message
