@@ -284,7 +284,7 @@ def pair_digest(pair: Pair) -> str:
 def kgate_stamp() -> dict[str, str]:
     """Which kgate judged a record: its version and a digest of its own source files (the gates' code,
     not the control catalogue an installed kgate carries in `kgate/catalogue`: a checkout and a wheel of
-    one commit give one digest), so that a report joined from several runs (--resume across sessions) can say
+    one commit give one digest), so that a report joined from several runs (an audit resumed with --resume) can say
     whether every record comes from the same kgate."""
     import kgate
 
