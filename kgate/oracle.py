@@ -572,10 +572,11 @@ def seeded(seed: int | None) -> Iterator[None]:
     with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
         torch.manual_seed(seed + _SEED_SHIFT.get())
         watch = _SEEDED_DRAWS.get()
-        start = _torch_generators(cuda) if watch is not None else None
+        gpu = torch.device("cuda", torch.cuda.current_device()) if cuda else None
+        start = torch_generator_states(gpu) if watch is not None else None
         yield
         if watch is not None:
-            end = _torch_generators(cuda)
+            end = torch_generator_states(gpu)
             watch.update(name for name, state in start.items() if not torch.equal(state, end[name]))
 
 
@@ -584,11 +585,17 @@ _SEED_SHIFT: contextvars.ContextVar[int] = contextvars.ContextVar("kgate_seed_sh
 _SEEDED_DRAWS: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("kgate_seeded_draws", default=None)
 
 
-def _torch_generators(cuda: bool) -> dict[str, torch.Tensor]:
-    states = {"torch's CPU generator": torch.get_rng_state()}
-    if cuda:
-        states[f"torch's generator of cuda:{torch.cuda.current_device()}"] = torch.cuda.get_rng_state()
+CPU_GENERATOR = "torch's CPU generator"
+
+
+def torch_generator_states(gpu: torch.device | None) -> dict[str, torch.Tensor]:
+    """The states of torch's CPU generator and, with `gpu`, of that CUDA device's generator, by name."""
+    states = {CPU_GENERATOR: torch.get_rng_state()}
+    if gpu is not None:
+        index = gpu.index if gpu.index is not None else torch.cuda.current_device()
+        states[f"torch's generator of cuda:{index}"] = torch.cuda.get_rng_state(index)
     return states
+
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of, overl
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
-from kgate.oracle import LeafError, measure, seeded_draws
+from kgate.oracle import CPU_GENERATOR, LeafError, measure, seeded_draws, torch_generator_states
 from kgate.replay import MATMUL_SETTINGS
 from kgate.subject import Baseline, ModuleState, Subject, UserCodeError, synchronize, unless_rejected
 
@@ -94,10 +94,8 @@ class RandomStreams:
         self.device = device
 
     def take(self) -> dict[str, Any]:
-        states: dict[str, Any] = {"torch's CPU generator": torch.get_rng_state(),
+        states: dict[str, Any] = {**torch_generator_states(self.device if self.device.type == "cuda" else None),
                                   "Python's random module": random.getstate()}
-        if self.device.type == "cuda":
-            states[f"torch's generator of {self.device}"] = torch.cuda.get_rng_state(self.device)
         numpy = sys.modules.get("numpy")
         if numpy is not None:
             states["numpy's global generator"] = numpy.random.get_state()
@@ -105,7 +103,7 @@ class RandomStreams:
 
     def put(self, states: dict[str, Any]) -> None:
         for name, state in states.items():
-            if name == "torch's CPU generator":
+            if name == CPU_GENERATOR:
                 torch.set_rng_state(state)
             elif name == "Python's random module":
                 random.setstate(state)
