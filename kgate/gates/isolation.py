@@ -62,7 +62,7 @@ PROBES = 3  # calls of the work-after-return probe
 OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the memoization probe
 OWNED_CALLS = 8  # outputs-stay-owned probe: calls whose outputs are kept (a buffer reused every k < 8 calls shows)
 PARAMETER_SEED = 104729  # seeds the new values of the parameters probe
-STEP_PIECE = 1 << 22  # parameters probe: elements of a class drawn at once (float64, on the CPU)
+STEP_PIECE = 1 << 22  # parameters probe: elements of a class drawn at once (float64, on the values' device)
 SINGLE_CLASS_PROBES = 6  # parameters probe: how many groups of equal parameters are also changed alone
 
 _WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
@@ -394,26 +394,28 @@ class ParameterClass:
         """What an optimizer step does to every tensor of the class: a parameter gets `add_(change)`, change
         ~ +-50% of the values plus noise of their mean magnitude; a buffer (running statistics, masks)
         `mul_(change)`, change in [0.5, 1.5): signs and zeros kept, so a variance stays positive and a 0/1 mask
-        keeps its pattern. The change depends only on the class's values and seed. It is drawn in float64
-        on the CPU a piece of STEP_PIECE elements at a time and kept in the class's dtype on its device, so
-        a weight of billions of elements costs one more tensor like it, not several float64 copies."""
+        keeps its pattern. The change depends only on the class's values, the seed and the device's random
+        generator. It is drawn in float64 on the values' device (a generator of the device's own, never its
+        global one; on the CPU where the device has none), a piece of STEP_PIECE elements at a time, and kept
+        in the class's dtype on its device, so a weight of billions of elements costs one more tensor like it,
+        not several float64 copies, and no trip through the host."""
         values = self.reference[0][1].detach()
         flat = values.reshape(-1)
-        gen = torch.Generator().manual_seed(seed)
+        gen, work = _piece_generator(values.device, seed)
         scale = 0.0
         if self.kind == "parameter" and flat.numel():
-            total = sum(float(flat[i:i + STEP_PIECE].to("cpu", torch.float64).abs().sum())
+            total = sum(float(flat[i:i + STEP_PIECE].to(work, torch.float64).abs().sum())
                         for i in range(0, flat.numel(), STEP_PIECE))
             scale = total / flat.numel()
         out = torch.empty_like(values, memory_format=torch.contiguous_format)
         dest = out.view(-1)
         for i in range(0, flat.numel(), STEP_PIECE):
-            piece = flat[i:i + STEP_PIECE].to("cpu", torch.float64)
-            factor = 0.5 + torch.rand(piece.shape, generator=gen, dtype=torch.float64)
+            piece = flat[i:i + STEP_PIECE].to(work, torch.float64)
+            factor = 0.5 + torch.rand(piece.shape, generator=gen, dtype=torch.float64, device=work)
             if self.kind == "parameter":
-                noise = torch.rand(piece.shape, generator=gen, dtype=torch.float64) - 0.5
+                noise = torch.rand(piece.shape, generator=gen, dtype=torch.float64, device=work) - 0.5
                 factor = piece * (factor - 1.0) + (scale or 1.0) * noise
-            dest[i:i + piece.numel()] = factor.to(dest.dtype)
+            dest[i:i + piece.numel()] = factor.to(dest.device, dest.dtype)
         return out
 
     def tensors(self) -> list[torch.Tensor]:
@@ -428,6 +430,17 @@ class ParameterClass:
                     t.add_(change)
                 else:
                     t.mul_(change)
+
+
+def _piece_generator(device: torch.device, seed: int) -> tuple[torch.Generator, torch.device]:
+    """A private generator seeded with `seed` on `device`, and the device the pieces are drawn on: `device`
+    itself, or the CPU where torch makes no generator for it."""
+    if device.type != "cpu":
+        try:
+            return torch.Generator(device=device).manual_seed(seed), device
+        except RuntimeError:
+            pass
+    return torch.Generator().manual_seed(seed), torch.device("cpu")
 
 
 def _named_state(module: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:
