@@ -444,10 +444,11 @@ def input_elements(module: types.ModuleType, dims: FreeDims, shape: tuple[int, .
         return None
 
 
-def problem_size(path: Path) -> tuple[int | None, int | None]:
+def problem_size(path: Path) -> tuple[int | None, int | None, int | None]:
     """(elements its get_inputs() makes at the problem's own shape, weighted layers of its Model: leaf modules
-    holding a parameter of >= 2 dimensions), both on the meta device, nothing allocated; None for what cannot
-    be counted. Executes the problem's code: call it in a worker (kgate.audit.worker's `sizes`)."""
+    holding a parameter of >= 2 dimensions, elements of its Model's parameters and buffers), all on the meta
+    device, nothing allocated; None for what cannot be counted. Executes the problem's code: call it in a
+    worker (kgate.audit.worker's `sizes`)."""
     import torch
 
     module = exec_problem(path, "inputs")
@@ -456,9 +457,12 @@ def problem_size(path: Path) -> tuple[int | None, int | None]:
         with torch.device("meta"):
             model = module.Model(*module.get_init_inputs())
     except Exception:  # noqa: BLE001 - a Model that cannot be built on the meta device: no layer count
-        return elements, None
-    return elements, sum(1 for m in model.modules() if not any(True for _ in m.children())
-                         and any(p.dim() >= 2 for p in m.parameters(recurse=False)))
+        return elements, None, None
+    if not isinstance(model, torch.nn.Module):
+        return elements, None, None
+    layers = sum(1 for m in model.modules() if not any(True for _ in m.children())
+                 and any(p.dim() >= 2 for p in m.parameters(recurse=False)))
+    return elements, layers, sum(t.numel() for t in [*model.parameters(), *model.buffers()])
 
 
 def working_shape(module: types.ModuleType, dims: FreeDims, budget: int = WORK_ELEMENTS) -> tuple[int, ...] | None:

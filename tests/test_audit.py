@@ -1650,31 +1650,34 @@ def test_problem_sizes_are_counted_in_a_worker_that_survives_hostile_problems(mo
     started = time.monotonic()
     sizes = evaluate.problem_sizes([paths[n] for n in order],
                                    evaluate.AuditOptions(gates=[], out_dir=tmp_path / "out"))
-    got = {n: (s.elements, s.layers) if (s := sizes.get(paths[n])) else None for n in order}
-    assert got == {"small": (16, 3), "raises": (None, None), "hangs": None, "big": (1_000_010, 0), "exits": None,
-                   "after": (21, 40)}
+    got = {n: (s.elements, s.layers, s.parameters) if (s := sizes.get(paths[n])) else None for n in order}
+    # parameters: each Linear(8, 8) holds 72 elements, the one-dimensional scale 8
+    assert got == {"small": (16, 3, 3 * 72 + 8), "raises": (None, None, None), "hangs": None,
+                   "big": (1_000_010, 0, 8), "exits": None, "after": (21, 40, 40 * 72 + 8)}
     log = (tmp_path / "out" / "logs" / "problem-sizes.log").read_text()
     assert "ran in" in log and f"ran in {os.getpid()}\n" not in log  # the problems' code ran in a worker, not here
     assert time.monotonic() - started < 60  # the hang cost its own limit, not the audit's
 
 
 def test_longest_first_orders_by_the_estimated_cost_and_puts_the_uncounted_last(monkeypatch, tmp_path):
-    """Input elements weigh for the standard test; weighted layers too once gates run (the accumulation
-    gate emulates every layer's products)."""
+    """Input elements weigh for the standard test; weighted layers and parameter elements too once gates run
+    (the accumulation gate emulates every layer's products; the gates convert, save and change every
+    weight)."""
     from kgate.audit import scheduler
     from kgate.audit.evaluate import AuditOptions, ProblemSize
 
-    wide, deep, small, odd = (tmp_path / f"{n}.py" for n in ("wide", "deep", "small", "odd"))
+    wide, deep, small, odd, heavy = (tmp_path / f"{n}.py" for n in ("wide", "deep", "small", "odd", "heavy"))
     sizes = {wide: ProblemSize(2 * 10**9, 0), deep: ProblemSize(10**6, 400), small: ProblemSize(10, 1),
-             odd: ProblemSize(None, None)}
+             odd: ProblemSize(None, None), heavy: ProblemSize(10, 0, 10**9)}
     monkeypatch.setattr(scheduler, "problem_sizes", lambda problems, options: sizes)
     pairs = [Pair("a", CORPUS / "a.py", small), Pair("b", CORPUS / "b.py", odd), Pair("c", CORPUS / "c.py", deep),
              Pair("d", CORPUS / "d.py", None, problem_error="no problem"), Pair("e", CORPUS / "e.py", wide),
-             Pair("f", CORPUS / "f.py", small)]
+             Pair("f", CORPUS / "f.py", small), Pair("g", CORPUS / "g.py", heavy)]
     gates = scheduler.longest_first(pairs, AuditOptions(gates=["accumulation"], out_dir=tmp_path))
-    assert [p.id for p in gates] == ["c", "e", "a", "f", "b", "d"]  # 320 s of layers against 61 s of inputs
+    # 320 s of layers, 61 s of inputs, 30 s of a billion parameter elements (no layer, as few inputs as a)
+    assert [p.id for p in gates] == ["c", "e", "g", "a", "f", "b", "d"]
     standard = scheduler.longest_first(pairs, AuditOptions(gates=[], out_dir=tmp_path))
-    assert [p.id for p in standard] == ["e", "c", "a", "f", "b", "d"]
+    assert [p.id for p in standard] == ["e", "c", "a", "f", "g", "b", "d"]  # inputs alone
 
 
 def test_judges_take_the_earliest_candidate_in_the_given_order_whatever_order_the_builds_end_in(monkeypatch, tmp_path):

@@ -183,21 +183,29 @@ SIZE_TIMEOUT_S = 30.0
 # the H200: the standard test 30.7 s per G input elements (KernelBench draws its inputs on the CPU; fit over
 # 309 audit records, bench/standard_test_cost.py); the gates about 0.8 s per weighted layer (the
 # accumulation gate emulates each layer's products: 82 s for the 103 of level 3 problem 16, a DenseNet, in
-# docs/records/2026-12-04-h200-c9a90fc/audit-throughput.json)
+# docs/records/2026-12-04-h200-c9a90fc/audit-throughput.json) and about 30 s per G parameter elements (the
+# gates convert, save and change every weight: on one H100, docs/records/2026-12-06-h100-f87acb7/, the two
+# problems of 0.67 and 1.07 G parameter elements took 109 and 100 s, 65 and 69 of it in isolation, whose
+# changes of the weights were drawn on the host then; a problem that large must not start last)
 STANDARD_S_PER_ELEMENT = 30.7e-9
 GATES_S_PER_LAYER = 0.8
+GATES_S_PER_PARAMETER = 30e-9
 
 
 @dataclass(frozen=True)
 class ProblemSize:
     elements: int | None  # in get_inputs() at the problem's own shape
     layers: int | None  # leaf modules of Model holding a weight (a parameter of >= 2 dimensions)
+    parameters: int | None = None  # elements of Model's parameters and buffers
 
     def seconds(self, gates: bool) -> float | None:
         """A rough cost to order the judging by (None: nothing was counted)."""
-        if self.elements is None and self.layers is None:
+        if self.elements is None and self.layers is None and self.parameters is None:
             return None
-        return STANDARD_S_PER_ELEMENT * (self.elements or 0) + (GATES_S_PER_LAYER * (self.layers or 0) if gates else 0)
+        standard = STANDARD_S_PER_ELEMENT * (self.elements or 0)
+        if not gates:
+            return standard
+        return standard + GATES_S_PER_LAYER * (self.layers or 0) + GATES_S_PER_PARAMETER * (self.parameters or 0)
 
 
 def problem_sizes(problems: list[Path], options: AuditOptions) -> dict[Path, ProblemSize]:
@@ -221,7 +229,7 @@ def problem_sizes(problems: list[Path], options: AuditOptions) -> dict[Path, Pro
                 return f"counting the inputs of {problem}"
             if event.get("event") == "size":
                 numbers = [event.get(k) if isinstance(event.get(k), int) and event[k] >= 0 else None
-                           for k in ("elements", "layers")]
+                           for k in ("elements", "layers", "parameters")]
                 sizes[back[problem]] = ProblemSize(*numbers)
                 current[0] = None
                 return ""

@@ -247,9 +247,9 @@ def count_sizes(pairs: list[Pair], options: AuditOptions) -> dict[Path, ProblemS
 def longest_first(pairs: list[Pair], options: AuditOptions,
                   sizes: dict[Path, ProblemSize] | None = None) -> list[Pair]:
     """`pairs` with the problems estimated to take longest first (kgate.audit.evaluate.ProblemSize: input
-    elements for the standard test, weighted layers too when `options.gates` is not empty), so that with
-    several judges the longest candidates do not start last while the others idle: on the H200 the corpus's
-    largest problems took 70-130 s against a median of 8-13 s. Problems that cannot be counted, and unpaired
+    elements for the standard test, weighted layers and parameter elements too when `options.gates` is not
+    empty), so that with several judges the longest candidates do not start last while the others idle: on
+    the H200 the corpus's largest problems took 70-130 s against a median of 8-13 s. Problems that cannot be counted, and unpaired
     candidates, keep their order after the rest. `sizes`: counted already (count_sizes), else counted here."""
     sizes = count_sizes(pairs, options) if sizes is None else sizes
     gates = bool(options.gates)

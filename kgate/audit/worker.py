@@ -14,7 +14,7 @@ time and memory limits (`kgate.runner.supervise`). Three stages:
 - `sizes`: for each of the job's problems, the elements its `get_inputs()` makes and the layers with a
   weight (leaf modules holding a parameter of two or more dimensions) its `Model` has, both on the meta
   device (nothing allocated, no GPU visible), so that the scheduler can judge the longest first.
-  Events: `sizing` {problem} before each, `size` {problem, elements, layers} (None: not countable).
+  Events: `sizing` {problem} before each, `size` {problem, elements, layers, parameters} (None: not countable).
 """
 
 from __future__ import annotations
@@ -58,10 +58,10 @@ def _sizes(channel: Channel, job: dict[str, Any]) -> None:
     for problem in job["problems"]:
         channel.send("sizing", problem=problem)
         try:
-            elements, layers = kb.problem_size(Path(problem))
+            elements, layers, parameters = kb.problem_size(Path(problem))
         except Exception:  # noqa: BLE001 - the problem's own fault: its candidates' records will say so
-            elements = layers = None
-        channel.send("size", problem=problem, elements=elements, layers=layers)
+            elements = layers = parameters = None
+        channel.send("size", problem=problem, elements=elements, layers=layers, parameters=parameters)
 
 
 def _evaluate(channel: Channel, job: dict[str, Any]) -> None:

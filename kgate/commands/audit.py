@@ -103,8 +103,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "Local backend only")
     p.add_argument("--order", choices=["longest", "given"], default="longest",
                    help="which candidates are judged first when several judge at once: longest (default) the ones "
-                        "whose problem is estimated to take longest (its get_inputs() elements and its Model's "
-                        "weighted layers, counted first on the meta device in a worker of kgate's own), so that "
+                        "whose problem is estimated to take longest (its get_inputs() elements, its Model's "
+                        "weighted layers and parameter elements, counted first on the meta device in a worker of kgate's own), so that "
                         "they do not start last while the other judges idle; given: in id order. With one judge "
                         "at a time the order changes nothing and nothing is counted")
     p.add_argument("--compile-jobs", type=COUNT, metavar="N", help="extension builds at once (default half the cores)")
