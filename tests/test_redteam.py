@@ -356,6 +356,23 @@ def show_stale_buffers(name, spec):
     return f"in eval mode after one training call: {why}" if why else None
 
 
+def show_eval_mode(name, spec):
+    """Both in eval mode from the same state: buffers as built (no training call), the parameters moved by one
+    seeded step, as training moves them (as built, a BatchNorm's weight is 1 and its bias 0). A module right
+    only in training mode computes otherwise there."""
+    _, reference, candidate = load(name)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=gen))
+    candidate.load_state_dict(reference.state_dict())
+    reference.eval()
+    candidate.eval()
+    inputs = demo_inputs(name)
+    why = beyond_tolerance(call(candidate, inputs), oracle(reference, inputs), call(reference, inputs))
+    return f"in eval mode: {why}" if why else None
+
+
 def show_patched(name, spec):
     _, reference, init_inputs = load_reference(name)
     inputs = demo_inputs(name)
@@ -384,7 +401,7 @@ SHOW = {"values": show_values, "aliases": show_aliases, "nondeterministic": show
         "input_changed": show_input_changed, "poisoned": show_poisoned, "memo": show_memo,
         "stale_params": show_stale_params, "after_return": show_after_return, "reused": show_reused,
         "contiguity": show_contiguity, "global_state": show_global_state, "random_stream": show_random_stream,
-        "stale_buffers": show_stale_buffers,
+        "stale_buffers": show_stale_buffers, "eval_mode": show_eval_mode,
         "patched": show_patched,
         "raises": show_raises}
 

@@ -79,10 +79,13 @@ class BatchNormTraining(torch.nn.Module):
 
 
 class BatchNormOwnFormula(BatchNormTraining):
-    """Its own normalisation, the running statistics updated as torch updates them (unbiased variance)."""
+    """Its own normalisation, the running statistics updated as torch updates them (unbiased variance); in
+    eval mode from the running statistics."""
 
     def forward(self, x):
         bn = self.bn
+        if not self.training:
+            return (x - bn.running_mean) / torch.sqrt(bn.running_var + bn.eps) * bn.weight + bn.bias
         mean, var = x.mean(0), x.var(0, unbiased=False)
         with torch.no_grad():
             bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)

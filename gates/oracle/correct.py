@@ -100,3 +100,38 @@ def layer_norm_fused(x, w, b):
     the second (inside c2): over one feature the exact 0 of dx comes out as rstd x (the product's rounding),
     a residue of a fraction of an ulp of w dy times rstd = 316 (Liger-Kernel's LayerNorm on a GPU)."""
     return _LayerNorm.apply(x, w, b, _fused_multiply_subtract, lambda wdy: wdy.mean(-1, keepdim=True))
+
+
+def make_batch(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return ((torch.randn(shape or (32, 16), generator=gen, dtype=torch.float64) * 2 + 1).to(dtype=dtype, device=device),)
+
+
+class BatchNormReference(torch.nn.Module):
+    """The reference: BatchNorm1d, built in training mode (the batch's statistics, running ones updated); in
+    eval mode it normalises with the running statistics."""
+
+    def __init__(self, features=16):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm1d(features)
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+class BatchNormBothModes(BatchNormReference):
+    """Training mode through torch's batch_norm; eval mode as one multiply-add per element from the running
+    statistics (scale and shift per feature: other rounding than the reference's)."""
+
+    def forward(self, x):
+        bn = self.bn
+        if self.training:
+            bn.num_batches_tracked.add_(1)  # nn.BatchNorm1d counts its calls; the functional call does not
+            return torch.nn.functional.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, True,
+                                                  bn.momentum, bn.eps)
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        return x * scale + (bn.bias - bn.running_mean * scale)
+
+
+batchnorm_reference = BatchNormReference()
+batchnorm_both_modes = BatchNormBothModes()

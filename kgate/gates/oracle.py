@@ -1,5 +1,10 @@
 """oracle: agreement with the float64 oracle within the bound calibrated from the reference's own
-error in the kernel's dtype (formula in kgate/oracle.py). Judged on every case of the sweep."""
+error in the kernel's dtype (formula in kgate/oracle.py). Judged on every case of the sweep, and where
+kernel and reference are `nn.Module`s built in training mode, again in eval mode (`module.eval()`, as
+inference calls them) on the first case of each shape and dtype: both modules' buffers as built, their
+equal parameters moved alike by one optimizer-style step (as built, a BatchNorm's weight is 1 and its bias
+0, which hide a wrong inference formula). A BatchNorm that always normalises with the batch's
+statistics, or an inference path of its own with a wrong formula, is right in training mode only."""
 
 from __future__ import annotations
 
@@ -11,9 +16,12 @@ import torch
 
 from kgate.compare import clone_tree, flatten, structure
 from kgate.gates.base import Gate, GateResult
+from kgate.gates.isolation import parameter_classes
 from kgate.manifest import Tolerance
 from kgate.oracle import BROKEN_FACTOR, LeafError, Terms, measure
-from kgate.subject import Subject
+from kgate.subject import ModuleState, Subject, UserCodeError
+
+EVAL_SEED = 7727  # seeds the step of the parameters before the eval-mode probe
 
 
 @dataclass
@@ -92,12 +100,72 @@ class Oracle(Gate):
             return self.skipped("no tensor outputs to compare")
         ratio, leaf, case = worst
         if leaf.passed:
+            failed, note = self.eval_mode(subject, evidence)
+            if failed is not None:
+                return failed
             return self.passed(f"within bound in {len(subject.cases)} case(s); worst {ratio:.2g} x bound "
-                               f"({leaf.path}, {case.label()})", evidence=evidence)
+                               f"({leaf.path}, {case.label()}){note}", evidence=evidence)
         where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
         return self.failed(subject, leaf.describe(), case=case, expected=f"{leaf.expected!r} (float64 oracle)",
                            got=repr(leaf.got), where=where, broken=ratio > BROKEN_FACTOR, evidence=evidence,
                            details={"ratio": ratio})
+
+    def eval_mode(self, subject: Subject, evidence: list) -> tuple[GateResult | None, str]:
+        """Kernel and reference modules built in training mode, judged again in eval mode on the first case of
+        each shape and dtype, from their buffers as built (the gates call the two unequally often, and a
+        BatchNorm's running statistics follow its calls) and their equal parameters stepped alike (isolation's
+        `ParameterClass`), everything put back after. Returns (a failure or None, a note for the pass
+        message)."""
+        modules = subject.modules()
+        if modules is None or not modules[1].training:
+            return None, ""
+        modes = [(m, m.training) for module in modules for m in module.modules()]
+        state = ModuleState(subject, modules)
+        judged = 0
+        try:
+            subject.initial_buffers()
+            try:
+                classes = parameter_classes(*modules)
+            except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise: the parameters as built
+                classes = []
+            for c in classes:
+                if c.kind == "parameter":
+                    c.apply_step(EVAL_SEED)
+            for module in modules:
+                module.eval()
+            subject.drop_converted_references()
+            for case in subject.first_seed_cases():
+                args = subject.inputs(case)
+                try:
+                    reference = subject.run_reference(clone_tree(args))
+                    oracle = subject.oracle(args)
+                except UserCodeError as exc:
+                    if not exc.role.startswith("reference"):
+                        raise
+                    return None, f"; not in eval mode (the reference raised there: {type(exc.exc).__name__})"
+                out = subject.run_kernel(clone_tree(args))
+                leaves = measure_outputs(out, reference, oracle, subject.tolerance,
+                                         terms=lambda args=args: subject.terms(args))
+                if isinstance(leaves, Incomparable):
+                    return self.failed(subject, f"in eval mode (module.eval()): {leaves.message}", case=case,
+                                       expected=leaves.expected, got=leaves.got, broken=True,
+                                       details={"mode": "eval"}), ""
+                judged += 1
+                for leaf in leaves:
+                    evidence.append({"case": case.to_json(), "mode": "eval", **leaf.to_json()})
+                    if not leaf.passed:
+                        where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
+                        return self.failed(
+                            subject, f"in eval mode (module.eval(); buffers as built, parameters stepped alike; "
+                            f"in training mode within bound): {leaf.describe()}", case=case,
+                            expected=f"{leaf.expected!r} (float64 oracle, eval mode)", got=repr(leaf.got),
+                            where=where, broken=leaf.ratio > BROKEN_FACTOR,
+                            details={"ratio": leaf.ratio, "mode": "eval"}), ""
+        finally:
+            for m, training in modes:
+                m.training = training
+            state.close()
+        return None, f"; and in eval mode in {judged} case(s)"
 
 
 GATE = Oracle

@@ -1,0 +1,89 @@
+"""The oracle gate's eval-mode probe: `nn.Module` kernels built in training mode are judged in eval mode too,
+from both modules' buffers as built and their equal parameters stepped alike, and left as they were."""
+
+from __future__ import annotations
+
+import torch
+from gate_harness import catalogue, check, subject_for
+
+from kgate import gates as registry
+from kgate.gates import oracle as oracle_gate
+
+_correct, _violating = catalogue("oracle", "correct"), catalogue("oracle", "violating")
+_Reference, _BothModes = _correct.BatchNormReference, _correct.BatchNormBothModes
+_BatchStatsAlways = _violating.BatchNormBatchStatsAlways
+
+
+def test_a_module_right_only_in_training_mode_fails_in_eval_mode():
+    result = check("oracle", _BatchStatsAlways(), _Reference(), _correct.make_batch)
+    assert result.verdict == "fail", result.message
+    assert result.message.startswith("in eval mode") and "in training mode within bound" in result.message
+    assert result.details["mode"] == "eval"
+
+
+def test_a_module_right_in_both_modes_passes_with_its_eval_mode_judged():
+    result = check("oracle", _BothModes(), _Reference(), _correct.make_batch)
+    assert result.verdict == "pass" and "and in eval mode in 1 case(s)" in result.message, result.message
+    assert any(e.get("mode") == "eval" for e in result.evidence)
+
+
+def test_unequal_calls_before_the_probe_do_not_blame_a_correct_module():
+    """The gates call kernel and reference unequally often; a BatchNorm's running statistics follow its calls.
+    The probe puts both modules' buffers back to their values as built first: without that the kernel's
+    statistics (one call fewer) would disagree with the reference's in eval mode."""
+    kernel, reference = _BothModes(), _Reference()
+    subject = subject_for(kernel, reference, _correct.make_batch)
+    for seed in range(3):  # the reference alone, three more calls (its running statistics move)
+        reference(*_correct.make_batch(100 + seed))
+    assert not torch.equal(kernel.bn.running_mean, reference.bn.running_mean)
+    result = registry.get("oracle").check(subject)
+    assert result.verdict == "pass", result.message
+
+    kernel, reference = _BothModes(), _Reference()
+    subject = subject_for(kernel, reference, _correct.make_batch)
+    for seed in range(3):
+        reference(*_correct.make_batch(100 + seed))
+    subject._initial_buffers = []  # as if the buffers were not put back: the correct module is blamed
+    assert registry.get("oracle").check(subject).verdict == "fail"
+
+
+def test_the_probe_leaves_modes_parameters_and_buffers_as_the_calls_left_them(monkeypatch):
+    def run(probe: bool):
+        torch.manual_seed(0)
+        kernel, reference = _BothModes(), _Reference()
+        if not probe:
+            monkeypatch.setattr(oracle_gate.Oracle, "eval_mode", lambda self, subject, evidence: (None, ""))
+        result = check("oracle", kernel, reference, _correct.make_batch)
+        monkeypatch.undo()
+        return result, kernel, reference
+
+    probed, kernel, reference = run(True)
+    plain, kernel0, reference0 = run(False)
+    assert probed.verdict == plain.verdict == "pass"
+    for after, before in ((kernel, kernel0), (reference, reference0)):
+        assert all(m.training for m in after.modules())
+        for (name, t), (_, t0) in zip(after.state_dict().items(), before.state_dict().items()):
+            assert torch.equal(t, t0), name
+
+
+def test_a_reference_that_raises_in_eval_mode_leaves_it_unjudged():
+    class TrainingOnly(_Reference):
+        def forward(self, x):
+            if not self.training:
+                raise RuntimeError("this model only trains")
+            return self.bn(x)
+
+    result = check("oracle", _BothModes(), TrainingOnly(), _correct.make_batch)
+    assert result.verdict == "pass" and "not in eval mode (the reference raised there: RuntimeError)" in \
+        result.message, result.message
+
+
+def test_functions_and_modules_built_in_eval_mode_are_not_probed():
+    result = check("oracle", lambda x: x * 2, lambda x: x * 2, _correct.make_batch)
+    assert result.verdict == "pass" and "eval mode" not in result.message
+    kernel, reference = _BatchStatsAlways().eval(), _Reference().eval()
+    # built in eval mode: the reference normalises with the running statistics, the kernel with the batch's
+    assert check("oracle", kernel, reference, _correct.make_batch).verdict == "fail"
+    reference = _Reference().eval()
+    both = check("oracle", _BothModes().eval(), reference, _correct.make_batch)
+    assert both.verdict == "pass" and "eval mode" not in both.message
