@@ -23,23 +23,26 @@ def layer_norm_half_precision_mean(x, w, b):
                                     lambda wdy: wdy.mean(-1, keepdim=True).bfloat16().float())
 
 
-class BatchNormBatchStatsAlways(torch.nn.Module):
-    """BatchNorm1d by its own formula, the running statistics updated as torch updates them, but normalising
-    with the batch's statistics in eval mode too: right in training mode, the mode it is built in; in eval
-    mode (inference) the running statistics it keeps are never used."""
+def _catalogue(folder, name):
+    """The catalogue's module gates/FOLDER/NAME.py, loaded by path (a plain import would find another folder's)."""
+    path = Path(__file__).resolve().parent.parent / folder / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"kgate_catalogue_{folder}_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def __init__(self, features=16):
-        super().__init__()
-        self.bn = torch.nn.BatchNorm1d(features)
+
+class BatchNormBatchStatsAlways(_catalogue("contract", "correct").BatchNormOwnFormula):
+    """The contract catalogue's own-formula BatchNorm1d (running statistics updated as torch updates them) with
+    its eval branch never taken: the batch's statistics in eval mode too. Right in training mode, the mode it
+    is built in; in eval mode (inference) the running statistics it keeps are never used."""
 
     def forward(self, x):
-        bn = self.bn
-        mean, var = x.mean(0), x.var(0, unbiased=False)
-        with torch.no_grad():
-            bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
-            bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * x.var(0, unbiased=True))
-            bn.num_batches_tracked += 1
-        return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
+        mode, self.training = self.training, True
+        try:
+            return super().forward(x)
+        finally:
+            self.training = mode
 
 
 batchnorm_batch_stats_always = BatchNormBatchStatsAlways()
@@ -47,7 +50,4 @@ batchnorm_batch_stats_always = BatchNormBatchStatsAlways()
 
 def _sibling(name):
     """This folder's module `name`, loaded by path (a plain import would find another folder's correct.py)."""
-    spec = importlib.util.spec_from_file_location(f"kgate_catalogue_oracle_{name}", Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _catalogue("oracle", name)
