@@ -18,6 +18,7 @@ kernel's notes (`judged_alone`).
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
@@ -541,10 +542,11 @@ class Runner:
             if causes:
                 with open(log_path, "a", encoding="utf-8") as log:
                     log.write(f"\n--- kgate: a fresh worker for the remaining gates ({causes[-1]}) ---\n")
+            env, caches = kernel_caches(kernel)
             exit_ = supervise("kgate.worker", {**job, "gates": remaining}, log_path=log_path, cwd=self.manifest.base,
                               timeout=timeout, memory=memory, on_event=on_event,
                               append_log=bool(causes) or self.options.resume or alone,  # earlier logs stay
-                              cancel=self._cancel)
+                              cancel=self._cancel, env=env, writable=caches)
             if exit_.detached and "isolation" in remaining:
                 with self._lock:
                     earlier = results.get("isolation")
@@ -670,6 +672,38 @@ LOG_CAP = 16 * 2**20
 LOG_TAIL = 64 * 2**10
 # How often the memory of the worker's whole process tree is summed (a walk over /proc).
 TREE_POLL_S = 0.2
+
+
+_CACHES_ROOT: list[Path] = []
+
+
+def _caches_root() -> Path:
+    """This kgate process's folder of the kernels' build caches (removed at exit). Not inside
+    sandbox.run_root(): a sandboxed job sees a fresh in-memory folder there, holding its own scratch folder
+    only, so a cache in it would be each worker's alone."""
+    if not _CACHES_ROOT:
+        root = Path(tempfile.mkdtemp(prefix="kgate-caches-"))
+        _CACHES_ROOT.append(root)
+        atexit.register(shutil.rmtree, root, True)
+    return _CACHES_ROOT[0]
+
+
+def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
+    """The environment of a kernel's workers, and the folders they write besides their own: Triton's cache and
+    torch's extension builds, one pair per kernel (its name and digest) for the whole run, so that the kernel's
+    workers (one per gate or group of gates) compile its Triton kernels and build its extensions once, not
+    once each (an autotuned matrix product compiles hundreds of configurations). Never shared between
+    kernels: a kernel that could write into another's cache could leave a forged binary under that one's key
+    (the audit keeps one pair per candidate the same way, kgate.audit.evaluate.worker_env). What a kernel
+    writes into its own cache reaches its own workers only, as what it does in its own process does."""
+    name = "".join(c if c.isalnum() or c in "_.-" else "_" for c in kernel.name)[:64]
+    folder = _caches_root() / f"{name}-{kernel.digest()[:16]}"
+    env = dict(os.environ)
+    env["TRITON_CACHE_DIR"] = str(folder / "triton")
+    env["TORCH_EXTENSIONS_DIR"] = str(folder / "torch_extensions")
+    for key in ("TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+        Path(env[key]).mkdir(parents=True, exist_ok=True)
+    return env, [folder]
 
 
 def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, timeout: float, memory: int,

@@ -656,3 +656,58 @@ def test_a_kernels_digest_follows_its_own_entry_and_the_defaults_not_the_rest_of
     assert defaults["a"] != first["a"] and defaults["b"] != first["b"]
     (tmp_path / "k.py").write_text("def f(x):\n    return x + 0\n")
     assert digests(text)["a"] != first["a"]  # the kernel's file
+
+
+_CACHE_KERNELS = '''
+import os
+import time
+
+import torch
+
+CACHE = os.environ["TRITON_CACHE_DIR"]
+# this worker's mark in the kernel's cache (one per process: the module is loaded once per role, and each
+# sandboxed worker has a process-id namespace of its own, so its pid is no name)
+token = os.environ.setdefault("KGATE_TEST_MARK", os.urandom(8).hex())
+open(os.path.join(CACHE, f"seen-{token}"), "w").close()
+deadline = time.monotonic() + 30
+while len([n for n in os.listdir(CACHE) if n.startswith("seen-")]) < WORKERS and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("cache", CACHE, "marks", len([n for n in os.listdir(CACHE) if n.startswith("seen-")]), flush=True)
+
+
+def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    return (torch.randn(8, 8, generator=torch.Generator().manual_seed(seed), dtype=dtype),)
+
+
+def kernel(x):
+    return x * 2
+
+
+def reference(x):
+    return x * 2
+'''
+
+
+def test_a_kernels_workers_share_one_build_cache_and_other_kernels_do_not_see_it(tmp_path):
+    """Triton's cache and torch's extension builds: one pair per kernel for the run, written by every worker of
+    that kernel (here two at once: each waits until it sees the other's mark), never shown to another kernel's
+    workers (each kernel sees its own marks only)."""
+    for name, workers in (("first", 2), ("second", 1)):
+        (tmp_path / f"{name}.py").write_text(_CACHE_KERNELS.replace("WORKERS", str(workers)))
+    (tmp_path / "kgate.yaml").write_text(
+        "version: 1\ndefaults: {seeds: [0]}\nkernels:\n"
+        + "".join(f"  - {{name: {n}, kernel: '{n}.py:kernel', reference: '{n}.py:reference', "
+                  f"inputs: '{n}.py:make_inputs'}}\n" for n in ("first", "second")))
+    manifest = load(tmp_path / "kgate.yaml")
+    options = RunOptions(out_dir=tmp_path / "out", gates=["contract", "oracle"])
+    runner = Runner(manifest, manifest.kernels, options)
+    first = runner.run_kernel(manifest.by_name("first"), parts=2)
+    second = runner.run_kernel(manifest.by_name("second"))
+    assert first.verdict == second.verdict == "pass", (first.error, second.error)
+    logs = {r.name: open(r.log).read() for r in (first, second)}
+    marks = {name: [line.split() for line in log.splitlines() if line.startswith("cache ")]
+             for name, log in logs.items()}
+    assert {m[3] for m in marks["first"]} == {"2"}, logs["first"]  # each worker saw both workers' marks
+    assert len({m[1] for m in marks["first"]}) == 1
+    assert {m[3] for m in marks["second"]} == {"1"}, logs["second"]  # its own mark only
+    assert marks["second"][0][1] != marks["first"][0][1]
