@@ -503,13 +503,15 @@ class ModuleState:
     reference's converted copies (`DtypeDispatch`) are set aside meanwhile: a copy converted from changed
     parameters is dropped, the ones from before come back."""
 
-    def __init__(self, subject: Subject, modules: tuple[torch.nn.Module, torch.nn.Module]):
+    def __init__(self, subject: Subject, modules: tuple[torch.nn.Module, torch.nn.Module], *,
+                 parameters: bool = True):
+        """`parameters=False`: the buffers alone (for a probe that changes no parameter: no copy of the weights)."""
         self.subject = subject
         seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         copies: dict[tuple, list[torch.Tensor]] = {}  # by shape, dtype, device: the copies made so far
         with torch.no_grad():
             for module in modules:
-                for t in [*module.parameters(), *module.buffers()]:
+                for t in [*(module.parameters() if parameters else ()), *module.buffers()]:
                     if id(t) in seen:
                         continue
                     # kernel and reference mostly hold equal weights: one copy serves every tensor equal

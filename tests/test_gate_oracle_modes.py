@@ -87,3 +87,14 @@ def test_functions_and_modules_built_in_eval_mode_are_not_probed():
     reference = _Reference().eval()
     both = check("oracle", _BothModes().eval(), reference, _correct.make_batch)
     assert both.verdict == "pass" and "eval mode" not in both.message
+
+
+def test_parameters_are_stepped_only_where_a_normalization_layer_is():
+    """Without a BatchNorm/InstanceNorm the eval-mode probe keeps the parameters (and saves only the buffers):
+    a linear layer that caches its weight by address (isolation's business) is right in eval mode too."""
+    isolation = catalogue("isolation", "violating"), catalogue("isolation", "correct")
+    violating, correct = isolation
+    result = check("oracle", violating.linear_cached_by_address, correct.linear_reference, correct.make_features)
+    assert result.verdict == "pass" and "and in eval mode in 1 case(s)" in result.message, result.message
+    failed = check("oracle", _BatchStatsAlways(), _Reference(), _correct.make_batch)
+    assert "parameters stepped alike" in failed.message
