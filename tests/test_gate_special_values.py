@@ -480,3 +480,36 @@ def test_a_class_neither_the_oracle_nor_the_reference_in_its_dtype_gives_still_f
                    sv_correct.make_inputs_saturated, dtypes=("bfloat16",))
     assert result.verdict == "fail", result.message
     assert "the kernel gives 0.0" in result.message
+
+
+# --- integer outputs ---------------------------------------------------------------------------------------------
+
+def test_an_integer_output_that_skips_nan_fails_and_one_that_keeps_torchs_rules_passes():
+    """argmax is an int64 output: no class to compare, its value is what a NaN changes (torch returns the NaN's
+    index). Skipping NaN in the comparison gives another index: a failure naming the two indices."""
+    wrong = check("special_values", sv_violating.row_argmax_skips_nan, sv_correct.reference_row_argmax,
+                  sv_correct.make_inputs)
+    assert wrong.verdict == "fail" and "the oracle gives" in wrong.message and "int64 output differ" in wrong.message
+    assert "NaN injected" in wrong.message
+    right = check("special_values", sv_correct.row_argmax_blocked, sv_correct.reference_row_argmax,
+                  sv_correct.make_inputs)
+    assert right.verdict == "pass", right.message
+
+
+def test_an_integer_output_the_reference_gives_in_the_kernels_dtype_passes():
+    """argmax(x + 1000) in float16: the row's two largest inputs, 2 and the next float16 above it, round to one
+    value once 1000 is added (float16's spacing there is 0.5), so the reference in float16 returns the first
+    index, where the float64 oracle tells them apart and returns the second. The kernel that computes as its
+    reference does is not blamed for the oracle's index."""
+    def make_near_ties(seed, shape=None, dtype=torch.float32, device="cpu"):
+        gen = torch.Generator().manual_seed(seed)
+        base = 0.1 * torch.randn(8, 32, generator=gen, dtype=torch.float64)
+        base[:, 5] = 2.0
+        base[:, 20] = 2.001953125  # the next float16 above 2
+        return (base.to(dtype=dtype, device=device),)
+
+    def shifted_argmax(x):
+        return torch.argmax(x + 1000, dim=-1)
+
+    result = check("special_values", shifted_argmax, shifted_argmax, make_near_ties, dtypes=("float16",))
+    assert result.verdict == "pass", result.message

@@ -130,3 +130,22 @@ def sigmoid_backward(x, dy):
     """The same backward, fused: NaN where its reference gives NaN in the dtype (Inf * 0)."""
     s = torch.sigmoid(x)
     return dy * (s - s * s)
+
+
+def reference_row_argmax(x):
+    """torch.argmax along the last dimension: a NaN counts as the largest value (its index is returned), ties
+    go to the first index."""
+    return torch.argmax(x, dim=-1)
+
+
+def row_argmax_blocked(x, block=16):
+    """Row argmax in blocks of `block`: each block's max and index (the first among ties, a NaN's if any), then
+    the first block holding the row's max; the tail padded with -inf."""
+    n = x.shape[-1]
+    pad = (-n) % block
+    if pad:
+        x = torch.nn.functional.pad(x, (0, pad), value=float("-inf"))
+    values, within = x.reshape(*x.shape[:-1], x.shape[-1] // block, block).max(dim=-1)
+    blocks = torch.argmax(values, dim=-1, keepdim=True)
+    return (blocks * block + within.gather(-1, blocks)).squeeze(-1)
+

@@ -72,3 +72,11 @@ def sigmoid_backward_zeroing_nonfinite(x, dy):
     cotangent gives 0, where the float64 oracle gives Inf and the reference in the dtype NaN."""
     s = torch.sigmoid(x)
     return torch.nan_to_num(dy * s * (1 - s), nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def row_argmax_skips_nan(x):
+    """Row argmax whose comparison skips NaN (NaN mapped to -inf first, as a max reduction written with `>`
+    does): right on finite rows; a row with a NaN gets its largest finite value's index, where torch returns
+    the NaN's."""
+    return torch.argmax(torch.nan_to_num(x, nan=float("-inf")), dim=-1)
+

@@ -7,7 +7,8 @@ that mishandles special values in one part of a reduction (a `nansum` over a row
 its first block) meets one there, whichever dimension it reduces. Each probe holds a single special
 value: two in one reduction would let one hide the other's mishandling. Tolerance-free: only the
 class of each element (NaN, +Inf, -Inf, finite) is compared, against the oracle rounded to the
-output's dtype.
+output's dtype; an integer or boolean output (an argmax, a mask) must equal the oracle's, or another
+evaluation of the reference's (`SpecialValues.integer_output`).
 
 Whole lines of special values too, one probe each: NaN filling the line through an input's last element
 along each of its dimensions (a row that is all NaN, whichever dimension a kernel reduces: a guard that
@@ -358,7 +359,13 @@ class SpecialValues(Gate):
             want = oracles[path]
             if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
                 continue
-            if not (got.is_floating_point() or got.is_complex()) or got.shape != want.shape:
+            if got.shape != want.shape:
+                continue
+            if not (got.is_floating_point() or got.is_complex()):
+                failure = self.integer_output(subject, case, label, path, got.detach(), want,
+                                              (on_cpu, in_dtype), rounded)
+                if failure is not None:
+                    return failure
                 continue
             expected = classify(want.to(device=got.device, dtype=got.dtype))
             actual = classify(got.detach())
@@ -417,6 +424,35 @@ class SpecialValues(Gate):
             spread.extend(found)
         return None
 
+
+    def integer_output(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor,
+                       want: torch.Tensor, others: tuple[Callable[[], Any], ...],
+                       rounded: list | None) -> GateResult | None:
+        """An integer or boolean output (an argmax, a mask, a count) under a special value: equal to the oracle's,
+        or where it differs, to another evaluation of the reference (the oracle on the CPU, the reference in the
+        kernel's dtype, whose rounding may make a tie the oracle has not). A NaN the kernel's comparison skips
+        gives another index where torch's argmax returns the NaN's. Tolerance-free."""
+        diff = got != want.to(device=got.device, dtype=got.dtype)
+        for evaluation in others:
+            if not diff.any():
+                break
+            tree = evaluation()
+            other = dict(flatten(tree)).get(path) if tree is not None else None
+            if isinstance(other, torch.Tensor) and other.shape == got.shape:
+                agrees = diff & (got == other.detach().to(device=got.device, dtype=got.dtype))
+                diff &= ~agrees
+                if agrees.any() and rounded is not None:
+                    rounded.append({"probe": label, "case": case.to_json(), "path": path,
+                                    "outputs": int(agrees.sum())})
+        if not diff.any():
+            return None
+        flat = int(diff.reshape(-1).nonzero()[0, 0])
+        index = list(index_of(flat, tuple(got.shape)))
+        e, a = want.reshape(-1)[flat].item(), got.reshape(-1)[flat].item()
+        return self.failed(
+            subject, f"{path}{index}: the oracle gives {e!r}, the kernel gives {a!r} ({int(diff.sum())} of "
+            f"{diff.numel()} elements of this {str(got.dtype).removeprefix('torch.')} output differ) after {label}",
+            case=case, expected=repr(e), got=repr(a), where=f"{path}{index}", details={"probe": label})
 
     @staticmethod
     def same_class(tree, path: str, got: torch.Tensor, actual: torch.Tensor, mode: str,
