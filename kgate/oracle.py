@@ -136,6 +136,11 @@ class LeafError:
         return self.err <= self.bound
 
     @property
+    def where(self) -> str:
+        """The output path, with the worst element's index where there is one."""
+        return f"{self.path}{self.index}" if self.index is not None else self.path
+
+    @property
     def ratio(self) -> float:
         if self.bound > 0:
             return self.err / self.bound
@@ -595,7 +600,6 @@ def torch_generator_states(gpu: torch.device | None) -> dict[str, torch.Tensor]:
         index = gpu.index if gpu.index is not None else torch.cuda.current_device()
         states[f"torch's generator of cuda:{index}"] = torch.cuda.get_rng_state(index)
     return states
-
 
 
 @contextlib.contextmanager

@@ -18,7 +18,6 @@ kernel's notes (`judged_alone`).
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
 import os
@@ -420,8 +419,7 @@ class Runner:
         return judging
 
     def _log_path(self, kernel: ResolvedKernel) -> Path:
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in kernel.name)
-        return self.out_dir / "logs" / f"{safe}.log"
+        return self.out_dir / "logs" / f"{_file_name(kernel.name)}.log"
 
     def _again_alone(self, judging: Judging) -> None:
         """Judge again the gates that outgrew the kernel's share of the GPU's memory, in one worker with the
@@ -674,18 +672,9 @@ LOG_TAIL = 64 * 2**10
 TREE_POLL_S = 0.2
 
 
-_CACHES_ROOT: list[Path] = []
-
-
-def _caches_root() -> Path:
-    """This kgate process's folder of the kernels' build caches (removed at exit). Not inside
-    sandbox.run_root(): a sandboxed job sees a fresh in-memory folder there, holding its own scratch folder
-    only, so a cache in it would be each worker's alone."""
-    if not _CACHES_ROOT:
-        root = Path(tempfile.mkdtemp(prefix="kgate-caches-"))
-        _CACHES_ROOT.append(root)
-        atexit.register(shutil.rmtree, root, True)
-    return _CACHES_ROOT[0]
+def _file_name(name: str) -> str:
+    """A kernel's name as a file name: letters, digits, '-', '_' and '.' kept, anything else '_'."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
@@ -696,8 +685,9 @@ def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
     kernels: a kernel that could write into another's cache could leave a forged binary under that one's key
     (the audit keeps one pair per candidate the same way, kgate.audit.evaluate.worker_env). What a kernel
     writes into its own cache reaches its own workers only, as what it does in its own process does."""
-    name = "".join(c if c.isalnum() or c in "_.-" else "_" for c in kernel.name)[:64]
-    folder = _caches_root() / f"{name}-{kernel.digest()[:16]}"
+    # not inside sandbox.run_root(): a sandboxed job sees a fresh in-memory folder there, holding its own scratch
+    # folder only, so a cache in it would be each worker's alone
+    folder = sandbox.process_folder("kgate-caches-") / f"{_file_name(kernel.name)[:64]}-{kernel.digest()[:16]}"
     env = dict(os.environ)
     env["TRITON_CACHE_DIR"] = str(folder / "triton")
     env["TORCH_EXTENSIONS_DIR"] = str(folder / "torch_extensions")

@@ -161,17 +161,22 @@ def _probe() -> tuple[str | None, str]:
     return bwrap, (version.stdout.strip() or "bubblewrap")
 
 
-_RUN_ROOT: list[Path] = []
+_PROCESS_FOLDERS: dict[str, Path] = {}
+
+
+def process_folder(prefix: str) -> Path:
+    """A folder of this kgate process's own under the temporary folder, one per `prefix` (0700, removed at exit)."""
+    if prefix not in _PROCESS_FOLDERS:
+        root = Path(tempfile.mkdtemp(prefix=prefix))
+        _PROCESS_FOLDERS[prefix] = root
+        atexit.register(shutil.rmtree, root, True)
+    return _PROCESS_FOLDERS[prefix]
 
 
 def run_root() -> Path:
-    """This kgate process's folder of worker scratch folders (0700, removed at exit): hidden from every
-    sandboxed worker but for its own folder inside it."""
-    if not _RUN_ROOT:
-        root = Path(tempfile.mkdtemp(prefix="kgate-run-"))
-        _RUN_ROOT.append(root)
-        atexit.register(shutil.rmtree, root, True)
-    return _RUN_ROOT[0]
+    """This kgate process's folder of worker scratch folders: hidden from every sandboxed worker but for its own
+    folder inside it."""
+    return process_folder("kgate-run-")
 
 
 class Cell:

@@ -215,19 +215,6 @@ class FirstCall:
         handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
 
 
-def _buffer_copies(modules: tuple[torch.nn.Module, torch.nn.Module] | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(buffer, a copy of it) for every buffer of both modules, once each (none without modules)."""
-    if modules is None:
-        return []
-    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    with torch.no_grad():
-        for module in modules:
-            for t in module.buffers():
-                if id(t) not in seen:
-                    seen[id(t)] = (t, t.detach().clone())
-    return list(seen.values())
-
-
 class Subject:
     def __init__(self, kernel: ResolvedKernel, kernel_fn: Callable, reference_fn: Callable,
                  factory: InputFactory, device: torch.device, cases: list[Case], *,
@@ -268,7 +255,8 @@ class Subject:
         # the modules' buffers as built (running statistics, counters): kernel and reference are built alike,
         # so here they agree; the gates call the two unequally often, so a probe that needs them to agree again
         # (the oracle gate's eval mode) puts these back first (`initial_buffers`)
-        self._initial_buffers = _buffer_copies(self.modules())
+        modules = self.modules()
+        self._initial_buffers = ModuleState(self, modules, parameters=False) if modules is not None else None
 
     def conform(self, original: tuple, probe: tuple) -> tuple:
         """A probing gate's changed copy of `original`, brought back inside the inputs' domain where the
@@ -293,10 +281,10 @@ class Subject:
     def initial_buffers(self) -> None:
         """Put the kernel's and the reference's module buffers back to their values as built (a caller that
         changes them saves them first: `ModuleState`)."""
-        with torch.no_grad():
-            for t, saved in self._initial_buffers:
-                t.copy_(saved)
-        self.drop_converted_references()
+        if self._initial_buffers is not None:
+            self._initial_buffers.restore()  # (and drops the converted copies)
+        else:
+            self.drop_converted_references()
 
     def drop_converted_references(self) -> None:
         """Forget the reference module's converted copies (float64 for the oracle, other dtypes): the next

@@ -43,7 +43,7 @@ def test_unequal_calls_before_the_probe_do_not_blame_a_correct_module():
     subject = subject_for(kernel, reference, _correct.make_batch)
     for seed in range(3):
         reference(*_correct.make_batch(100 + seed))
-    subject._initial_buffers = []  # as if the buffers were not put back: the correct module is blamed
+    subject._initial_buffers = None  # as if the buffers were not put back: the correct module is blamed
     assert registry.get("oracle").check(subject).verdict == "fail"
 
 

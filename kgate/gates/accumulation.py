@@ -743,16 +743,15 @@ class Accumulation(Gate):
         order, nearest = min(consistent[acc], key=lambda ox: _log_ratio(leaf.err, ox[1]))
         ranges = "; ".join(f"{dtype_name(a)} accumulator {e[0]:.3g} (pairwise) to {e[1]:.3g} (sequential)"
                            for a, e in low.items())
-        where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
         ref = "unknown" if leaf.ref_err is None else f"{leaf.ref_err:.3g}"
-        message = (f"{where} on {case.dtype} inputs: kernel error {leaf.err:.3g} is consistent with {dtype_name(acc)} accumulation (nearest: "
+        message = (f"{leaf.where} on {case.dtype} inputs: kernel error {leaf.err:.3g} is consistent with {dtype_name(acc)} accumulation (nearest: "
                    f"{order} order, {nearest:.3g}"
                    f"{'; also within the range of ' + ' and '.join(others) + ': these inputs do not tell them apart' if others else ''}"
                    f"), while the reference in "
                    f"{case.dtype} errs {ref} (bound {leaf.bound:.3g}); the reference emulated with a low-precision "
                    f"accumulator errs: {ranges}; inputs: {label} ({_ops(covered)} emulated)")
         return self.failed(subject, message, case=case, expected=f"{leaf.expected!r} (float64 oracle)",
-                           got=repr(leaf.got), where=where, broken=leaf.ratio > BROKEN_FACTOR,
+                           got=repr(leaf.got), where=leaf.where, broken=leaf.ratio > BROKEN_FACTOR,
                            details={"dtype": case.dtype, "consistent_with": dtype_name(acc), "order": order,
                                     "also_consistent_with": others, "kernel_err": leaf.err, "bound": leaf.bound,
                                     "inputs": label,

@@ -222,10 +222,9 @@ class Layouts(Gate):
                 evidence.append({"case": case.to_json(), **leaf.to_json()})
             allowed = max(leaf.bound, strided_leaf.bound, ref_leaf.err)
             if leaf.err > allowed:
-                where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
                 ratio = leaf.err / allowed if allowed > 0 else float("inf")
                 return Finding(ORACLE, f"differs from the contiguous copy's result beyond the oracle bound: "
-                               f"{leaf.describe()}", where=where, expected=f"{leaf.expected!r} (float64 oracle)",
+                               f"{leaf.describe()}", where=leaf.where, expected=f"{leaf.expected!r} (float64 oracle)",
                                got=repr(leaf.got), broken=ratio > BROKEN_FACTOR, tolerance_free=False,
                                details={"ratio": ratio}), False
         return None, False

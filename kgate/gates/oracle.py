@@ -4,8 +4,8 @@ kernel and reference are `nn.Module`s built in training mode, again in eval mode
 inference calls them) on the first case of each shape and dtype: both modules' buffers as built and, where
 they hold a normalization layer (BatchNorm, InstanceNorm), their equal parameters moved alike by one
 optimizer-style step (as built, a BatchNorm's weight is 1 and its bias 0, which hide a wrong inference
-formula). A BatchNorm that always normalises with the batch's
-statistics, or an inference path of its own with a wrong formula, is right in training mode only."""
+formula). A BatchNorm that always normalises with the batch's statistics, or an inference path of its own
+with a wrong formula, is right in training mode only."""
 
 from __future__ import annotations
 
@@ -107,17 +107,16 @@ class Oracle(Gate):
                 return failed
             return self.passed(f"within bound in {len(subject.cases)} case(s); worst {ratio:.2g} x bound "
                                f"({leaf.path}, {case.label()}){note}", evidence=evidence)
-        where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
         return self.failed(subject, leaf.describe(), case=case, expected=f"{leaf.expected!r} (float64 oracle)",
-                           got=repr(leaf.got), where=where, broken=ratio > BROKEN_FACTOR, evidence=evidence,
+                           got=repr(leaf.got), where=leaf.where, broken=ratio > BROKEN_FACTOR, evidence=evidence,
                            details={"ratio": ratio})
 
     def eval_mode(self, subject: Subject, evidence: list) -> tuple[GateResult | None, str]:
         """Kernel and reference modules built in training mode, judged again in eval mode on the first case of
         each shape and dtype, from their buffers as built (the gates call the two unequally often, and a
-        BatchNorm's running statistics follow its calls) and their equal parameters stepped alike (isolation's
-        `ParameterClass`), everything put back after. Returns (a failure or None, a note for the pass
-        message)."""
+        BatchNorm's running statistics follow its calls) and, where a normalization layer is, their equal
+        parameters stepped alike (isolation's `ParameterClass`), everything put back after. Returns (a failure
+        or None, a note for the pass message)."""
         modules = subject.modules()
         if modules is None or not modules[1].training:
             return None, ""
@@ -159,13 +158,12 @@ class Oracle(Gate):
                 for leaf in leaves:
                     evidence.append({"case": case.to_json(), "mode": "eval", **leaf.to_json()})
                     if not leaf.passed:
-                        where = f"{leaf.path}{leaf.index}" if leaf.index is not None else leaf.path
                         return self.failed(
                             subject, f"in eval mode (module.eval(); buffers as built"
                             f"{', parameters stepped alike' if step else ''}; in training mode within bound): "
                             f"{leaf.describe()}", case=case,
                             expected=f"{leaf.expected!r} (float64 oracle, eval mode)", got=repr(leaf.got),
-                            where=where, broken=leaf.ratio > BROKEN_FACTOR,
+                            where=leaf.where, broken=leaf.ratio > BROKEN_FACTOR,
                             details={"ratio": leaf.ratio, "mode": "eval"}), ""
         finally:
             for m, training in modes:
