@@ -361,9 +361,11 @@ class SpecialValues(Gate):
                 continue
             if got.shape != want.shape:
                 continue
+            # other evaluations of the reference, each with the list its agreements are counted in
+            others = ((devices, on_cpu, {"device": str(subject.oracle_device)}),
+                      (rounded, in_dtype if got.dtype != torch.float64 else lambda: None, {}))
             if not (got.is_floating_point() or got.is_complex()):
-                failure = self.integer_output(subject, case, label, path, got.detach(), want,
-                                              (on_cpu, in_dtype), rounded)
+                failure = self.integer_output(subject, case, label, path, got.detach(), want, others)
                 if failure is not None:
                     return failure
                 continue
@@ -387,13 +389,12 @@ class SpecialValues(Gate):
                 if extra.any():
                     found.append({"probe": label, "case": case.to_json(), "injected": injected, "path": path,
                                   "outputs": int(extra.sum())})
-            # other evaluations of the reference: a class either gives is allowed (see the docstring)
-            for counted, evaluation, rounds, record in (
-                    (devices, on_cpu, True, {"device": str(subject.oracle_device)}),
-                    (rounded, in_dtype if got.dtype != torch.float64 else lambda: None, False, {})):
+            # other evaluations of the reference: a class either gives is allowed (see the docstring); the oracle on
+            # the CPU is rounded to the output's dtype, the reference is in it already
+            for counted, evaluation, record in others:
                 if not diff.any() or evaluation() is None:
                     continue
-                same = self.same_class(evaluation(), path, got, actual, mode, rounds)
+                same = self.same_class(evaluation(), path, got, actual, mode, evaluation is on_cpu)
                 if same is None:
                     continue
                 agrees = diff & same
@@ -424,16 +425,16 @@ class SpecialValues(Gate):
             spread.extend(found)
         return None
 
-
     def integer_output(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor,
-                       want: torch.Tensor, others: tuple[Callable[[], Any], ...],
-                       rounded: list | None) -> GateResult | None:
+                       want: torch.Tensor, others: tuple[tuple[list | None, Callable[[], Any], dict], ...]
+                       ) -> GateResult | None:
         """An integer or boolean output (an argmax, a mask, a count) under a special value: equal to the oracle's,
-        or where it differs, to another evaluation of the reference (the oracle on the CPU, the reference in the
-        kernel's dtype, whose rounding may make a tie the oracle has not). A NaN the kernel's comparison skips
-        gives another index where torch's argmax returns the NaN's. Tolerance-free."""
+        or where it differs, to another evaluation of the reference (`others`, as `judge` asks them for the
+        classes of a floating output: the oracle on the CPU, the reference in the kernel's dtype, whose rounding
+        may make a tie the oracle has not; each agreement counted in its list). A NaN the kernel's comparison
+        skips gives another index where torch's argmax returns the NaN's. Tolerance-free."""
         diff = got != want.to(device=got.device, dtype=got.dtype)
-        for evaluation in others:
+        for counted, evaluation, record in others:
             if not diff.any():
                 break
             tree = evaluation()
@@ -441,9 +442,9 @@ class SpecialValues(Gate):
             if isinstance(other, torch.Tensor) and other.shape == got.shape:
                 agrees = diff & (got == other.detach().to(device=got.device, dtype=got.dtype))
                 diff &= ~agrees
-                if agrees.any() and rounded is not None:
-                    rounded.append({"probe": label, "case": case.to_json(), "path": path,
-                                    "outputs": int(agrees.sum())})
+                if agrees.any() and counted is not None:
+                    counted.append({"probe": label, "case": case.to_json(), "path": path,
+                                    "outputs": int(agrees.sum()), **record})
         if not diff.any():
             return None
         flat = int(diff.reshape(-1).nonzero()[0, 0])
