@@ -629,6 +629,11 @@ def rng_state(shift: int) -> Iterator[None]:
         _SEED_SHIFT.reset(token)
 
 
+def own_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of a module's first floating-point parameter or buffer (None: it holds none)."""
+    return next((p.dtype for p in [*module.parameters(), *module.buffers()] if p.is_floating_point()), None)
+
+
 class DtypeDispatch:
     """A module called with the dtype/device of its first floating-point tensor argument: the float64
     oracle gets a float64 deep copy of the reference model (made once per dtype and device), called with
@@ -654,8 +659,7 @@ class DtypeDispatch:
         return self._copies[key]
 
     def _own_dtype(self) -> torch.dtype | None:
-        return next((p.dtype for p in [*self.model.parameters(), *self.model.buffers()] if p.is_floating_point()),
-                    None)
+        return own_dtype(self.model)
 
     def __call__(self, *args: Any) -> Any:
         first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)

@@ -14,6 +14,7 @@ import torch
 from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, overlaps, structure
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
+from kgate.oracle import own_dtype
 from kgate.subject import ModuleState, Subject
 
 
@@ -225,8 +226,7 @@ class Contract(Gate):
                   and kernel_buffers[n].shape == t.shape and kernel_buffers[n].dtype == t.dtype]
         if not shared:
             return None, ""
-        own = {next((t.dtype for t in [*m.parameters(), *m.buffers()] if t.is_floating_point()), None)
-               for m in modules}
+        own = {own_dtype(m) for m in modules}
         case = next((c for c in cases if own == {_first_float_dtype(subject.baseline(c).args)}), None)
         if case is None:
             return None, "module buffers not compared (no case in the modules' own dtype)"
