@@ -512,6 +512,7 @@ class Runner:
         faults: list[str] = []  # the gates whose probe the reference itself faulted on (a note, not an error)
         remaining = list(gates)
         workers, killed = 0, False
+        env, caches = kernel_caches(kernel)  # once for the kernel's workers here, not at each restart
         while remaining:
             workers += 1
             state: dict[str, Any] = {"current": None, "last": None, "started": False, "done": False, "lost": None}
@@ -540,7 +541,6 @@ class Runner:
             if causes:
                 with open(log_path, "a", encoding="utf-8") as log:
                     log.write(f"\n--- kgate: a fresh worker for the remaining gates ({causes[-1]}) ---\n")
-            env, caches = kernel_caches(kernel)
             exit_ = supervise("kgate.worker", {**job, "gates": remaining}, log_path=log_path, cwd=self.manifest.base,
                               timeout=timeout, memory=memory, on_event=on_event,
                               append_log=bool(causes) or self.options.resume or alone,  # earlier logs stay
