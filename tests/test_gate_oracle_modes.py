@@ -1,5 +1,6 @@
 """The oracle gate's eval-mode probe: `nn.Module` kernels built in training mode are judged in eval mode too,
-from both modules' buffers as built and their equal parameters stepped alike, and left as they were."""
+from both modules' buffers as built and, where a normalization layer is, their equal parameters and buffers
+stepped alike, twice (two rounds), and left as they were."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ def test_a_module_right_only_in_training_mode_fails_in_eval_mode():
 
 def test_a_module_right_in_both_modes_passes_with_its_eval_mode_judged():
     result = check("oracle", _BothModes(), _Reference(), _correct.make_batch)
-    assert result.verdict == "pass" and "and in eval mode in 1 case(s)" in result.message, result.message
-    assert any(e.get("mode") == "eval" for e in result.evidence)
+    assert result.verdict == "pass" and "and in eval mode in 1 case(s), 2 rounds" in result.message, \
+        result.message
+    assert sum(e.get("mode") == "eval" for e in result.evidence) == 2
 
 
 def test_unequal_calls_before_the_probe_do_not_blame_a_correct_module():
@@ -96,5 +98,47 @@ def test_parameters_are_stepped_only_where_a_normalization_layer_is():
     violating, correct = isolation
     result = check("oracle", violating.linear_cached_by_address, correct.linear_reference, correct.make_features)
     assert result.verdict == "pass" and "and in eval mode in 1 case(s)" in result.message, result.message
+    assert "rounds" not in result.message  # one round: nothing stepped, nothing to find again
     failed = check("oracle", _BatchStatsAlways(), _Reference(), _correct.make_batch)
-    assert "parameters stepped alike" in failed.message
+    assert "parameters and buffers stepped alike" in failed.message
+
+
+def test_a_formula_right_only_while_the_running_mean_is_zero_fails_once_the_buffers_are_stepped(monkeypatch):
+    """As built a running mean is 0: an eval formula that mishandles it is right there. The probe moves the
+    buffers too (a running mean's zeros get noise); without that, the flawed formula passes."""
+    shift_unscaled = _violating.BatchNormEvalShiftUnscaled
+    failed = check("oracle", shift_unscaled(), _Reference(), _correct.make_batch)
+    assert failed.verdict == "fail" and failed.details["mode"] == "eval", failed.message
+    from kgate.gates import isolation
+
+    step = isolation.ParameterClass.apply_step
+    monkeypatch.setattr(isolation.ParameterClass, "apply_step",
+                        lambda self, seed, offset_zeros=False: step(self, seed, False))
+    assert check("oracle", shift_unscaled(), _Reference(), _correct.make_batch).verdict == "pass"
+
+
+def test_a_fold_kept_from_the_first_eval_call_fails_in_the_second_round_and_a_versioned_one_passes(monkeypatch):
+    kept, versioned = _violating.BatchNormEvalFoldKept, _correct.BatchNormEvalFoldVersioned
+    failed = check("oracle", kept(), _Reference(), _correct.make_batch)
+    assert failed.verdict == "fail" and "stepped alike again after 1 eval-mode call(s)" in failed.message, \
+        failed.message
+    assert failed.details["setting"].startswith("parameters and buffers stepped alike again")
+    assert check("oracle", versioned(), _Reference(), _correct.make_batch).verdict == "pass"
+    monkeypatch.setattr(oracle_gate, "EVAL_ROUNDS", 1)  # one round: the fold is made from the stepped state
+    assert check("oracle", kept(), _Reference(), _correct.make_batch).verdict == "pass"
+
+
+def test_zero_buffers_are_offset_only_when_asked_and_other_buffers_are_scaled():
+    from kgate.gates.isolation import parameter_classes
+
+    kernel, reference = _Reference(), _Reference()
+    classes = {c.reference[0][0]: c for c in parameter_classes(kernel, reference)}
+    mean, var = classes["bn.running_mean"], classes["bn.running_var"]
+    mean.apply_step(3)
+    assert not kernel.bn.running_mean.any()  # scaled, zeros stay zero
+    mean.apply_step(3, offset_zeros=True)
+    assert kernel.bn.running_mean.abs().max() > 0 and torch.equal(kernel.bn.running_mean, reference.bn.running_mean)
+    assert kernel.bn.running_mean.abs().max() < 0.5
+    var.apply_step(3, offset_zeros=True)
+    assert torch.all((kernel.bn.running_var >= 0.5) & (kernel.bn.running_var < 1.5))
+    assert torch.equal(kernel.bn.running_var, reference.bn.running_var)

@@ -133,5 +133,24 @@ class BatchNormBothModes(BatchNormReference):
         return x * scale + (bn.bias - bn.running_mean * scale)
 
 
+class BatchNormEvalFoldVersioned(BatchNormBothModes):
+    """Eval mode's scale and shift folded once and kept while the weights and running statistics are unchanged:
+    the fold is keyed on each tensor's address and version counter (`_version`, which every in-place change,
+    an optimizer step, `copy_` or `load_state_dict`, advances), so it is made again after any change."""
+
+    def forward(self, x):
+        bn = self.bn
+        if self.training:
+            return super().forward(x)
+        key = tuple((t.data_ptr(), t._version) for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        if getattr(self, "_fold", (None,))[0] != key:
+            with torch.no_grad():
+                scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+                self._fold = (key, scale, bn.bias - bn.running_mean * scale)
+        _, scale, shift = self._fold
+        return x * scale + shift
+
+
 batchnorm_reference = BatchNormReference()
 batchnorm_both_modes = BatchNormBothModes()
+batchnorm_eval_fold_versioned = BatchNormEvalFoldVersioned()

@@ -48,6 +48,37 @@ class BatchNormBatchStatsAlways(_catalogue("contract", "correct").BatchNormOwnFo
 batchnorm_batch_stats_always = BatchNormBatchStatsAlways()
 
 
+class BatchNormEvalShiftUnscaled(_catalogue("oracle", "correct").BatchNormBothModes):
+    """Eval mode as one multiply-add per element, but its shift subtracts the running mean times the weight, not
+    times the scale (weight / sqrt(running variance + eps)): right while the running mean is 0, as built."""
+
+    def forward(self, x):
+        bn = self.bn
+        if self.training:
+            return super().forward(x)
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        return x * scale + (bn.bias - bn.running_mean * bn.weight)
+
+
+class BatchNormEvalFoldKept(_catalogue("oracle", "correct").BatchNormBothModes):
+    """Eval mode's scale and shift folded at the first eval-mode call and kept for every later one (an inference
+    fold made once): stale as soon as the weights or the running statistics change."""
+
+    def forward(self, x):
+        bn = self.bn
+        if self.training:
+            return super().forward(x)
+        if getattr(self, "_fold", None) is None:
+            scale = bn.weight.detach() * torch.rsqrt(bn.running_var + bn.eps)
+            self._fold = (scale, bn.bias.detach() - bn.running_mean * scale)
+        scale, shift = self._fold
+        return x * scale + shift
+
+
+batchnorm_eval_shift_unscaled = BatchNormEvalShiftUnscaled()
+batchnorm_eval_fold_kept = BatchNormEvalFoldKept()
+
+
 def _sibling(name):
     """This folder's module `name`, loaded by path (a plain import would find another folder's correct.py)."""
     return _catalogue("oracle", name)

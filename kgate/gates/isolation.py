@@ -391,11 +391,17 @@ class ParameterClass:
         reference = ", ".join(n for n, _ in self.reference[:3]) + (" ..." if len(self.reference) > 3 else "")
         return f"the kernel's {kernel} (the reference's {reference})"
 
-    def change(self, seed: int) -> torch.Tensor:
+    def shifts_zeros(self, offset_zeros: bool) -> bool:
+        """Whether `offset_zeros` makes this class's step an addition of noise: a buffer class all of whose
+        values are zero (a running mean as built, which scaling would leave at zero)."""
+        return offset_zeros and self.kind == "buffer" and not bool(self.reference[0][1].detach().any())
+
+    def change(self, seed: int, offset_zeros: bool = False) -> torch.Tensor:
         """What an optimizer step does to every tensor of the class: a parameter gets `add_(change)`, change
         ~ +-50% of the values plus noise of their mean magnitude; a buffer (running statistics, masks)
         `mul_(change)`, change in [0.5, 1.5): signs and zeros kept, so a variance stays positive and a 0/1 mask
-        keeps its pattern. The change depends only on the class's values, the seed and the device's random
+        keeps its pattern. With `offset_zeros`, a buffer class that is all zeros gets `add_(change)`, change
+        uniform in [-0.5, 0.5) (as running statistics move a running mean away from its zeros as built). The change depends only on the class's values, the seed and the device's random
         generator. It is drawn in float64 on the values' device (a generator of the device's own, never its
         global one; on the CPU where the device has none), a piece of STEP_PIECE elements at a time, and kept
         in the class's dtype on its device, so a weight of billions of elements costs one more tensor like it,
@@ -403,6 +409,7 @@ class ParameterClass:
         values = self.reference[0][1].detach()
         flat = values.reshape(-1)
         gen, work = _piece_generator(values.device, seed)
+        shift = self.shifts_zeros(offset_zeros)
         scale = 0.0
         if self.kind == "parameter" and flat.numel():
             total = sum(float(flat[i:i + STEP_PIECE].to(work, torch.float64).abs().sum())
@@ -413,7 +420,9 @@ class ParameterClass:
         for i in range(0, flat.numel(), STEP_PIECE):
             piece = flat[i:i + STEP_PIECE].to(work, torch.float64)
             factor = 0.5 + torch.rand(piece.shape, generator=gen, dtype=torch.float64, device=work)
-            if self.kind == "parameter":
+            if shift:
+                factor = factor - 1.0
+            elif self.kind == "parameter":
                 noise = torch.rand(piece.shape, generator=gen, dtype=torch.float64, device=work) - 0.5
                 factor = piece * (factor - 1.0) + (scale or 1.0) * noise
             dest[i:i + piece.numel()] = factor.to(dest.device, dest.dtype)
@@ -423,11 +432,12 @@ class ParameterClass:
         """Every tensor of the class, once each (kernel and reference may share one)."""
         return list({id(t): t for _, t in [*self.reference, *self.kernel]}.values())
 
-    def apply_step(self, seed: int) -> None:
-        change = self.change(seed)
+    def apply_step(self, seed: int, offset_zeros: bool = False) -> None:
+        change = self.change(seed, offset_zeros)
+        add = self.kind == "parameter" or self.shifts_zeros(offset_zeros)
         with torch.no_grad():
             for t in self.tensors():
-                if self.kind == "parameter":
+                if add:
                     t.add_(change)
                 else:
                     t.mul_(change)

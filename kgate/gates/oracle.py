@@ -2,10 +2,11 @@
 error in the kernel's dtype (formula in kgate/oracle.py). Judged on every case of the sweep, and where
 kernel and reference are `nn.Module`s built in training mode, again in eval mode (`module.eval()`, as
 inference calls them) on the first case of each shape and dtype: both modules' buffers as built and, where
-they hold a normalization layer (BatchNorm, InstanceNorm), their equal parameters moved alike by one
-optimizer-style step (as built, a BatchNorm's weight is 1 and its bias 0, which hide a wrong inference
-formula). A BatchNorm that always normalises with the batch's statistics, or an inference path of its own
-with a wrong formula, is right in training mode only."""
+they hold a normalization layer (BatchNorm, InstanceNorm), their equal parameters and buffers moved alike by
+an optimizer-style step (as built, a BatchNorm's weight is 1, its bias 0, its running mean 0 and its running
+variance 1, which hide a wrong inference formula), then moved again for a second round (an inference fold
+computed once and kept is stale there). A BatchNorm that always normalises with the batch's statistics, an
+inference path of its own with a wrong formula, or a cached fold, is right in training mode only."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from kgate.manifest import Tolerance
 from kgate.oracle import BROKEN_FACTOR, LeafError, Terms, measure
 from kgate.subject import ModuleState, Subject, UserCodeError
 
-EVAL_SEED = 7727  # seeds the step of the parameters before the eval-mode probe
+EVAL_SEED = 7727  # seeds the steps of the parameters and buffers before the eval-mode rounds
+EVAL_ROUNDS = 2  # eval-mode rounds where the state is stepped: the second finds a fold kept from the first
 
 
 @dataclass
@@ -114,62 +116,81 @@ class Oracle(Gate):
     def eval_mode(self, subject: Subject, evidence: list) -> tuple[GateResult | None, str]:
         """Kernel and reference modules built in training mode, judged again in eval mode on the first case of
         each shape and dtype, from their buffers as built (the gates call the two unequally often, and a
-        BatchNorm's running statistics follow its calls) and, where a normalization layer is, their equal
-        parameters stepped alike (isolation's `ParameterClass`), everything put back after. Returns (a failure
-        or None, a note for the pass message)."""
+        BatchNorm's running statistics follow its calls), everything put back after. Where a normalization layer
+        is, their equal parameters and buffers (isolation's `ParameterClass`; a running mean's zeros get noise)
+        are stepped alike before the first round, and again before a second round: an inference fold computed
+        once (at construction, or at the first eval-mode call) and kept is stale there. Returns (a failure or
+        None, a note for the pass message)."""
         modules = subject.modules()
         if modules is None or not modules[1].training:
             return None, ""
         modes = [(m, m.training) for module in modules for m in module.modules()]
-        # the step is for normalization layers, whose affine parameters as built (1 and 0) hide a wrong inference
-        # formula; elsewhere the parameters stay, and only the buffers are saved (no copy of a large model's weights)
+        # the steps are for normalization layers, whose state as built (weight 1, bias 0, running mean 0, running
+        # variance 1) hides a wrong inference formula; elsewhere the parameters stay, and only the buffers are saved
+        # (no copy of a large model's weights)
         step = any(isinstance(m, _NormBase) for module in modules for m in module.modules())
         state = ModuleState(subject, modules, parameters=step)
-        judged = 0
+        judged, rounds = 0, 1
         try:
             subject.initial_buffers()
             try:
                 classes = parameter_classes(*modules) if step else []
-            except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise: the parameters as built
+            except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise: the state as built
                 classes = []
-            for c in classes:
-                if c.kind == "parameter":
-                    c.apply_step(EVAL_SEED)
             for module in modules:
                 module.eval()
-            subject.drop_converted_references()
-            for case in subject.first_seed_cases():
-                args = subject.inputs(case)
-                try:
-                    reference = subject.run_reference(clone_tree(args))
-                    oracle = subject.oracle(args)
-                except UserCodeError as exc:
-                    if not exc.role.startswith("reference"):
-                        raise
-                    return None, f"; not in eval mode (the reference raised there: {type(exc.exc).__name__})"
-                out = subject.run_kernel(clone_tree(args))
-                leaves = measure_outputs(out, reference, oracle, subject.tolerance,
-                                         terms=lambda args=args: subject.terms(args))
-                if isinstance(leaves, Incomparable):
-                    return self.failed(subject, f"in eval mode (module.eval()): {leaves.message}", case=case,
-                                       expected=leaves.expected, got=leaves.got, broken=True,
-                                       details={"mode": "eval"}), ""
-                judged += 1
-                for leaf in leaves:
-                    evidence.append({"case": case.to_json(), "mode": "eval", **leaf.to_json()})
-                    if not leaf.passed:
-                        return self.failed(
-                            subject, f"in eval mode (module.eval(); buffers as built"
-                            f"{', parameters stepped alike' if step else ''}; in training mode within bound): "
-                            f"{leaf.describe()}", case=case,
-                            expected=f"{leaf.expected!r} (float64 oracle, eval mode)", got=repr(leaf.got),
-                            where=leaf.where, broken=leaf.ratio > BROKEN_FACTOR,
-                            details={"ratio": leaf.ratio, "mode": "eval"}), ""
+            for round_ in range(EVAL_ROUNDS if classes else 1):
+                for c in classes:
+                    c.apply_step(EVAL_SEED + round_, offset_zeros=True)
+                subject.drop_converted_references()
+                setting = ("buffers as built" if not classes else
+                           "buffers as built, parameters and buffers stepped alike" if round_ == 0 else
+                           f"parameters and buffers stepped alike again after {judged} eval-mode call(s)")
+                failed = self._eval_round(subject, evidence, setting)
+                if isinstance(failed, GateResult):
+                    return failed, ""
+                if isinstance(failed, str):
+                    return None, failed
+                judged += failed
+                rounds = round_ + 1
         finally:
             for m, training in modes:
                 m.training = training
             state.close()
-        return None, f"; and in eval mode in {judged} case(s)"
+        return None, f"; and in eval mode in {judged // rounds} case(s)" + \
+            (f", {rounds} rounds (parameters and buffers stepped before each)" if rounds > 1 else "")
+
+    def _eval_round(self, subject: Subject, evidence: list, setting: str) -> GateResult | str | int:
+        """One round of the eval-mode probe on the first case of each shape and dtype: a failure, a note (the
+        reference raised: not judged in eval mode), or the number of cases judged."""
+        judged = 0
+        for case in subject.first_seed_cases():
+            args = subject.inputs(case)
+            try:
+                reference = subject.run_reference(clone_tree(args))
+                oracle = subject.oracle(args)
+            except UserCodeError as exc:
+                if not exc.role.startswith("reference"):
+                    raise
+                return f"; not in eval mode (the reference raised there: {type(exc.exc).__name__})"
+            out = subject.run_kernel(clone_tree(args))
+            leaves = measure_outputs(out, reference, oracle, subject.tolerance,
+                                     terms=lambda args=args: subject.terms(args))
+            if isinstance(leaves, Incomparable):
+                return self.failed(subject, f"in eval mode (module.eval(); {setting}): {leaves.message}", case=case,
+                                   expected=leaves.expected, got=leaves.got, broken=True,
+                                   details={"mode": "eval", "setting": setting})
+            judged += 1
+            for leaf in leaves:
+                evidence.append({"case": case.to_json(), "mode": "eval", **leaf.to_json()})
+                if not leaf.passed:
+                    return self.failed(
+                        subject, f"in eval mode (module.eval(); {setting}; in training mode within bound): "
+                        f"{leaf.describe()}", case=case,
+                        expected=f"{leaf.expected!r} (float64 oracle, eval mode)", got=repr(leaf.got),
+                        where=leaf.where, broken=leaf.ratio > BROKEN_FACTOR,
+                        details={"ratio": leaf.ratio, "mode": "eval", "setting": setting})
+        return judged
 
 
 GATE = Oracle
