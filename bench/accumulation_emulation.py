@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def _baseline(path: Path | None):
         return forced, "float64 work"
     spec = importlib.util.spec_from_file_location("baseline_accumulation", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there while it runs
     spec.loader.exec_module(module)
     return module.LowPrecisionAccumulation, path.name
 

@@ -72,6 +72,7 @@ UNIFORM, FACTORY = "positive values uniform in [0.5, 1.5)", "the factory's input
 CONSISTENT_FACTOR = 4.0
 PAIRWISE, SEQUENTIAL = "pairwise", "sequential"
 SEQUENTIAL_MAX_STEPS = 16384  # longer running sums add pairwise-summed blocks, to bound the Python loop
+STEP_PRODUCTS = 1 << 16  # a running sum's products made at once, in elements: several steps' for a small output
 PRODUCT_CHUNK = 1 << 20  # matmul products materialised at once, in float64 elements (8 MiB: on the CPU a chunk past the
 # last-level cache costs several times its share; twice as many float32 elements) ...
 PRODUCT_CHUNK_GPU = 1 << 25  # ... and on a GPU (256 MiB), where each chunk costs dozens of kernel launches
@@ -148,6 +149,14 @@ class LowPrecisionAccumulation(TorchDispatchMode):
     def round(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.acc).to(self.work)
 
+    def add_rounded(self, acc: torch.Tensor, term: torch.Tensor) -> torch.Tensor:
+        """A running sum's step: `acc` (held in the accumulator's own dtype) + `term` (in `work`), computed in
+        `work` and rounded to the accumulator, written over `acc`: one kernel, where `round(acc + term)` with
+        the sum held in `work` took three (an add and two conversions) and twice the memory traffic. The same
+        numbers: an accumulator value is exact in `work`, the sum is rounded once in `work` and once to the
+        accumulator either way."""
+        return torch.add(acc, term, out=acc)
+
     def reduce_last(self, y: torch.Tensor) -> torch.Tensor:
         """Sum over the last dimension of `y` with the accumulator in `self.acc` (float64 out)."""
         return self._reduce_last(y).to(torch.float64)
@@ -163,10 +172,10 @@ class LowPrecisionAccumulation(TorchDispatchMode):
             n = y.shape[-1]
         if self.order == PAIRWISE:
             return self._pairwise(y)
-        acc = self.round(y[..., 0])
+        acc = y[..., 0].to(self.acc, copy=True)
         for k in range(1, n):
-            acc = self.round(acc + y[..., k])
-        return acc
+            self.add_rounded(acc, y[..., k])
+        return acc.to(self.work)
 
     def _pairwise(self, y: torch.Tensor) -> torch.Tensor:
         # The tree is summed in the accumulator's own dtype: torch adds two float16 or bfloat16 tensors in
@@ -212,10 +221,18 @@ class LowPrecisionAccumulation(TorchDispatchMode):
             if lp_triton.usable(a, self.work, self.acc):  # the same trees in a few launches
                 return lp_triton.matmul(a, b, self.acc, self.order, self._pairwise, lead)
         if self.order == SEQUENTIAL and k <= SEQUENTIAL_MAX_STEPS:
-            acc = self.round(a[..., :, 0:1] * b[..., 0:1, :])
-            for i in range(1, k):
-                acc = self.round(acc + a[..., :, i:i + 1] * b[..., i:i + 1, :])
-            return acc
+            # the products of `steps` consecutive k at once (one kernel), each added in its turn: fewer launches
+            # where an output is small; a large one is multiplied step by step (products kept in cache)
+            steps = max(1, min(k, STEP_PRODUCTS // max(1, batch * m * n)))
+            acc = None
+            for i in range(0, k, steps):
+                products = a[..., :, i:i + steps].transpose(-1, -2).unsqueeze(-1) * b[..., i:i + steps, :].unsqueeze(-2)
+                for j in range(products.shape[-3]):
+                    if acc is None:
+                        acc = products[..., j, :, :].to(self.acc, copy=True)
+                    else:
+                        self.add_rounded(acc, products[..., j, :, :])
+            return acc.to(self.work)
         if self.order == SEQUENTIAL:
             return self._blocked_sequential_matmul(a, b, batch)
         budget = _product_chunk(a)
@@ -253,8 +270,8 @@ class LowPrecisionAccumulation(TorchDispatchMode):
             for i in range(0, k + pad, block):
                 prods = sub[..., :, i:i + block].unsqueeze(-1) * b[..., i:i + block, :].unsqueeze(-3)  # (..., r, blk, N)
                 step = self._pairwise(prods.transpose(-1, -2))
-                acc = self.round(step) if acc is None else self.round(acc + step)
-            parts.append(acc)
+                acc = step.to(self.acc, copy=True) if acc is None else self.add_rounded(acc, step)
+            parts.append(acc.to(self.work))
         return torch.cat(parts, dim=-2) if parts else a.new_zeros(a.shape[:-1] + (n,))
 
     def _count(self, x: torch.Tensor, dims: Any) -> int:
