@@ -153,8 +153,9 @@ def read_judged(text: str, digests: dict[str, str] | None = None,
     """kernel -> gate -> result, from the text of a results.jsonl an earlier run streamed (the last line a
     kill tore, and the results that judged nothing (`UNJUDGED`), left out; a later line wins), and how many
     results were left out because they were judged on something else: with `digests` (kernel -> its
-    ResolvedKernel.digest()), a result recorded under another kernel entry, other defaults or other kernel files, or
-    without a digest, is not kept. `held` collects the gates whose last line is a HELD marker (kernel ->
+    ResolvedKernel.digest(), for the kernels this run judges), a result recorded under another kernel entry, other
+    defaults or other kernel files, or without a digest, is not kept; a result of a kernel not in `digests` is
+    neither kept nor counted. `held` collects the gates whose last line is a HELD marker (kernel ->
     gate -> the marker)."""
     judged: dict[str, dict[str, GateResult]] = {}
     stale = 0
@@ -166,7 +167,9 @@ def read_judged(text: str, digests: dict[str, str] | None = None,
             result = GateResult.from_json(data)
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        if digests is not None and (kernel not in digests or digest != digests[kernel]):
+        if digests is not None and kernel not in digests:
+            continue  # a kernel this run does not judge (not selected): neither kept nor judged again
+        if digests is not None and digest != digests[kernel]:
             stale += 1
             continue
         if result.verdict == "error" and result.message.startswith(HELD):

@@ -196,6 +196,11 @@ def test_resume_keeps_only_results_judged_on_the_same_manifest_and_files(tmp_pat
     forged = Runner(manifest, [manifest.by_name("good")], RunOptions(out_dir=out, gates=["contract"], resume=True))
     [good] = forged.run()
     assert forged.stale >= 1 and good.gates[0].verdict == "pass" and good.gates[0].message != "forged"
+    # the other kernels' lines are no business of a run that judges one kernel: only its own stale line counts
+    only_raises = Runner(manifest, [manifest.by_name("raises")], RunOptions(out_dir=out, gates=["contract"],
+                                                                              resume=True))
+    only_raises.run()
+    assert only_raises.stale == 1  # its result from before the fix, not the two lines of `good`
 
 
 def _workers_in(folder):
