@@ -18,10 +18,10 @@ CPU, for real on the H200, where they pass).
   The kernel is compiled without floating-point contraction: a fused multiply-add would skip the
   product's own rounding, which the torch code performs.
 
-Opt-in (`KGATE_TRITON_EMULATION=1`): on the H200 the whole accumulation gate took 4 % of an audit's
-worker time on a quiet machine (docs/audit/README.md, "Throughput"), so no speed-up here could move
-an audit's throughput by more; its own speed against the torch code (bench/accumulation_emulation.py)
-is not measured yet. Compiled kernels go to
+Opt-in (`KGATE_TRITON_EMULATION=1`). In the throughput benchmark's full-gates pass on one H100 (24
+candidates, docs/audit/README.md, "Throughput", `ef5ef63`) it took the accumulation gate from 131.1 to 89.8
+gate-seconds (the sequential order 86.7 to 32.6, the pairwise 33.2 to 46.6) with every verdict equal, but
+the pass's wall only 1.04x, its judges idle half the time for other reasons. Compiled kernels go to
 the worker's private folder (`KGATE_PRIVATE_DIR`, which kgate.runner.supervise makes for each worker and
 removes after it), not to the Triton cache the candidates' kernels share: a candidate runs in the same
 process and could otherwise leave a forged binary of kgate's kernel there for the next candidate. They
