@@ -1,5 +1,5 @@
-"""FlagGems 5.0.2: amax, max(dim), min(dim), maximum, clamp and log_softmax drop a NaN input that torch
-propagates.
+"""FlagGems 5.0.2: amax, max(dim), min(dim), argmax, maximum, clamp and log_softmax drop a NaN input that
+torch propagates.
 
 Needs a CUDA GPU (FlagGems does not import without one). Run: python nan_propagation.py
 
@@ -11,7 +11,8 @@ FlagGems' code does instead:
   (`max_kernel` / `min_kernel` of `max_dim` / `min_dim`) reduce a block with `tl.max(..., return_indices=True)`
   and merge blocks with `max_value > result_value`. Triton's `tl.maximum`/`tl.minimum` do not propagate NaN
   by default (`propagate_nan=NONE`: the GPU's max.f32 returns the other operand), its argmax combine and
-  the `>` merge are false for NaN: the NaN is skipped, the row's largest number comes back.
+  the `>` merge are false for NaN: the NaN is skipped, the row's largest number comes back. `argmax`
+  returns the index of that number; torch.argmax returns the NaN's index (a NaN counts as the largest).
 - `ops/maximum.py` (`maximum_kernel`: `tl.maximum(X, Y)`) and `ops/clamp.py` (`clamp_func`:
   `tl.minimum(maxi, tl.maximum(mini, x))`): same, elementwise: maximum(NaN, y) gives y, clamp(NaN) gives
   the lower bound.
@@ -53,11 +54,22 @@ def compare(name, got, want):
               f"(first: flat index {i}, FlagGems {got.reshape(-1)[i].item():.6g}, torch nan)")
 
 
+def compare_index(name, got, want, x):
+    """Prints the comparison of two index outputs; one DEFECT line where they differ on a row holding a NaN."""
+    differ = (got != want) & torch.isnan(x).any(-1)
+    print(f"{name}: {int(differ.sum())} of {want.numel()} rows differ")
+    if differ.any():
+        r = int(differ.nonzero()[0, 0])
+        print(f"DEFECT {name}: row {r}: FlagGems index {int(got[r])} (value {x[r, int(got[r])].item():.6g}), "
+              f"torch index {int(want[r])} (value {x[r, int(want[r])].item()})")
+
+
 def main():
     x = nan_rows(where=(0, -1))  # a NaN at the first column of rows 0, 2 and the last of rows 1, 3
     compare("amax(x, dim=-1)", flag_gems.amax(x, [-1]), torch.amax(x, dim=-1))
     compare("max(x, dim=-1).values", flag_gems.max_dim(x, -1)[0], torch.max(x, dim=-1).values)
     compare("min(x, dim=-1).values", flag_gems.min_dim(x, -1)[0], torch.min(x, dim=-1).values)
+    compare_index("argmax(x, dim=-1)", flag_gems.argmax(x, -1), torch.argmax(x, dim=-1), x)
     y = torch.randn_like(x)
     compare("maximum(x, y)", flag_gems.maximum(x, y), torch.maximum(x, y))
     compare("clamp(x, -1.5, 2.0)", flag_gems.clamp(x, -1.5, 2.0), torch.clamp(x, -1.5, 2.0))
