@@ -148,9 +148,14 @@ def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Judge every pair once with `plan` (extensions already built); returns (the figures, the records)."""
     records: list[dict[str, Any]] = []
+
+    def sink(record: dict[str, Any]) -> None:
+        record["finished_s"] = round(time.perf_counter() - start, 3)  # since the pass began: the schedule
+        records.append(record)
+
     with GpuSampler() as gpu:
         start = time.perf_counter()
-        run_local(pairs, options, plan, records.append)
+        run_local(pairs, options, plan, sink)
         wall = time.perf_counter() - start
     n = max(1, len(records))
     worker = sum(float(r.get("duration_s") or 0) for r in records) / n
@@ -163,6 +168,8 @@ def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
            # gaps, the scheduler's own time
            "judges": judges,
            "judges_idle_fraction": round(1 - worker * n / (judges * wall), 3) if wall else None,
+           # ... and where those idle judge-seconds lie (idle_breakdown)
+           "judges_idle": idle_breakdown(records, wall, judges),
            # each GPU's busy percentage over the pass (NVML), and its peak memory; None on the CPU
            "gpu": gpu.figures(),
            # median seconds from a candidate's start to each worker event (kgate.audit.report)
@@ -173,6 +180,30 @@ def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
            "accumulation_phases": accumulation_phases(records)}
     print(json.dumps(row), flush=True)
     return row, records
+
+
+def idle_breakdown(records: list[dict[str, Any]], wall: float, judges: int) -> dict[str, Any]:
+    """Where a pass's idle judge-seconds (judges x wall less the records' durations) lie, from each record's
+    `finished_s` and `duration_s` (a candidate held a judge over [finished - duration, finished]):
+    `earlier_tries_s`, judges held by tries in a smaller share of the GPU's memory that no record keeps
+    (`earlier_try_s`: they ran, but count as idle); `tail_s` and `tail_idle_s`, the seconds after the last
+    candidate started and the judge-seconds idle in them (the longest candidates left running alone);
+    `before_tail_idle_s`, the rest (starts, waits for memory or slots, the scheduler), less the earlier
+    tries; `last`, the three candidates that finished last, with their start and end."""
+    spans = [(float(r["finished_s"]) - float(r.get("duration_s") or 0), float(r["finished_s"]), r.get("id"))
+             for r in records if r.get("finished_s") is not None]
+    if not spans or not wall:
+        return {}
+    last_start = max(s for s, _, _ in spans)
+    tail = max(0.0, wall - last_start)
+    busy_in_tail = sum(max(0.0, end - max(begin, last_start)) for begin, end, _ in spans)
+    idle = judges * wall - sum(end - begin for begin, end, _ in spans)
+    tail_idle = judges * tail - busy_in_tail
+    earlier = sum(float(r.get("earlier_try_s") or 0) for r in records)
+    return {"earlier_tries_s": round(earlier, 2), "tail_s": round(tail, 2), "tail_idle_s": round(tail_idle, 2),
+            "before_tail_idle_s": round(idle - tail_idle - earlier, 2),
+            "last": [{"id": i, "start_s": round(b, 2), "end_s": round(e, 2)}
+                     for b, e, i in sorted(spans, key=lambda x: x[1])[-3:]]}
 
 
 def verdicts(record: dict[str, Any]) -> dict[str, str]:

@@ -197,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
               + ("GPU busy " + ", ".join(f"cuda:{g} {u} %" for g, u in gpu["busy_percent"].items())
                  + " (NVML), peak memory " + ", ".join(f"{m:.0f} MiB" for m in gpu["peak_memory_mib"].values())
                  if gpu else "no GPU sampled"))
+        where = row.get("judges_idle") or {}
+        if where:
+            print(f"{row['mode']}: idle judge-seconds: {where['earlier_tries_s']} in tries that outgrew a share, "
+                  f"{where['before_tail_idle_s']} otherwise before the last start, {where['tail_idle_s']} in the "
+                  f"{where['tail_s']} s after it; last to finish: "
+                  + ", ".join(f"{x['id']} ({x['start_s']}-{x['end_s']} s)" for x in where["last"]))
     print("gate seconds, summed over the candidates: "
           + ", ".join(f"{k} {v}" for k, v in full_row["gate_seconds"].items()))
     print("within the accumulation gate: "

@@ -974,6 +974,7 @@ def test_a_try_with_more_memory_keeps_the_standard_test_no_limit_touched_and_run
     assert again["gates"][0]["gate"] == "contract" and "loading" in again["timeline"]  # the gates ran again
     assert again["tamper"] == "seen in the share" and "smaller share" in again["notes"]["standard"]
     assert again["notes"]["earlier_try"].endswith("in: (not said)")
+    assert again["earlier_try_s"] == first["duration_s"] > 0  # the judge-seconds of the try no verdict came of
     oom = {"gate": "oracle", "verdict": "error", "message": "torch.OutOfMemoryError: CUDA out of memory. Tried"}
     assert outgrew({"standard": first["standard"], "gates": [oom, {**oom, "gate": "shapes", "verdict": "pass"}]}) \
         == "oracle"

@@ -138,6 +138,11 @@ def test_gates_only_times_the_full_gates_without_the_standard_pass_and_claims_no
     assert result["modes"][0]["with_compile_kernels_per_hour"] > 0 and "cache_kept" not in result["compile"]
     row = result["modes"][0]
     assert row["judges"] == 2 and 0 <= row["judges_idle_fraction"] < 1 and row["gpu"] is None  # no GPU sampled
+    where = row["judges_idle"]  # the idle judge-seconds split: they sum to the idle fraction's
+    assert where["earlier_tries_s"] == 0 and len(where["last"]) == 2 and where["tail_s"] >= 0
+    idle = row["judges_idle_fraction"] * row["judges"] * row["wall_s"]
+    assert abs(where["tail_idle_s"] + where["before_tail_idle_s"] - idle) < 0.05 * row["wall_s"] + 0.1
+    assert all(x["start_s"] <= x["end_s"] <= row["wall_s"] + 0.01 for x in where["last"])
     first = out.with_suffix(".records.jsonl")
     kept = tmp_path / "first.records.jsonl"
     kept.write_text(first.read_text())
@@ -279,3 +284,17 @@ def test_the_environment_names_the_imported_kgates_source_beside_the_commit():
     [line] = [x for x in environment.describe(["torch"]) if x.startswith("kgate ")]
     assert f"source digest {kgate_stamp()['source']}" in line
     assert any(x.startswith("torch ") for x in environment.describe(["torch"]))
+
+
+def test_idle_breakdown_splits_the_idle_judge_seconds_into_earlier_tries_the_tail_and_the_rest():
+    common = _load("audit_common")
+    # 2 judges, wall 10: a (0-4), b (1-3, after an earlier try of 1 s), c (4-10) alone in the tail
+    records = [{"id": "a", "finished_s": 4.0, "duration_s": 4.0},
+               {"id": "b", "finished_s": 3.0, "duration_s": 2.0, "earlier_try_s": 1.0},
+               {"id": "c", "finished_s": 10.0, "duration_s": 6.0}]
+    where = common.idle_breakdown(records, 10.0, 2)
+    assert where["tail_s"] == 6.0 and where["tail_idle_s"] == 6.0  # one judge of two idle after c started
+    assert where["earlier_tries_s"] == 1.0
+    assert where["before_tail_idle_s"] == 2 * 10 - 12 - 6 - 1  # idle 8 in all: 6 in the tail, 1 earlier tries
+    assert [x["id"] for x in where["last"]] == ["b", "a", "c"]
+    assert common.idle_breakdown([], 10.0, 2) == {}

@@ -334,6 +334,7 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
 
     if earlier is not None:
         record["notes"]["earlier_try"] = f"outgrew a smaller share of the GPU's memory in: {outgrew(earlier)}"
+        record["earlier_try_s"] = earlier.get("duration_s")  # a judge's seconds that no verdict came of
         kept = kept_standard(earlier) if options.standard else None
         if kept is not None:
             record.update(standard=kept, standard_s=earlier.get("standard_s"), tamper=earlier.get("tamper"))
