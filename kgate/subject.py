@@ -485,6 +485,16 @@ class Subject:
         return shlex.join(parts)
 
 
+KEEP_CONVERTED_BYTES = 1 << 28  # the most converted reference copies a ModuleState holds on to (256 MiB)
+
+
+def _module_bytes(obj: Any) -> int:
+    """The bytes of a converted reference copy's parameters and buffers (0 for what is not a module)."""
+    if not isinstance(obj, torch.nn.Module):
+        return 0
+    return sum(t.numel() * t.element_size() for t in [*obj.parameters(), *obj.buffers()])
+
+
 class ModuleState:
     """The parameters and buffers of a subject's kernel and reference modules, saved (bitwise copies) so a
     probe may change them in place and `restore` puts the saved values back into the same tensors. The
@@ -514,8 +524,14 @@ class ModuleState:
                         same.append(saved)
                     seen[id(t)] = (t, saved)
         self._saved = list(seen.values())
+        # the copies from before are kept to be given back only while they are small: a large model's float64
+        # copy (twice its float32 weights) held through the probe beside the one made from the changed
+        # parameters outgrew a worker's share of the GPU (a 671-million-parameter RNN); dropped, it is made
+        # again when next asked for, from the restored parameters, the same values
         self._copies = [(d, dict(d._copies)) for d in (subject._dispatch, subject.raw_reference_fn)
                         if isinstance(d, DtypeDispatch)]
+        if sum(_module_bytes(m) for _, copies in self._copies for m in copies.values()) > KEEP_CONVERTED_BYTES:
+            self._copies = []
         subject.drop_converted_references()
 
     def restore(self) -> None:

@@ -197,3 +197,35 @@ def test_equal_parameters_of_kernel_and_reference_are_saved_once_and_each_restor
     state.close()
     after = [t.detach() for t in [*kernel.parameters(), *reference.parameters()]]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_converted_reference_copies_are_given_back_only_while_small(monkeypatch):
+    """ModuleState sets the reference's converted copies (the float64 one for the oracle) aside while a probe
+    changes the parameters, and gives them back after: only while they are small. A large model's float64 copy
+    held through the probe, beside the one made from the changed parameters, outgrew a GPU share; dropped, it
+    is made again from the restored parameters, with the same values."""
+    from kgate import subject as subject_module
+    from kgate.subject import ModuleState
+
+    def probe(limit: int):
+        monkeypatch.setattr(subject_module, "KEEP_CONVERTED_BYTES", limit)
+        subject = subject_for(Linear(), Linear(), features)
+        args = subject.inputs(subject.first_seed_cases()[0])
+        first = subject.oracle(args)
+        held = [m for d in (subject._dispatch, subject.raw_reference_fn)
+                if isinstance(d, subject_module.DtypeDispatch) for m in d._copies.values()]
+        assert held, "the oracle made a converted copy"
+        state = ModuleState(subject, subject.modules())
+        with torch.no_grad():
+            for p in subject.modules()[1].parameters():
+                p.add_(1.0)
+        state.close()
+        back = [m for d in (subject._dispatch, subject.raw_reference_fn)
+                if isinstance(d, subject_module.DtypeDispatch) for m in d._copies.values()]
+        assert torch.equal(subject.oracle(args), first)  # the same oracle either way
+        return held, back
+
+    held, back = probe(1 << 28)
+    assert [id(m) for m in back] == [id(m) for m in held]  # small: the very copies come back
+    held, back = probe(0)
+    assert not back  # large: dropped, made again when next asked for

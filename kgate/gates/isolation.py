@@ -493,10 +493,12 @@ def _load_changed(modules: tuple[torch.nn.Module, ...], classes: list[ParameterC
     loads (in place: the same tensors, the same addresses)."""
     new: dict[int, torch.Tensor] = {}
     for c in classes:
-        change = c.change(seed)
-        value = c.reference[0][1].detach()
-        value = value + change if c.kind == "parameter" else value * change
-        del change
+        value = c.change(seed)  # made the new value in place (no second tensor of the class's size at once)
+        with torch.no_grad():
+            if c.kind == "parameter":
+                value.add_(c.reference[0][1].detach())
+            else:
+                value.mul_(c.reference[0][1].detach())
         new.update((id(t), value) for t in c.tensors())  # the class's tensors are equal: one new value for all
     for module in modules:
         names = {n: id(t) for _, n, t in _named_state(module)}
