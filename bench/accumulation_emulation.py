@@ -10,8 +10,9 @@ The baseline is another version of the module (`--against FILE`, e.g. `git show
 bf1241f:kgate/gates/accumulation.py > /tmp/old_accumulation.py`), or else the current code with its
 working precision forced to float64.
 
-On a GPU the current code takes the Triton path (kgate/gates/lp_triton.py, opt-in in the gate: this
-script sets KGATE_TRITON_EMULATION=1 unless it is set) where Triton is importable; the best of --repeat
+On a GPU the current code takes the Triton path (kgate/gates/lp_triton.py; the gate takes it for the
+sequential order by default, for both with KGATE_TRITON_EMULATION=1, which this script sets unless it is
+set; =0 times the torch code) where Triton is importable; the best of --repeat
 leaves its compile time out, the first call's time (`first s`) has it.
 `--chunks 25,27` then times the current torch code (Triton off) once more for each of those chunk sizes
 (2^N float64 elements of products materialised at once; the gate's own is

@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                              "after given): what judging the longest problems first changes")
     parser.add_argument("--triton-emulation", action="store_true",
                         help="then the full gates again with --jobs and KGATE_TRITON_EMULATION=1 (the accumulation "
-                             "gate's emulated products in Triton on a GPU), and whether any verdict changed")
+                             "gate's emulated products of both orders in Triton on a GPU; by default the sequential "
+                             "order's only, =0 none), and whether any verdict changed")
     parser.add_argument("--compare", type=Path, metavar="RECORDS",
                         help="another run's records (the .records.jsonl beside its --json): print every candidate "
                              "whose verdicts differ from this run's in the standard-test pass and the full-gates "

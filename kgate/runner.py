@@ -641,8 +641,8 @@ _SEED_TRIED: set[str] = set()  # the GPUs seed_private_folders has compiled on (
 
 
 def seed_private_folders(devices: list[str]) -> str | None:
-    """With the accumulation gate's Triton emulation asked for (KGATE_TRITON_EMULATION=1) and a GPU among
-    `devices`: compile kgate's own Triton kernels once, in a process of their own that runs kgate's code only,
+    """With the accumulation gate's Triton emulation on (its sequential order by default; not with
+    KGATE_TRITON_EMULATION=0: kgate.gates.accumulation.triton_orders) and a GPU among `devices`: compile kgate's own Triton kernels once, in a process of their own that runs kgate's code only,
     before any worker starts, and keep the files for `supervise` to write into each worker's private folder
     (else every worker compiles them anew: seconds per kernel judged). Returns a line for the console,
     or None when there is nothing to do; a failure only means each worker compiles its own."""

@@ -118,9 +118,11 @@ def test_the_gate_takes_the_triton_path_on_a_gpu_only_and_when_asked(monkeypatch
         gpu = cpu.cuda()
         assert lp_triton.usable(gpu, torch.float32, torch.float16)
         assert not lp_triton.usable(gpu, torch.float64, torch.float32)  # a float64 kernel's float32 accumulator
-    assert A.triton_asked()
+    assert A.triton_asked() and A.triton_orders() == {A.PAIRWISE, A.SEQUENTIAL}
     monkeypatch.delenv("KGATE_TRITON_EMULATION")
-    assert not A.triton_asked()  # opt-in until measured: the gate does not even import lp_triton
+    assert A.triton_orders() == {A.SEQUENTIAL}  # by default the sequential order only (measured faster)
+    monkeypatch.setenv("KGATE_TRITON_EMULATION", "0")
+    assert not A.triton_asked()  # off: the gate does not even import lp_triton
 
 
 def test_kgate_kernels_compile_into_the_workers_private_folder(monkeypatch, tmp_path):
@@ -167,10 +169,16 @@ def test_on_a_gpu_kgates_kernels_compile_into_the_private_folder_only(tmp_path):
     assert not any((tmp_path / "shared").rglob("*")), "nothing of kgate's in the shared cache"
 
 
-def test_warm_runs_every_variant():
+def test_warm_runs_every_variant_of_the_orders_taken(monkeypatch):
     """`warm` (kgate.runner.seed_private_folders runs it in a process of its own) runs each accumulator's
-    pairwise kernel with every K block and its sequential kernel: all that a worker can need."""
+    pairwise kernel with every K block and its sequential kernel, of the orders the gate takes in Triton: all
+    that a worker can need."""
+    monkeypatch.setenv("KGATE_TRITON_EMULATION", "1")
     assert lp_triton.warm(DEVICE) == 2 * (len(range(int(lp_triton.math.log2(lp_triton.BK)) + 1)) + 1)
+    monkeypatch.delenv("KGATE_TRITON_EMULATION")
+    assert lp_triton.warm(DEVICE) == 2  # by default the sequential kernel of each accumulator
+    monkeypatch.setenv("KGATE_TRITON_EMULATION", "0")
+    assert lp_triton.warm(DEVICE) == 0
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the Triton interpreter compiles nothing")
@@ -183,7 +191,8 @@ def test_on_a_gpu_the_warmed_files_spare_a_worker_every_compile(tmp_path):
 
     warmed = tmp_path / "warmed"
     done = subprocess.run([sys.executable, "-m", "kgate.gates.lp_triton", "warm", str(warmed), "cuda"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "KGATE_TRITON_EMULATION": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     before = sorted(p.relative_to(warmed) for p in warmed.rglob("*") if p.is_file())
     private = tmp_path / "private"

@@ -480,8 +480,8 @@ def test_each_worker_has_a_private_folder_removed_after_it(tmp_path, monkeypatch
     assert not any(os.path.exists(s["private"]) for s in seen)
 
 
-def test_kgates_triton_kernels_are_precompiled_once_only_when_asked_for_on_a_gpu(tmp_path, monkeypatch):
-    """seed_private_folders: nothing without KGATE_TRITON_EMULATION=1 or without a GPU; else one process of
+def test_kgates_triton_kernels_are_precompiled_once_only_when_on_and_on_a_gpu(tmp_path, monkeypatch):
+    """seed_private_folders: nothing with KGATE_TRITON_EMULATION=0 or without a GPU; else one process of
     kgate's own compiles them (`python -m kgate.gates.lp_triton warm`) and its files are kept for every
     worker; if it fails, the run goes on (each worker compiles its own) and the line says so."""
     import subprocess as sp
@@ -502,9 +502,9 @@ def test_kgates_triton_kernels_are_precompiled_once_only_when_asked_for_on_a_gpu
     monkeypatch.setattr(runner.subprocess, "run", fake_run)
     monkeypatch.setattr(runner, "PRIVATE_SEED", {})
     monkeypatch.setattr(runner, "_SEED_TRIED", set())
-    monkeypatch.delenv("KGATE_TRITON_EMULATION", raising=False)
-    assert runner.seed_private_folders(["cuda:0"]) is None and not calls  # not asked for
-    monkeypatch.setenv("KGATE_TRITON_EMULATION", "1")
+    monkeypatch.setenv("KGATE_TRITON_EMULATION", "0")
+    assert runner.seed_private_folders(["cuda:0"]) is None and not calls  # turned off
+    monkeypatch.delenv("KGATE_TRITON_EMULATION")  # on by default (the sequential order)
     assert runner.seed_private_folders(["cpu"]) is None and not calls  # no GPU
     line = runner.seed_private_folders(["cuda:1"])
     assert "not precompiled" in line and "no such device" in line and runner.PRIVATE_SEED == {}

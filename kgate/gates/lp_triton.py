@@ -18,10 +18,11 @@ CPU, for real on the H200, where they pass).
   The kernel is compiled without floating-point contraction: a fused multiply-add would skip the
   product's own rounding, which the torch code performs.
 
-Opt-in (`KGATE_TRITON_EMULATION=1`). In the throughput benchmark's full-gates pass on one H100 (24
-candidates, docs/audit/README.md, "Throughput", `ef5ef63`) it took the accumulation gate from 131.1 to 89.8
-gate-seconds (the sequential order 86.7 to 32.6, the pairwise 33.2 to 46.6) with every verdict equal, but
-the pass's wall only 1.04x, its judges idle half the time for other reasons. Compiled kernels go to
+The sequential order takes this path on a GPU by default, the pairwise order with
+`KGATE_TRITON_EMULATION=1` (`=0`: neither; kgate.gates.accumulation.triton_orders). In the throughput
+benchmark's full-gates pass on one H100 (24 candidates, docs/audit/README.md, "Throughput", `ef5ef63`), both
+orders here took the accumulation gate from 131.1 to 89.8 gate-seconds, every verdict equal: the sequential
+order 86.7 to 32.6, the pairwise 33.2 to 46.6 (slower: hence not by default). Compiled kernels go to
 the worker's private folder (`KGATE_PRIVATE_DIR`, which kgate.runner.supervise makes for each worker and
 removes after it), not to the Triton cache the candidates' kernels share: a candidate runs in the same
 process and could otherwise leave a forged binary of kgate's kernel there for the next candidate. They
@@ -119,7 +120,7 @@ if triton is not None:
 
 
 def usable(a: torch.Tensor, work: torch.dtype, acc: torch.dtype) -> bool:
-    """Whether these products can take the Triton path (when asked for: kgate.gates.accumulation.triton_asked):
+    """Whether these products can take the Triton path (for the orders kgate.gates.accumulation.triton_orders names):
     Triton importable, a GPU tensor, float32 products, a float16 or bfloat16 accumulator. (Tests call
     `matmul` on CPU tensors in the Triton interpreter.)"""
     return triton is not None and a.is_cuda and work == torch.float32 and acc in (torch.float16, torch.bfloat16)
@@ -190,20 +191,24 @@ def _fill(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, acc: torch.dtype,
 
 
 def warm(device: str) -> int:
-    """Compile every variant of kgate's kernels on `device` (each accumulator: pairwise with each K block,
-    sequential) into the private folder (KGATE_PRIVATE_DIR), by running each once on a tiny product.
-    Run by kgate.runner.seed_private_folders in a process of its own, before any worker: its files are
-    then written into every worker's private folder. Returns how many variants ran."""
-    from kgate.gates.accumulation import PAIRWISE, SEQUENTIAL, LowPrecisionAccumulation
+    """Compile every variant of kgate's kernels that the gate will take on `device` (each accumulator: pairwise
+    with each K block, sequential; only the orders kgate.gates.accumulation.triton_orders names) into the
+    private folder (KGATE_PRIVATE_DIR), by running each once on a tiny product. Run by
+    kgate.runner.seed_private_folders in a process of its own, before any worker: its files are then written
+    into every worker's private folder. Returns how many variants ran."""
+    from kgate.gates.accumulation import PAIRWISE, SEQUENTIAL, LowPrecisionAccumulation, triton_orders
 
+    orders = triton_orders()
     runs = 0
     for acc in (torch.float16, torch.bfloat16):
-        for k in [1 << i for i in range(int(math.log2(BK)) + 1)]:
+        for k in [1 << i for i in range(int(math.log2(BK)) + 1)] if PAIRWISE in orders else []:
             a, b = torch.ones(1, k, device=device), torch.ones(k, 1, device=device)
             matmul(a, b, acc, PAIRWISE, LowPrecisionAccumulation(acc, PAIRWISE)._pairwise, ())
             runs += 1
-        matmul(a, b, acc, SEQUENTIAL, LowPrecisionAccumulation(acc, SEQUENTIAL)._pairwise, ())
-        runs += 1
+        if SEQUENTIAL in orders:
+            a, b = torch.ones(1, BK, device=device), torch.ones(BK, 1, device=device)
+            matmul(a, b, acc, SEQUENTIAL, LowPrecisionAccumulation(acc, SEQUENTIAL)._pairwise, ())
+            runs += 1
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
     return runs
