@@ -18,6 +18,7 @@ kernel's notes (`judged_alone`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -651,6 +652,8 @@ def seed_private_folders(devices: list[str]) -> str | None:
     gpus = [d for d in devices if d.startswith("cuda")]
     if not triton_asked() or not gpus or PRIVATE_SEED or gpus[0] in _SEED_TRIED:
         return None  # (a failed attempt is not repeated: the caller's console has its line already)
+    if importlib.util.find_spec("triton") is None:
+        return None  # no Triton: the gate's torch code does it all, nothing to compile
     _SEED_TRIED.add(gpus[0])
     folder = Path(tempfile.mkdtemp(prefix="kgate-seed-"))
     try:
