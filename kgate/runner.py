@@ -686,8 +686,8 @@ def _file_name(name: str) -> str:
 def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
     """The environment of a kernel's workers, and the folders they write besides their own: Triton's cache and
     torch's extension builds, one pair per kernel (its name and digest) for the whole run, so that the kernel's
-    workers (one per gate or group of gates) compile its Triton kernels and build its extensions once, not
-    once each (an autotuned matrix product compiles hundreds of configurations). Never shared between
+    workers (one per gate or group of gates) compile its Triton kernels, build its extensions and time its
+    autotuned configurations once, not once each (an autotuned matrix product compiles hundreds). Never shared between
     kernels: a kernel that could write into another's cache could leave a forged binary under that one's key
     (the audit keeps one pair per candidate the same way, kgate.audit.evaluate.worker_env). What a kernel
     writes into its own cache reaches its own workers only, as what it does in its own process does."""
@@ -697,6 +697,10 @@ def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
     env = dict(os.environ)
     env["TRITON_CACHE_DIR"] = str(folder / "triton")
     env["TORCH_EXTENSIONS_DIR"] = str(folder / "torch_extensions")
+    # Triton's autotuner keeps its timings in that cache too, so the kernel's later workers take the first's
+    # choice instead of timing every configuration again (FlagGems' Hopper mm: 216 per key); the choice stays
+    # the kernel's own, for this run. A caller's own setting stands.
+    env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     for key in ("TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
     return env, [folder]

@@ -677,7 +677,8 @@ open(os.path.join(CACHE, f"seen-{token}"), "w").close()
 deadline = time.monotonic() + 30
 while len([n for n in os.listdir(CACHE) if n.startswith("seen-")]) < WORKERS and time.monotonic() < deadline:
     time.sleep(0.05)
-print("cache", CACHE, "marks", len([n for n in os.listdir(CACHE) if n.startswith("seen-")]), flush=True)
+print("cache", CACHE, "marks", len([n for n in os.listdir(CACHE) if n.startswith("seen-")]),
+      "autotuning", os.environ.get("TRITON_CACHE_AUTOTUNING"), flush=True)
 
 
 def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
@@ -716,3 +717,4 @@ def test_a_kernels_workers_share_one_build_cache_and_other_kernels_do_not_see_it
     assert len({m[1] for m in marks["first"]}) == 1
     assert {m[3] for m in marks["second"]} == {"1"}, logs["second"]  # its own mark only
     assert marks["second"][0][1] != marks["first"][0][1]
+    assert {m[5] for ms in marks.values() for m in ms} == {"1"}  # Triton's autotuning timings kept in that cache
