@@ -116,11 +116,9 @@ def _memory_limit(text: str | None) -> int:
             return parse_memory(text)
         except ValueError as exc:
             raise UsageError(f"--container-memory: {exc}") from None
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 16 * 2**30
-    return int(total * 0.8)
+    from kgate.procmem import machine_memory
+
+    return int((machine_memory() or 16 * 2**30) * 0.8)
 
 
 def _inside(path: Path, root: Path, what: str) -> str:

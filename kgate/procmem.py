@@ -126,3 +126,11 @@ def detached(sandbox_pid: int, children: dict[int, list[int]] | None = None) -> 
                 started.append((int(stat[1][19]), pid, stat[0]))  # starttime, in clock ticks after boot
         found += [f"{pid} ({name})" for _, pid, name in sorted(started)[1:]]  # the first is the worker
     return found
+
+
+def machine_memory() -> int:
+    """This machine's physical memory in bytes (0 where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0

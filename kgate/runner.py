@@ -110,7 +110,11 @@ def resolve_device(requested: str) -> str:
     return requested
 
 
-def _exit_cause(returncode: int) -> str:
+def _exit_cause(returncode: int, peak_memory: int = 0) -> str:
+    """Why a worker that kgate did not stop ended. A SIGKILL that kgate did not send comes from the kernel or
+    from outside, often the system's out-of-memory killer where the machine has less memory than the workers'
+    limits allow together (each worker's limit is its own, not a share of the machine's): said so, with the
+    most the worker's processes held and the machine's memory, and what to do."""
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -118,7 +122,15 @@ def _exit_cause(returncode: int) -> str:
             name = f"signal {-returncode}"
         meaning = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
                    "SIGFPE": "arithmetic error", "SIGILL": "illegal instruction", "SIGKILL": "killed"}.get(name)
-        return f"worker killed by {name}" + (f" ({meaning})" if meaning else "")
+        cause = f"worker killed by {name}" + (f" ({meaning})" if meaning else "")
+        if name == "SIGKILL":
+            total = procmem.machine_memory()
+            cause += (", not by kgate: by the kernel itself, or by the system's out-of-memory killer when the machine "
+                      f"runs out (the worker's processes held up to {_fmt_bytes(peak_memory)}"
+                      + (f" of this machine's {_fmt_bytes(total)}" if total else "")
+                      + "); for the latter, fewer jobs or a lower memory limit (`limits.memory`, --memory), so that "
+                        "kgate stops a worker before the machine runs out")
+        return cause
     return f"worker exited with code {returncode} before finishing (os._exit or a hard exit in user code?)"
 
 
@@ -628,11 +640,12 @@ class WorkerExit:
     stage: str | None = None  # the stage it was in when it ended, as named by on_event
     fatal: str | None = None  # why its own start failed, before any user code (kgate.worker.reporting_start)
     detached: list[str] = field(default_factory=list)  # processes it left running detached (procmem.detached)
+    peak_memory: int = 0  # the most resident memory seen in its processes (polled every TREE_POLL_S)
 
     def cause(self, done: bool) -> str | None:
         """Why the worker ended before it was `done` (it sent `done`): kgate killed it, its own start
         failed, or it exited; None when it finished."""
-        return self.error or (None if done else self.fatal or _exit_cause(self.returncode))
+        return self.error or (None if done else self.fatal or _exit_cause(self.returncode, self.peak_memory))
 
 
 # Files written into every worker's private folder before it starts (kgate's own compiled Triton kernels,
@@ -782,6 +795,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     started: set[str] = set()
     fatal: str | None = None
     next_tree = 0.0
+    peak = 0  # the most resident memory seen in the worker's processes (a SIGKILL kgate did not send: `cause`)
     detached: dict[str, None] = {}
     selector = selectors.DefaultSelector()
     selector.register(read_fd, selectors.EVENT_READ)
@@ -832,6 +846,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
                     detached.update(dict.fromkeys(procmem.detached(proc.pid, children)))
                 own = proc.own(children) if isinstance(proc, forkserver.Job) else ()
                 used = procmem.tree_memory(proc.pid, memory, children, skip=own)
+                peak = max(peak, used)
                 if used > memory:
                     error = (f"{MEMORY_LIMIT} {_fmt_bytes(memory)} (resident {_fmt_bytes(used)}): kgate's memory "
                              f"limit of {_fmt_bytes(memory)} was reached; raise `limits.memory` in the manifest or "
@@ -872,7 +887,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     if box.active and isinstance(proc, subprocess.Popen) and returncode is not None and returncode > 128 \
             and returncode - 128 in _SIGNALS:
         returncode = 128 - returncode  # bubblewrap exits 128 + N when its command was killed by signal N
-    return WorkerExit(returncode, error, stage, fatal, list(detached))
+    return WorkerExit(returncode, error, stage, fatal, list(detached), peak)
 
 
 _SIGNALS = {int(s) for s in signal.Signals}

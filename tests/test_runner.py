@@ -718,3 +718,19 @@ def test_a_kernels_workers_share_one_build_cache_and_other_kernels_do_not_see_it
     assert {m[3] for m in marks["second"]} == {"1"}, logs["second"]  # its own mark only
     assert marks["second"][0][1] != marks["first"][0][1]
     assert {m[5] for ms in marks.values() for m in ms} == {"1"}  # Triton's autotuning timings kept in that cache
+
+
+def test_a_sigkill_kgate_did_not_send_names_the_likely_causes_and_the_memory_held():
+    """A worker the system's out-of-memory killer took (a machine with less memory than the workers' limits
+    allow together) was reported as a bare 'worker killed by SIGKILL (killed)'."""
+    from kgate import procmem
+    from kgate.runner import WorkerExit
+
+    killed = WorkerExit(-signal.SIGKILL, peak_memory=21 * 2**30).cause(done=False)
+    assert killed.startswith("worker killed by SIGKILL (killed), not by kgate")
+    assert "out-of-memory killer" in killed and "21.0 GiB" in killed and "--memory" in killed
+    if procmem.machine_memory():
+        assert "of this machine's" in killed
+    assert WorkerExit(-signal.SIGSEGV).cause(done=False) == "worker killed by SIGSEGV (segmentation fault)"
+    assert WorkerExit(-signal.SIGKILL, error="cancelled (the run was interrupted)").cause(done=False) == \
+        "cancelled (the run was interrupted)"  # kgate's own kill says why kgate sent it

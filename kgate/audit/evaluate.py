@@ -173,7 +173,8 @@ def compile_pair(pair: Pair, options: AuditOptions, *, cancel: threading.Event |
     if exit_.error:
         outcome.update(ok=False, build_failed=True, message=f"compile stage {exit_.error}")
     elif exit_.returncode not in (0, None) and not outcome["seconds"]:
-        outcome.update(ok=False, message=f"compile stage: {exit_.fatal or _exit_cause(exit_.returncode)}")
+        cause = exit_.fatal or _exit_cause(exit_.returncode, exit_.peak_memory)
+        outcome.update(ok=False, message=f"compile stage: {cause}")
     return outcome
 
 
