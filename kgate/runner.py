@@ -320,7 +320,9 @@ class Runner:
         except OSError as exc:
             raise InfrastructureError(f"cannot write to the output folder {self.out_dir}: {exc}; "
                                       "choose another with --out") from None
-        seed_private_folders(sorted({self.device_for(k) for k in self.kernels}))  # before any worker
+        # before any worker, for the kernels the accumulation gate judges (no compile for a run without it)
+        seed_private_folders(sorted({self.device_for(k) for k in self.kernels
+                                     if any(registry.base_name(g) == "accumulation" for g in self.gates_for(k))}))
         self._judge_held_before()
         if self.options.jobs <= 1:
             return [self.run_kernel(k) for k in self.kernels]

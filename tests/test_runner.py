@@ -734,3 +734,14 @@ def test_a_sigkill_kgate_did_not_send_names_the_likely_causes_and_the_memory_hel
     assert WorkerExit(-signal.SIGSEGV).cause(done=False) == "worker killed by SIGSEGV (segmentation fault)"
     assert WorkerExit(-signal.SIGKILL, error="cancelled (the run was interrupted)").cause(done=False) == \
         "cancelled (the run was interrupted)"  # kgate's own kill says why kgate sent it
+
+
+def test_kgates_triton_kernels_are_precompiled_only_for_runs_that_judge_accumulation(monkeypatch, tmp_path):
+    from kgate import runner
+
+    asked = []
+    monkeypatch.setattr(runner, "seed_private_folders", lambda devices: asked.append(list(devices)))
+    manifest = load(DATA / "hostile" / "kgate.yaml")
+    for gates in (["contract"], ["accumulation"]):
+        Runner(manifest, [manifest.by_name("good")], RunOptions(out_dir=tmp_path / gates[0], gates=gates)).run()
+    assert asked == [[], ["cpu"]]  # no GPU here; on one, the second would compile and the first not

@@ -271,7 +271,8 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     cancel = cancel or threading.Event()
     if options.threads is None:  # unless the caller chose: the cores shared among this plan's judges
         options = replace(options, threads=plan.threads())
-    seed_private_folders(plan.devices)  # kgate's own Triton kernels, when asked for: before any worker starts
+    if "accumulation" in (options.gates or ()):  # kgate's own Triton kernels: before any worker starts
+        seed_private_folders(plan.devices)
     # built (or needing no build) and waiting for a judge: the earliest in `pairs` first, so that an order
     # chosen by the caller (longest_first) holds while the builds finish in another
     ready: queue.PriorityQueue[tuple[int, Pair, dict[str, Any] | None]] = queue.PriorityQueue()

@@ -350,7 +350,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         if not args.quiet:
             console.print(f"kgate audit: the longest problems first (sizes counted in "
                           f"{time.monotonic() - started:.1f} s; --order given: in id order)", highlight=False)
-    if args.backend == "local" and todo:  # before any worker (the compile stage's run candidates' code too)
+    if args.backend == "local" and todo and "accumulation" in (options.gates or ()):
+        # before any worker (the compile stage's run candidates' code too)
         from kgate.runner import seed_private_folders
 
         line = seed_private_folders(plan.devices)
