@@ -450,12 +450,16 @@ class Subject:
         self._baselines.clear()
         return held
 
-    def baseline(self, case: Case) -> Baseline:
-        """Pristine inputs, reference and oracle outputs for a case, cached (a few cases at a time)."""
+    def baseline(self, case: Case, max_elements: int | None = None) -> Baseline:
+        """Pristine inputs, reference and oracle outputs for a case, cached (a few cases at a time). With
+        `max_elements`: inputs holding more tensor elements than that raise InputsTooLarge before the
+        reference or the oracle runs on them (a generated shape can be far larger than the caller meant)."""
         if case in self._baselines:
             self._baselines.move_to_end(case)
             return self._baselines[case]
         args = self.inputs(case)
+        if max_elements is not None and (held := input_elements(args)) > max_elements:
+            raise InputsTooLarge(held)
         reference = self.run_reference(clone_tree(args))
         oracle = self.oracle(args)
         baseline = Baseline(args, reference, oracle)
@@ -493,6 +497,19 @@ def _module_bytes(obj: Any) -> int:
     if not isinstance(obj, torch.nn.Module):
         return 0
     return sum(t.numel() * t.element_size() for t in [*obj.parameters(), *obj.buffers()])
+
+
+def input_elements(args: tuple) -> int:
+    """The elements of the tensors among `args`."""
+    return sum(a.numel() for a in args if isinstance(a, torch.Tensor))
+
+
+class InputsTooLarge(Exception):
+    """A case's inputs hold more elements than the caller's cap (Subject.baseline's `max_elements`)."""
+
+    def __init__(self, elements: int):
+        super().__init__(f"{elements} input elements")
+        self.elements = elements
 
 
 class ModuleState:

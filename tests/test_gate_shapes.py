@@ -167,3 +167,24 @@ def test_empty_shapes_come_last_in_the_sweep():
     first_empty = kinds.index("empty (size 0 in dim 0)")
     assert all(k == "empty (size 0 in dim 0)" for k in kinds[first_empty:])
     assert {s for s, why in shapes if why.startswith("empty")} == {(0, 1000), (0, 50)}
+
+
+def test_a_generated_shape_whose_inputs_are_too_large_is_skipped_before_anything_runs_on_them():
+    """A shape of free size parameters (KernelBench's batch size: (10,)) has few elements itself, so the
+    sweep's cap on a shape's elements lets 4097 through, while its inputs hold 4097 rows: too large, and
+    skipped, but only after the reference and the float64 oracle had run on them (MobileNetV2 at batch 4097
+    took 22 GB on a CPU). Now the inputs are sized before anything runs on them."""
+    seen = []
+
+    def make_rows(seed, shape=(10,), dtype=torch.float32, device="cpu"):
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(shape[0], 2000, generator=gen, dtype=dtype).to(device),)
+
+    def reference(x):
+        seen.append(x.shape[0])
+        return x * 2
+
+    result = check("shapes", lambda x: x * 2, reference, make_rows, shapes=[[10]])
+    assert result.verdict == "pass", result.message
+    assert "4097" in " ".join(result.details["too_large"]) and "too large for the sweep" in result.message
+    assert 4097 not in seen and 10 in seen  # the reference (and the oracle, a copy of it) never ran on them
