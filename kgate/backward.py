@@ -172,13 +172,13 @@ class BackwardSubject(Subject):
         """The command that judges this phase alone: `--gate NAME[backward]`."""
         return super().repro(gate.removesuffix(BACKWARD_SUFFIX) + BACKWARD_SUFFIX, case)
 
-    def baseline(self, case: Case):
+    def baseline(self, case: Case, max_elements: int | None = None):
         if not self._gradchecked:
             self._gradchecked = True
             self._gradcheck_error = self._gradcheck(case)
         if self._gradcheck_error is not None:
             raise self._gradcheck_error
-        return super().baseline(case)
+        return super().baseline(case, max_elements)
 
     def _gradcheck(self, case: Case) -> UserCodeError | None:
         """The oracle is autograd of the reference in float64: check it against finite differences."""
