@@ -1991,3 +1991,17 @@ def test_kgates_source_digest_is_the_same_for_a_checkout_and_a_wheel_that_carrie
     gate = wheel / "gates" / "oracle.py"
     gate.write_text(gate.read_text() + "\n# changed\n")
     assert package_digest(wheel) != package_digest(checkout)
+
+
+def test_the_default_worker_memory_limit_fits_the_machine(monkeypatch):
+    """32 GiB, or 90 % of the machine's memory where that is less: a worker past the machine's memory is taken
+    by the system's OOM killer (a bare SIGKILL) before kgate's own limit, with its cause, can stop it."""
+    from kgate import procmem
+    from kgate.commands import audit as audit_command
+
+    monkeypatch.setattr(procmem, "machine_memory", lambda: 24 * 2**30)
+    assert audit_command.default_worker_memory() == int(0.9 * 24 * 2**30)
+    monkeypatch.setattr(procmem, "machine_memory", lambda: 128 * 2**30)
+    assert audit_command.default_worker_memory() == 32 * 2**30
+    monkeypatch.setattr(procmem, "machine_memory", lambda: 0)  # unknown: the fixed default
+    assert audit_command.default_worker_memory() == 32 * 2**30

@@ -143,7 +143,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="time limit per stage of one candidate: loading, the standard test, each gate (default 300)")
     p.add_argument("--compile-timeout", type=SECONDS, default=900.0, metavar="SECONDS",
                    help="time limit for building one candidate's extension (default 900)")
-    p.add_argument("--memory", default="32GiB", metavar="SIZE", help="resident memory limit per worker (default 32GiB)")
+    p.add_argument("--memory", default=None, metavar="SIZE",
+                   help="resident memory limit per worker (default 32GiB, or 90%% of this machine's memory where "
+                        "that is less: kgate then stops a worker, with the cause in its result, before the system's "
+                        "out-of-memory killer does)")
     p.add_argument("--seed", type=int, default=42, help="the standard test's seed (KernelBench's default 42)")
     p.add_argument("--work-elements", type=number(int, 0), default=WORK_ELEMENTS, metavar="N",
                    help="contract, oracle, determinism and the standard test run at the problem's own shape; "
@@ -207,12 +210,24 @@ def repro_args(args: argparse.Namespace, problems: Path, candidates: Path, index
     return out + ["--out", "kgate-repro", "--fresh"]
 
 
+DEFAULT_WORKER_MEMORY = 32 * 2**30
+
+
+def default_worker_memory() -> int:
+    """--memory's default: 32 GiB, or 90 % of this machine's memory where that is less (a worker past the
+    machine's memory is taken by the system's out-of-memory killer, its result a bare SIGKILL)."""
+    from kgate.procmem import machine_memory
+
+    total = machine_memory()
+    return min(DEFAULT_WORKER_MEMORY, int(0.9 * total)) if total else DEFAULT_WORKER_MEMORY
+
+
 def main(args: argparse.Namespace) -> int:
     writable(args.json, "--json")
     writable(args.junit, "--junit")
     writable(args.report, "--report", folder=True)
     try:
-        memory = parse_memory(args.memory)
+        memory = parse_memory(args.memory) if args.memory is not None else default_worker_memory()
     except ValueError as exc:
         raise UsageError(f"--memory: {exc}") from None
     gate_names = _gates(args.gate)
