@@ -658,8 +658,9 @@ _SEED_TRIED: set[str] = set()  # the GPUs seed_private_folders has compiled on (
 
 def seed_private_folders(devices: list[str]) -> str | None:
     """With the accumulation gate's Triton emulation on (its sequential order by default; not with
-    KGATE_TRITON_EMULATION=0: kgate.gates.accumulation.triton_orders) and a GPU among `devices`: compile kgate's own Triton kernels once, in a process of their own that runs kgate's code only,
-    before any worker starts, and keep the files for `supervise` to write into each worker's private folder
+    KGATE_TRITON_EMULATION=0: kgate.gates.accumulation.triton_orders) and a GPU among `devices`: compile
+    kgate's own Triton kernels once, in a process of their own that runs kgate's code only, before any
+    worker starts, and keep the files for `supervise` to write into each worker's private folder
     (else every worker compiles them anew: seconds per kernel judged). Returns a line for the console,
     or None when there is nothing to do; a failure only means each worker compiles its own."""
     from kgate.gates.accumulation import triton_asked
@@ -702,8 +703,8 @@ def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
     """The environment of a kernel's workers, and the folders they write besides their own: Triton's cache and
     torch's extension builds, one pair per kernel (its name and digest) for the whole run, so that the kernel's
     workers (one per gate or group of gates) compile its Triton kernels, build its extensions and time its
-    autotuned configurations once, not once each (an autotuned matrix product compiles hundreds). Never shared between
-    kernels: a kernel that could write into another's cache could leave a forged binary under that one's key
+    autotuned configurations once, not once each (an autotuned matrix product compiles hundreds). Never
+    shared between kernels: a kernel that could write into another's cache could leave a forged binary under that one's key
     (the audit keeps one pair per candidate the same way, kgate.audit.evaluate.worker_env). What a kernel
     writes into its own cache reaches its own workers only, as what it does in its own process does."""
     # not inside sandbox.run_root(): a sandboxed job sees a fresh in-memory folder there, holding its own scratch

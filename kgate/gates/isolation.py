@@ -396,13 +396,18 @@ class ParameterClass:
         values are zero (a running mean as built, which scaling would leave at zero)."""
         return offset_zeros and self.kind == "buffer" and not bool(self.reference[0][1].detach().any())
 
+    def additive(self, offset_zeros: bool = False) -> bool:
+        """Whether the class's change is added to its values (a parameter, or a shifted buffer of zeros), not
+        multiplied into them."""
+        return self.kind == "parameter" or self.shifts_zeros(offset_zeros)
+
     def change(self, seed: int, offset_zeros: bool = False) -> torch.Tensor:
         """What an optimizer step does to every tensor of the class: a parameter gets `add_(change)`, change
         ~ +-50% of the values plus noise of their mean magnitude; a buffer (running statistics, masks)
         `mul_(change)`, change in [0.5, 1.5): signs and zeros kept, so a variance stays positive and a 0/1 mask
         keeps its pattern. With `offset_zeros`, a buffer class that is all zeros gets `add_(change)`, change
-        uniform in [-0.5, 0.5) (as running statistics move a running mean away from its zeros as built). The change depends only on the class's values, the seed and the device's random
-        generator. It is drawn in float64 on the values' device (a generator of the device's own, never its
+        uniform in [-0.5, 0.5) (as running statistics move a running mean away from its zeros as built). The
+        change depends only on the class's values, the seed and the device's random generator. It is drawn in float64 on the values' device (a generator of the device's own, never its
         global one; on the CPU where the device has none), a piece of STEP_PIECE elements at a time, and kept
         in the class's dtype on its device, so a weight of billions of elements costs one more tensor like it,
         not several float64 copies, and no trip through the host."""
@@ -433,8 +438,8 @@ class ParameterClass:
         return list({id(t): t for _, t in [*self.reference, *self.kernel]}.values())
 
     def apply_step(self, seed: int, offset_zeros: bool = False) -> None:
+        add = self.additive(offset_zeros)  # (before the change: it reads the values as they are)
         change = self.change(seed, offset_zeros)
-        add = self.kind == "parameter" or self.shifts_zeros(offset_zeros)
         with torch.no_grad():
             for t in self.tensors():
                 if add:
@@ -495,10 +500,7 @@ def _load_changed(modules: tuple[torch.nn.Module, ...], classes: list[ParameterC
     for c in classes:
         value = c.change(seed)  # made the new value in place (no second tensor of the class's size at once)
         with torch.no_grad():
-            if c.kind == "parameter":
-                value.add_(c.reference[0][1].detach())
-            else:
-                value.mul_(c.reference[0][1].detach())
+            (value.add_ if c.additive() else value.mul_)(c.reference[0][1].detach())
         new.update((id(t), value) for t in c.tensors())  # the class's tensors are equal: one new value for all
     for module in modules:
         names = {n: id(t) for _, n, t in _named_state(module)}

@@ -130,7 +130,7 @@ class Oracle(Gate):
         # (no copy of a large model's weights)
         step = any(isinstance(m, _NormBase) for module in modules for m in module.modules())
         state = ModuleState(subject, modules, parameters=step)
-        judged, rounds = 0, 1
+        judged: list[int] = []  # cases judged in each round
         try:
             subject.initial_buffers()
             try:
@@ -145,20 +145,19 @@ class Oracle(Gate):
                 subject.drop_converted_references()
                 setting = ("buffers as built" if not classes else
                            "buffers as built, parameters and buffers stepped alike" if round_ == 0 else
-                           f"parameters and buffers stepped alike again after {judged} eval-mode call(s)")
+                           f"parameters and buffers stepped alike again after {sum(judged)} eval-mode call(s)")
                 failed = self._eval_round(subject, evidence, setting)
                 if isinstance(failed, GateResult):
                     return failed, ""
                 if isinstance(failed, str):
                     return None, failed
-                judged += failed
-                rounds = round_ + 1
+                judged.append(failed)
         finally:
             for m, training in modes:
                 m.training = training
             state.close()
-        return None, f"; and in eval mode in {judged // rounds} case(s)" + \
-            (f", {rounds} rounds (parameters and buffers stepped before each)" if rounds > 1 else "")
+        return None, f"; and in eval mode in {judged[0]} case(s)" + \
+            (f", {len(judged)} rounds (parameters and buffers stepped before each)" if len(judged) > 1 else "")
 
     def _eval_round(self, subject: Subject, evidence: list, setting: str) -> GateResult | str | int:
         """One round of the eval-mode probe on the first case of each shape and dtype: a failure, a note (the
