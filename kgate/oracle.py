@@ -634,8 +634,27 @@ def own_dtype(module: torch.nn.Module) -> torch.dtype | None:
     return next((p.dtype for p in [*module.parameters(), *module.buffers()] if p.is_floating_point()), None)
 
 
+# While set (`oracle_call`): the device of the float64 oracle's call in progress. A DtypeDispatch takes its
+# dtype from its first floating-point argument; a call whose inputs are all integers (embedding indices, class
+# labels) has none, and without this the oracle ran the float32 model: a "float64" oracle equal to the
+# reference, whose own error then read 0 and left the bound at its floor.
+_ORACLE_DEVICE: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar("kgate_oracle_device",
+                                                                                     default=None)
+
+
+@contextlib.contextmanager
+def oracle_call(device: torch.device) -> Iterator[None]:
+    """Mark what runs inside as the float64 oracle's call on `device` (see DtypeDispatch)."""
+    token = _ORACLE_DEVICE.set(device)
+    try:
+        yield
+    finally:
+        _ORACLE_DEVICE.reset(token)
+
+
 class DtypeDispatch:
-    """A module called with the dtype/device of its first floating-point tensor argument: the float64
+    """A module called with the dtype/device of its first floating-point tensor argument, or, where it has
+    none (integer inputs only), float64 inside `oracle_call` and its own dtype elsewhere: the float64
     oracle gets a float64 deep copy of the reference model (made once per dtype and device), called with
     torch's default dtype float64 (`float64_defaults`). With `seed`, every call draws from torch's
     generators seeded with it (`seeded`)."""
@@ -645,25 +664,35 @@ class DtypeDispatch:
         self.seed = seed
         self._copies: dict[tuple[str, str], Any] = {}
 
-    def _for(self, args: tuple) -> Any:
+    @staticmethod
+    def _target(args: tuple) -> tuple[torch.dtype, torch.device] | None:
+        """The dtype and device this call runs the model at (None: the model as it is)."""
         first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
+        if first is not None:
+            return first.dtype, first.device
+        device = _ORACLE_DEVICE.get()
+        return (torch.float64, device) if device is not None else None
+
+    def _for(self, args: tuple) -> Any:
+        target = self._target(args)
         params = [p for p in self.model.parameters()] + [b for b in self.model.buffers()]
         floating = [p for p in params if p.is_floating_point()]
-        if first is None or not floating:
+        if target is None or not floating:
             return self.model
-        if first.dtype == floating[0].dtype and first.device == floating[0].device:
+        dtype, device = target
+        if dtype == floating[0].dtype and device == floating[0].device:
             return self.model
-        key = (str(first.dtype), str(first.device))
+        key = (str(dtype), str(device))
         if key not in self._copies:
-            self._copies[key] = converted_copy(self.model, device=first.device, dtype=first.dtype)
+            self._copies[key] = converted_copy(self.model, device=device, dtype=dtype)
         return self._copies[key]
 
     def _own_dtype(self) -> torch.dtype | None:
         return own_dtype(self.model)
 
     def __call__(self, *args: Any) -> Any:
-        first = next((a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
-        oracle = first is not None and first.dtype == torch.float64 and self._own_dtype() != torch.float64
+        target = self._target(args)
+        oracle = target is not None and target[0] == torch.float64 and self._own_dtype() != torch.float64
         with torch.no_grad(), seeded(self.seed), float64_defaults(self._own_dtype()) if oracle \
                 else contextlib.nullcontext():
             return self._for(args)(*args)

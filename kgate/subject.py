@@ -28,7 +28,7 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, te
 from kgate.faults import ContextLost, context_lost
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
-from kgate.oracle import DtypeDispatch, TermMagnitudes, Terms, upcast
+from kgate.oracle import DtypeDispatch, TermMagnitudes, Terms, oracle_call, upcast
 
 _monotonic = time.monotonic  # bound at import, before any kernel code runs (it may patch time)
 
@@ -362,7 +362,7 @@ class Subject:
                 break
             _settle(device, ORACLE_ROLE)
             try:
-                with torch.no_grad():
+                with torch.no_grad(), oracle_call(device):
                     out = self.oracle_fn(*upcast(args, device))
                 synchronize(device)
                 return map_tensors(out, lambda t: t.detach())

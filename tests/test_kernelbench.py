@@ -435,3 +435,68 @@ def test_the_default_dtype_is_restored_when_the_oracle_raises():
     with pytest.raises(ValueError):
         DtypeDispatch(Raises(2, 2))(torch.ones(2, dtype=torch.float64))
     assert torch.get_default_dtype() == torch.float32
+
+
+class _BagMean(torch.nn.Module):
+    """A mean over bags of embedding rows: its only input is integer indices."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.bag = torch.nn.EmbeddingBag(64, 8, mode="mean")
+
+    def forward(self, indices):
+        return self.bag(indices)
+
+
+class _BagMeanReordered(_BagMean):
+    """The same mean as one gather and a float32 sum in another order (a correct kernel)."""
+
+    def forward(self, indices):
+        rows = self.bag.weight.index_select(0, indices.reshape(-1)).view(*indices.shape, -1)
+        return rows.sum(dim=-2) / indices.shape[-1]
+
+
+class _BagMeanHalfTotal(_BagMean):
+    """The same mean with a float16 running total (a flawed kernel)."""
+
+    def forward(self, indices):
+        rows = self.bag.weight.index_select(0, indices.reshape(-1)).view(*indices.shape, -1)
+        total = torch.zeros(rows.shape[0], rows.shape[-1], dtype=torch.float16)
+        for j in range(rows.shape[1]):
+            total = total + rows[:, j].half()
+        return total.float() / indices.shape[-1]
+
+
+def _bag_indices(seed, shape=None, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 64, (2, 3000), generator=g).to(device),)
+
+
+def test_the_float64_oracle_of_a_model_whose_inputs_are_all_integers_runs_in_float64():
+    """No floating argument says which dtype to run at: inside `oracle_call` the model runs as its float64
+    copy (before, the oracle ran the float32 model itself, so the reference's error read 0)."""
+    from kgate.oracle import DtypeDispatch, oracle_call
+
+    model = _BagMean()
+    indices = _bag_indices(0)[0]
+    dispatch = DtypeDispatch(model)
+    assert dispatch(indices).dtype == torch.float32
+    with oracle_call(torch.device("cpu")):
+        got = dispatch(indices)
+    assert got.dtype == torch.float64
+    want = torch.nn.functional.embedding_bag(indices, model.bag.weight.double(), mode="mean")
+    assert torch.equal(got, want)
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_the_oracle_gate_judges_integer_input_models_against_float64():
+    """A correct float32 sum in another order than the reference's passes (the bound is calibrated from the
+    reference's own float32 error, no longer 0); a float16 running total fails."""
+    from tests.gate_harness import check
+
+    reference = _BagMean()
+    good = check("oracle", _BagMeanReordered(), reference, _bag_indices)
+    assert good.verdict == "pass", good.message
+    bad = check("oracle", _BagMeanHalfTotal(), reference, _bag_indices)
+    assert bad.verdict == "fail", bad.message
