@@ -2005,3 +2005,80 @@ def test_the_default_worker_memory_limit_fits_the_machine(monkeypatch):
     assert audit_command.default_worker_memory() == 32 * 2**30
     monkeypatch.setattr(procmem, "machine_memory", lambda: 0)  # unknown: the fixed default
     assert audit_command.default_worker_memory() == 32 * 2**30
+
+
+HALF_NORM_PROBLEM = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):  # float16 rows, their norms accumulated and returned in float32
+        return torch.linalg.vector_norm(x.float(), dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(16, 2048).half()]
+
+
+def get_init_inputs():
+    return []
+"""
+
+HALF_NORM_HALF_TOTAL = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):  # the running total of the squares kept in the input's dtype
+        total = torch.zeros(x.shape[0], dtype=x.dtype)
+        for j in range(0, x.shape[1], 256):
+            total = total + (x[:, j:j + 256].float() ** 2).sum(-1).to(x.dtype)
+        return total.float().sqrt()
+"""
+
+
+def test_a_problem_whose_inputs_are_float16_is_judged_at_float16_unless_dtypes_says_otherwise(tmp_path):
+    """Without --dtypes each problem is judged at its own inputs' precision: a float16 running total is seen
+    there (oracle); with --dtypes float32 (KernelBench's cast) the same candidate sees float32 inputs, its
+    total is float32, and it passes. The float32 problems of a corpus are judged as before (no note)."""
+    problems, candidates = tmp_path / "problems", tmp_path / "candidates"
+    problems.mkdir()
+    candidates.mkdir()
+    (problems / "half_norm.py").write_text(HALF_NORM_PROBLEM)
+    (candidates / "half_norm__half_total.py").write_text(HALF_NORM_HALF_TOTAL)
+    base = ["audit", "--format", "kernelbench", "--problems", str(problems), "--candidates", str(candidates),
+            "--device", "cpu", "--gate", "oracle", "-q"]
+    assert kgate_main([*base, "--out", str(tmp_path / "own")]) == 1
+    record = _records(tmp_path / "own")["half_norm__half_total"]
+    oracle = _gate(record, "oracle")
+    assert oracle["verdict"] == "fail" and oracle["case"]["dtype"] == "float16", oracle
+    assert "judged at float16" in record["notes"]["precision"]
+    assert record["standard"]["verdict"] == "pass"  # the field's test accepts it at float16 too
+    assert "--dtypes" not in oracle["repro"]
+    assert kgate_main([*base, "--dtypes", "float32", "--out", str(tmp_path / "cast")]) == 0
+    record = _records(tmp_path / "cast")["half_norm__half_total"]
+    passed = _gate(record, "oracle")
+    assert passed["verdict"] == "pass" and "dtype=float32" in passed["message"], passed["message"]
+    assert "precision" not in record["notes"]
+
+
+def test_the_problems_own_precision_is_read_from_what_get_inputs_gives():
+    import types
+
+    import torch
+
+    from kgate.audit.worker import own_precision
+
+    def problem(make):
+        return types.SimpleNamespace(get_inputs=make)
+
+    assert own_precision(problem(lambda: [torch.randn(4, 4).half(), torch.randint(0, 3, (4,))])) == "float16"
+    assert own_precision(problem(lambda: [torch.randn(4, 4, dtype=torch.bfloat16)])) == "bfloat16"
+    assert own_precision(problem(lambda: [torch.randn(4, 4)])) is None
+    assert own_precision(problem(lambda: [torch.randn(4).half(), torch.randn(4)])) is None  # a mix
+    assert own_precision(problem(lambda: [torch.randint(0, 3, (4,))])) is None
+    assert own_precision(problem(lambda: 1 / 0)) is None
+    # drawn on the meta device: nothing of this size is allocated
+    assert own_precision(problem(lambda: [torch.randn(1 << 20, 1 << 20).half()])) == "float16"

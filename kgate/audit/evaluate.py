@@ -51,6 +51,9 @@ class AuditOptions:
     pch: bool = False  # workers keep the parent's precompiled torch/extension.h (kgate.audit.pch)
     corpus: list[str] = field(default_factory=list)  # the problems' and candidates' folders: a worker reads them
     dtypes: list[str] = field(default_factory=lambda: ["float32"])  # --dtypes: the precisions judged
+    # no --dtypes: each problem at the precision of its own inputs where that is float16/bfloat16 throughout
+    # (kgate.audit.worker.own_precision), its results under the plain gate names
+    own_precision: bool = False
     cache_dir: Path | None = None  # --cache: where the candidates' builds are kept (default out_dir)
 
     @property
@@ -360,7 +363,8 @@ def evaluate_pair(pair: Pair, options: AuditOptions, device: str, *, gpu_memory_
                "gate_seeds": options.gate_seeds, "work_elements": options.work_elements,
                "standard": options.standard and record["standard"] is None, "repro_args": options.repro_args,
                "gpu_memory_fraction": gpu_memory_fraction, "threads": options.threads, "pch": options.pch,
-               "turns": turns, "dtypes": options.dtypes}
+               "turns": turns, "dtypes": options.dtypes,
+               "own_precision": options.own_precision}
 
         def on_event(event: dict[str, Any], state: dict[str, Any] = state, remaining: list[str] = remaining,
                      first: bool = attempt == 0) -> str | None:

@@ -113,6 +113,14 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     run_standard = job.get("standard", True)
     seed = job.get("seed", kb.DEFAULT_SEED)
     dtypes: list[str] = job.get("dtypes") or ["float32"]
+    plain = dtypes == ["float32"]  # result ids as the parent expects them: the gate names alone
+    if plain and job.get("own_precision"):
+        own = own_precision(inputs_module)
+        if own is not None:
+            dtypes = [own]
+            channel.send("note", key="precision", value=(
+                f"judged at {own}, the precision of the problem's own inputs (KernelBench's harness casts them to "
+                "fp32 unless told; --dtypes float32 judges as it does)"))
     built: dict[str, tuple[Any, list[Any]]] = {}
     # precisions the problem itself cannot run at (its Model fails to build or raises in the standard test
     # there): their gates are skipped, naming why, and the others judged; if none is left, a problem_error
@@ -186,7 +194,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
                 return
             continue
         channel.send("standard", result=verdict.to_json(), seconds=round(time.perf_counter() - started, 3),
-                     dtype=dtype)
+                     dtype=None if plain else dtype)
         if context_lost(verdict.message) and verdict.verdict == standard_test.ERROR:
             channel.send("poisoned", message=verdict.message)
             return
@@ -201,7 +209,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     class PairSubject(Subject):
         def repro(self, gate: str, case: Case | None = None) -> str:
             dtype = (case or self.cases[0]).dtype
-            judged = gate if "[" in gate or dtypes == ["float32"] else f"{gate}[{dtype}]"  # its result id
+            judged = gate if "[" in gate or plain else f"{gate}[{dtype}]"  # its result id
             return kb.repro_command(audit_args, job["id"], judged)
 
         def conform(self, original: tuple, probe: tuple) -> tuple:
@@ -253,6 +261,26 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     found = tampered()
     if found:
         channel.send("tamper", message=found)
+
+
+def own_precision(inputs_module: Any) -> str | None:
+    """float16 or bfloat16 where every floating tensor the problem's get_inputs() gives has that dtype (drawn
+    on torch's meta device: no values, no memory), else None (float32, or a mix: KernelBench's default)."""
+    import torch
+
+    from kgate.compare import flatten
+    from kgate.inputs import dtype_name
+
+    try:
+        with torch.device("meta"):
+            values = inputs_module.get_inputs()
+    except Exception:  # noqa: BLE001 - a factory that needs real values: the default precision
+        return None
+    found = {t.dtype for _, t in flatten(list(values)) if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if len(found) != 1:
+        return None
+    name = dtype_name(found.pop())
+    return name if name in ("float16", "bfloat16") else None
 
 
 def _working_subject(module: Any, dims: Any, budget: int, subject_at: Any) -> tuple[Any, str | None]:

@@ -85,11 +85,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", dest="select", metavar="EXPR", help="only candidates whose id matches EXPR (like pytest -k)")
     p.add_argument("--gate", "-g", action="append", default=[], metavar="GATE",
                    help="run only this gate (repeat or comma-separate; default all: `kgate gates`)")
-    p.add_argument("--dtypes", default="float32", metavar="LIST",
-                   help="the precisions to judge each candidate at, comma-separated: float32 (default), float16, "
-                        "bfloat16 (KernelBench's fp32/fp16/bf16: floating inputs and both models' parameters cast "
-                        "to it, integer inputs untouched). Each gets its own gate results (oracle[float16], ...) "
-                        "and its own standard test, at KernelBench's tolerance for that precision")
+    p.add_argument("--dtypes", default=None, metavar="LIST",
+                   help="the precisions to judge each candidate at, comma-separated: float32, float16, bfloat16 "
+                        "(KernelBench's fp32/fp16/bf16: floating inputs and both models' parameters cast to it, integer "
+                        "inputs untouched). Each gets its own gate results (oracle[float16], ...) and its own standard "
+                        "test, at KernelBench's tolerance for that precision. Default: each problem's own precision, "
+                        "float32, or float16/bfloat16 where every floating tensor its get_inputs() gives has that "
+                        "dtype (KernelBench's harness casts to fp32 unless told: --dtypes float32 judges as it does)")
     p.add_argument("--device", default="auto", metavar="D",
                    help="auto, cpu, cuda (every visible GPU) or cuda:N (default auto)")
     p.add_argument("--jobs", "-j", type=COUNT, metavar="N",
@@ -172,7 +174,9 @@ def _gates(values: list[str]) -> list[str]:
     return [g for g in registry.KNOWN_GATES if g in chosen] if chosen else list(registry.GATE_NAMES)
 
 
-def _dtypes(value: str) -> list[str]:
+def _dtypes(value: str | None) -> list[str]:
+    if value is None:  # each problem's own precision (AuditOptions.own_precision), float32 for nearly all
+        return ["float32"]
     chosen = list(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
     unknown = [d for d in chosen if d not in AUDIT_DTYPES]
     if unknown or not chosen:
@@ -205,7 +209,7 @@ def repro_args(args: argparse.Namespace, problems: Path, candidates: Path, index
         out += ["--index", str(index)]
     if args.device != "auto":
         out += ["--device", args.device]
-    if _dtypes(args.dtypes) != ["float32"]:
+    if args.dtypes is not None:  # float32 too: given, it stops the problem's own precision being taken
         out += ["--dtypes", ",".join(_dtypes(args.dtypes))]
     return out + ["--out", "kgate-repro", "--fresh"]
 
@@ -329,7 +333,7 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         plan = make_plan(args.device, args.jobs, args.compile_jobs)
     plan.compile_stage = not args.no_compile_stage
     plan.prestart = args.prestart
-    options = AuditOptions(gates=gate_names, dtypes=dtypes, out_dir=out, timeout=args.timeout, memory=memory,
+    options = AuditOptions(gates=gate_names, dtypes=dtypes, own_precision=args.dtypes is None, out_dir=out, timeout=args.timeout, memory=memory,
                            compile_timeout=args.compile_timeout, seed=args.seed, work_elements=args.work_elements,
                            repro_args=repro_args(args, problems, candidates, index),
                            # local: run_local shares the cores among the judges; Ray's CPU workers as before
