@@ -292,6 +292,35 @@ def _check_kwarg_name(name: str) -> str:
     return name
 
 
+# Names a manifest may not point at a kernel's cache folder (`cache_env`): what kgate sets itself, what decides
+# which code runs (a loader path), and what the sandbox keeps for kgate (kgate.sandbox).
+_KEPT_ENV = frozenset({"HOME", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "PATH", "SHELL", "USER", "LOGNAME",
+                       "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", "CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV",
+                       "CONDA_PREFIX"})
+_KEPT_ENV_PREFIXES = ("LD_", "PYTHON", "KGATE_", "DYLD_")
+
+
+def _check_cache_env_name(name: str) -> str:
+    from kgate.sandbox import SECRET_NAME
+
+    if not re.fullmatch(r"[A-Z][A-Z0-9_]*", name):
+        raise InvalidValue(f"cache_env name {_show(name)} is not an environment variable name in capitals",
+                           "e.g. cache_env: [FLAGGEMS_CACHE_DIR]")
+    if name in _KEPT_ENV or name.startswith(_KEPT_ENV_PREFIXES) or SECRET_NAME.search(name):
+        raise InvalidValue(f"cache_env cannot set {name}: kgate sets it itself, it decides which code runs, or it "
+                           "looks like a secret",
+                           "name only the variable a library reads for its own cache folder, e.g. FLAGGEMS_CACHE_DIR")
+    return name
+
+
+CacheEnvName = Annotated[str, AfterValidator(_check_cache_env_name)]
+CACHE_ENV_HELP = (
+    "environment variables that name a library's own cache folder (FlagGems keeps its tuned configurations "
+    "under FLAGGEMS_CACHE_DIR, else under HOME, which is each worker's own): kgate points each at a folder of "
+    "the kernel's own caches, which that kernel's workers share and no other kernel sees, as it does Triton's "
+    "cache; so a configuration is tuned once per kernel, not once per worker. Where a library keeps its caches "
+    "does not change what is judged: not part of the kernel's digest (kgate run --resume)")
+
 KwargScalar = Annotated[float, Field(allow_inf_nan=True)] | StrictBool | StrictInt | StrictStr | None
 KwargName = Annotated[str, AfterValidator(_check_kwarg_name)]
 
@@ -309,6 +338,7 @@ class Defaults(_Strict):
     tolerance: Tolerance = Field(default_factory=Tolerance)
     limits: Limits = Field(default_factory=Limits)
     resources: Resources | None = Field(None, description="a resource budget for every kernel (see Resources)")
+    cache_env: list[CacheEnvName] = Field(default_factory=list, description=CACHE_ENV_HELP)
 
 
 # keys of an entry that `defaults` does not take, and why
@@ -363,6 +393,7 @@ class KernelEntry(_Strict):
     resources: Resources | None = Field(
         None, description="registers, spills and shared memory each compiled GPU kernel may use; adds the "
         "`resources` gate (see Resources)")
+    cache_env: list[CacheEnvName] | None = Field(None, description=CACHE_ENV_HELP + "; default: the defaults'")
     files: list[str] = Field(default_factory=list, description=(
         "globs of more files whose change gates this kernel (the pre-commit hook, kgate run --changed, the "
         "Action's changed-only), relative to the manifest's folder; ../ reaches outside it"))
@@ -486,6 +517,7 @@ class ResolvedKernel:
         self.device = entry.device or defaults.device
         self.limits = entry.limits or defaults.limits
         self.resources = entry.resources or defaults.resources
+        self.cache_env = list(entry.cache_env if entry.cache_env is not None else defaults.cache_env)
         self.line = manifest.line_of(("kernels", index))
 
     def selected_gates(self, all_names: list[str]) -> list[str]:
@@ -540,9 +572,10 @@ class ResolvedKernel:
         them (not the text around them: another entry's change, a comment, or an anchor no entry of this kernel
         merges leaves it), the manifest's folder, and the kernel's, reference's and inputs' files (kgate run
         --resume keeps only results recorded under the same digest)."""
+        unjudged = {"cache_env"}  # where a library keeps its caches changes nothing judged
         settings = {"version": self.manifest.model.version, "base": str(self.manifest.base),
-                    "defaults": self.manifest.model.defaults.model_dump(mode="json"),
-                    "entry": self.entry.model_dump(mode="json")}
+                    "defaults": self.manifest.model.defaults.model_dump(mode="json", exclude=unjudged),
+                    "entry": self.entry.model_dump(mode="json", exclude=unjudged)}
         h = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
         for path in sorted(self.source_files()):
             h.update(str(path).encode() + b"\0")

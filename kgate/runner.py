@@ -562,7 +562,7 @@ class Runner:
             exit_ = supervise("kgate.worker", {**job, "gates": remaining}, log_path=log_path, cwd=self.manifest.base,
                               timeout=timeout, memory=memory, on_event=on_event,
                               append_log=bool(causes) or self.options.resume or alone,  # earlier logs stay
-                              cancel=self._cancel, env=env, writable=caches)
+                              cancel=self._cancel, env=env, writable=caches, pass_env=kernel.cache_env)
             if exit_.detached and "isolation" in remaining:
                 with self._lock:
                     earlier = results.get("isolation")
@@ -717,7 +717,10 @@ def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
     # choice instead of timing every configuration again (FlagGems' Hopper mm: 216 per key); the choice stays
     # the kernel's own, for this run. A caller's own setting stands.
     env.setdefault("TRITON_CACHE_AUTOTUNING", "1")
-    for key in ("TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
+    # the libraries' own caches the manifest names (`cache_env`: FlagGems' tuned configurations), beside them
+    for name in kernel.cache_env:
+        env[name] = str(folder / "env" / name)
+    for key in ("TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR", *kernel.cache_env):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
     return env, [folder]
 
@@ -726,7 +729,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
               on_event: Callable[[dict[str, Any]], str | None], env: dict[str, str] | None = None,
               cancel: threading.Event | None = None, append_log: bool = False, waits: bool = False,
               readable: list[Path] | tuple[Path, ...] = (), writable: list[Path] | tuple[Path, ...] = (),
-              pass_fds: tuple[int, ...] = ()) -> WorkerExit:
+              pass_fds: tuple[int, ...] = (), pass_env: list[str] | tuple[str, ...] = ()) -> WorkerExit:
     """Run `python -m MODULE JOB.json` in a sandbox (kgate.sandbox: the one chosen for this process) under a
     time and a memory limit, passing each event it sends to `on_event`; or rather fork it from a template
     that has imported torch already and runs MODULE's `run_job(job)` in a sandbox of the job's own
@@ -735,7 +738,8 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     `log_path` (appended to with `append_log`), capped at LOG_CAP. `env`: the environment to start from
     (default this process's), of which only the allow-list reaches the worker (kgate.sandbox.allowed_env);
     `readable`/`writable`: folders the worker needs to read / may write besides its scratch folder;
-    `pass_fds`: further descriptors it inherits (the audit's turn files).
+    `pass_fds`: further descriptors it inherits (the audit's turn files); `pass_env`: names of `env` that reach
+    the worker beside the allow-list (a kernel's `cache_env`, which kgate set).
     `on_event` returns a stage name when a timed stage begins (the clock restarts, once per name), "" when the
     stage ends, None otherwise. The memory limit holds for the worker's whole process tree. A killed worker
     takes everything it started; setting `cancel` (from another thread) kills it too. With `waits`, a
@@ -746,7 +750,7 @@ def supervise(module: str, job: dict[str, Any], *, log_path: Path, cwd: Path, ti
     cell = sandbox.Cell(box)
     read_fd, write_fd = os.pipe()
     out_read, out_write = os.pipe()
-    child_env = cell.env(env)  # the allow-list only: untrusted code never sees a token
+    child_env = cell.env(env, extra=pass_env)  # the allow-list only: untrusted code never sees a token
     # The worker's own folder for what kgate's code in it keeps (kgate.gates.lp_triton's compiled kernels)
     private = cell.root / "private"
     for relative, data in PRIVATE_SEED.items():

@@ -192,10 +192,10 @@ class Cell:
         self.home.mkdir()
         self.tmp.mkdir()
 
-    def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The worker's environment: the allow-list of `base` (default this process's), then kgate's own
-        settings and its scratch folder as HOME and TMPDIR."""
-        env = allowed_env(base)
+    def env(self, base: Mapping[str, str] | None = None, extra: Iterable[str] = ()) -> dict[str, str]:
+        """The worker's environment: the allow-list of `base` (default this process's) and the names in `extra`,
+        then kgate's own settings and its scratch folder as HOME and TMPDIR."""
+        env = allowed_env(base, extra)
         env.update(HOME=str(self.home), TMPDIR=str(self.tmp), XDG_CACHE_HOME=str(self.home / ".cache"),
                    PYTHONUNBUFFERED="1")
         if self.sandbox.active:

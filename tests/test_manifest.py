@@ -337,3 +337,47 @@ def test_a_class_name_rebound_to_its_instance_is_an_instance(write_manifest):
 def test_a_complex_yaml_key_is_a_problem_not_a_crash(write_manifest):
     (p,) = problems(write_manifest("version: 1\n? [1, 2]\n: x\nkernels: []\n"))
     assert p.line == 2 and "a key must be a name" in p.message, p.format()
+
+
+@pytest.mark.parametrize("name, why", [
+    ("HOME", "kgate sets it itself"), ("LD_PRELOAD", "decides which code runs"),
+    ("PYTHONPATH", "decides which code runs"), ("GITHUB_TOKEN", "looks like a secret"),
+    ("flaggems_cache_dir", "not an environment variable name in capitals"),
+])
+def test_cache_env_refuses_what_kgate_keeps_and_secrets(write_manifest, name, why):
+    from kgate.errors import ManifestError
+
+    path = write_manifest(f"""
+        version: 1
+        defaults:
+          cache_env: [{name}]
+        kernels:
+          - name: k
+            kernel: k.py:k
+            reference: k.py:k
+        """)
+    with pytest.raises(ManifestError) as err:
+        load(path)
+    assert name in str(err.value) and why.split()[-1] in str(err.value)
+
+
+def test_cache_env_changes_no_kernels_digest(write_manifest):
+    """Where a library keeps its caches changes nothing judged: naming one keeps every result of kgate run
+    --resume (FlagGems' field results were judged before it was named)."""
+    text = """
+        version: 1
+        defaults:
+          device: cpu
+          {cache}
+        kernels:
+          - name: k
+            kernel: k.py:k
+            reference: k.py:k
+            {own}
+        """
+    files = {"k.py": "def k(x):\n    return x\n"}
+    digests = [load(write_manifest(text.format(cache=cache, own=own), files=files, name=f"m{i}.yaml")).kernels[0]
+               for i, (cache, own) in enumerate([("", ""), ("cache_env: [FLAGGEMS_CACHE_DIR]", ""),
+                                                  ("", "cache_env: [FLAGGEMS_CACHE_DIR]")])]
+    assert digests[1].cache_env == digests[2].cache_env == ["FLAGGEMS_CACHE_DIR"] and digests[0].cache_env == []
+    assert len({d.digest() for d in digests}) == 1

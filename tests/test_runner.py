@@ -745,3 +745,87 @@ def test_kgates_triton_kernels_are_precompiled_only_for_runs_that_judge_accumula
     for gates in (["contract"], ["accumulation"]):
         Runner(manifest, [manifest.by_name("good")], RunOptions(out_dir=tmp_path / gates[0], gates=gates)).run()
     assert asked == [[], ["cpu"]]  # no GPU here; on one, the second would compile and the first not
+
+
+_LIBCACHE_KERNELS = """
+import os
+import pathlib
+import uuid
+
+import torch
+
+WORKER = uuid.uuid4().hex  # (a sandboxed worker's pid is the same in each: its own pid namespace)
+
+
+def make(shape, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g).to(dtype=dtype, device=device),)
+
+
+def right(x):
+    return x * 2
+
+
+def _sees_only(tag):
+    # a library's own cache: written and read back, and no other kernel's entries in it
+    folder = os.environ.get("LIBCACHE_DIR")
+    if not folder:
+        return False
+    path = pathlib.Path(folder)
+    (path / f"{tag}-{WORKER}").touch()
+    return {f.name.split("-")[0] for f in path.iterdir()} == {tag}
+
+
+def kernel_a(x):
+    return x * 2 if _sees_only("a") else x * 2 + 1
+
+
+def kernel_b(x):
+    return x * 2 if _sees_only("b") else x * 2 + 1
+"""
+
+
+def test_cache_env_gives_each_kernel_one_cache_folder_its_workers_share(write_manifest, tmp_path, monkeypatch):
+    """`cache_env: [LIBCACHE_DIR]` (a library's own cache, e.g. FlagGems' tuned configurations): each kernel's
+    workers get one folder of that kernel's own, writable, shared by its workers and unseen by the other
+    kernel. Without it the variable does not reach a worker at all, even where kgate's own environment sets it
+    (the allow-list): the kernels then fail."""
+    from kgate import sandbox
+    from kgate.cli import main as kgate_main
+    from kgate.report import Report
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("LIBCACHE_DIR", str(shared))  # never reaches a worker: kgate's folders stand instead
+    entries = """
+        version: 1
+        defaults:
+          device: cpu
+          {cache}
+        kernels:
+          - name: a
+            kernel: k.py:kernel_a
+            reference: k.py:right
+            inputs: k.py:make
+            shapes: [[4, 8]]
+          - name: b
+            kernel: k.py:kernel_b
+            reference: k.py:right
+            inputs: k.py:make
+            shapes: [[4, 8]]
+        """
+    manifest = write_manifest(entries.format(cache="cache_env: [LIBCACHE_DIR]"), files={"k.py": _LIBCACHE_KERNELS})
+    for gates in ("contract,oracle", "determinism"):  # later workers of the kernel (in this process) too
+        code = kgate_main(["run", str(manifest), "--gate", gates, "-j", "2", "-q", "--out", str(tmp_path / gates),
+                           "--json", str(tmp_path / "r.json")])
+        report = Report.read(tmp_path / "r.json")
+        assert code == 0, [(k.name, g.gate, g.message) for k in report.kernels for g in k.gates]
+    assert not list(shared.iterdir())
+    folders = list(sandbox.process_folder("kgate-caches-").glob("a-*/env/LIBCACHE_DIR"))
+    assert len(folders) == 1
+    workers = {f.name.split("-")[1] for f in folders[0].iterdir()}
+    assert len(workers) >= 2, workers  # the kernel's workers, one folder
+
+    plain = write_manifest(entries.format(cache=""), files={"k.py": _LIBCACHE_KERNELS}, name="plain.yaml")
+    assert kgate_main(["run", str(plain), "--gate", "oracle", "-q", "--out", str(tmp_path / "p")]) == 1
+    assert not list(shared.iterdir())
