@@ -69,6 +69,42 @@ def test_memo_keyed_on_address_version_and_a_sampled_value_fails():
     assert "without a version bump" in result.message
 
 
+def _top3(x):
+    return torch.topk(x, 3, dim=-1).values
+
+
+def _top3_rows(seed, shape=None, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(16, 64, generator=g).to(dtype),)
+
+
+def test_memo_of_a_selection_keyed_on_its_end_values_fails():
+    """A top-k cache keyed on the address and the first and last values: overwriting every value changes the
+    key, and one element changed through .data at a random position rarely moves a top-3 (its truth stays,
+    so nothing is stale there); the probe goes on to the largest and the smallest magnitudes, which move it."""
+    cache = {}
+
+    def memo(x):
+        key = (x.data_ptr(), tuple(x.shape), float(x.reshape(-1)[0]), float(x.reshape(-1)[-1]))
+        if key not in cache:
+            cache.clear()
+            cache[key] = _top3(x)
+        return cache[key].clone()
+
+    result = check("isolation", memo, _top3, _top3_rows)
+    assert result.verdict == "fail" and result.details.get("unversioned"), result.message
+    assert check("isolation", _top3, _top3, _top3_rows).verdict == "pass"
+
+
+def test_unversioned_positions_are_a_seeded_one_then_the_extreme_magnitudes():
+    from kgate.gates.isolation import unversioned_positions
+
+    t = torch.tensor([[1.0, -9.0, 0.5], [float("nan"), 0.01, 2.0]])
+    positions = unversioned_positions(t, torch.Generator().manual_seed(0))
+    assert positions[0] != (0, 0) and (0, 1) in positions and (1, 1) in positions and (1, 0) not in positions[1:]
+    assert len(positions) == len(set(positions)) <= 3
+
+
 def nonnegative_ref(x):
     """A reference that declares its domain: it rejects negative inputs (see README, the reference's domain)."""
     if (x < 0).any():

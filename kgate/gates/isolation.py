@@ -829,10 +829,13 @@ class Isolation(Gate):
 
 
     def memo_unversioned(self, subject: Subject, case: Case) -> GateResult | None:
-        """One element of a floating-point input, at a seeded position, changed through `.data`: the tensor's
-        version counter stays as it was, as after a Triton or CUDA kernel's in-place write. A kernel that keys
-        a cache on the address, the version and a sample of the values returns its previous result; where
-        the truth changed with that element, that is stale."""
+        """One element of a floating-point input changed through `.data`: the tensor's version counter stays
+        as it was, as after a Triton or CUDA kernel's in-place write. A kernel that keys a cache on the
+        address, the version and a sample of the values returns its previous result; where the truth changed
+        with that element, that is stale. Where the truth does not move with the element chosen (a top-k's
+        output ignores most of its input), the next position is tried (`unversioned_positions`: a seeded one,
+        then the largest and the smallest magnitudes, which a selection's or a norm's output follows), each on
+        fresh copies of the inputs, until one moves it."""
         base = subject.baseline(case)
         floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
                   and a.numel() > 1 and i not in subject.inplace]
@@ -840,38 +843,60 @@ class Isolation(Gate):
             return None
         gen = torch.Generator().manual_seed(case.seed + OTHER_SEED)
         i = floats[int(torch.randint(len(floats), (), generator=gen))]
-        index = index_of(1 + int(torch.randint(base.args[i].numel() - 1, (), generator=gen)), tuple(base.args[i].shape))
-        args = clone_tree(base.args)
-        first = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
-        old = float(args[i][index])
-        new = -2 * old if old != 0 and math.isfinite(old) else 1.0
-        version = args[i]._version
-        args[i].data[index] = new  # .data: the version counter does not move
-        if args[i]._version != version:
-            return None
-        changed = subject.conform(base.args, clone_tree(args))
-        if any(not torch.equal(a, b) for a, b in zip(changed, args) if isinstance(a, torch.Tensor)):
-            return None  # the change leaves the inputs' known structure (a triangular matrix's zeros)
-        second = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
-        truth = unless_rejected(lambda: dict(_leaves(subject.oracle(clone_tree(args)))))
-        reference = unless_rejected(lambda: dict(_leaves(subject.run_reference(clone_tree(args)))))
-        if truth is None or reference is None:
-            return None  # the changed element leaves the reference's domain: no truth to be stale against
         before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
-        for (path, was), (_, now) in zip(first, second):
-            if bitwise_mismatch(was, now) is not None:
-                continue
-            moved = stale(subject, path, was, (reference, truth), before)
-            if moved is not None:
-                return self.failed(
-                    subject, f"{path}: after argument {i}[{', '.join(map(str, index))}] was changed in place "
-                    f"without a version bump (through .data, as a kernel's own write leaves it), the kernel "
-                    f"returned its previous result again, {moved_by(moved)} (a cache keyed on the address, the "
-                    "version counter or a sample of the values?)", case=case,
-                    expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
-                    got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
-                    details={"stale": True, "unversioned": True})
+        for index in unversioned_positions(base.args[i], gen):
+            args = clone_tree(base.args)
+            first = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
+            old = float(args[i][index])
+            new = -2 * old if old != 0 and math.isfinite(old) else 1.0
+            version = args[i]._version
+            args[i].data[index] = new  # .data: the version counter does not move
+            if args[i]._version != version:
+                return None
+            changed = subject.conform(base.args, clone_tree(args))
+            if any(not torch.equal(a, b) for a, b in zip(changed, args) if isinstance(a, torch.Tensor)):
+                continue  # the change leaves the inputs' known structure (a triangular matrix's zeros)
+            second = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, args))]
+            truth = unless_rejected(lambda args=args: dict(_leaves(subject.oracle(clone_tree(args)))))
+            reference = unless_rejected(lambda args=args: dict(_leaves(subject.run_reference(clone_tree(args)))))
+            if truth is None or reference is None:
+                continue  # the changed element leaves the reference's domain: no truth to be stale against
+            moved_any = False
+            for (path, was), (_, now) in zip(first, second):
+                if bitwise_mismatch(was, now) is not None:
+                    moved_any = True  # the kernel followed the change: not keyed on what was changed
+                    continue
+                moved = stale(subject, path, was, (reference, truth), before)
+                if moved is not None:
+                    where = ", ".join(map(str, index))
+                    return self.failed(
+                        subject, f"{path}: after argument {i}[{where}] was changed in place without a version "
+                        f"bump (through .data, as a kernel's own write leaves it), the kernel returned its previous "
+                        f"result again, {moved_by(moved)} (a cache keyed on the address, the version counter or a "
+                        "sample of the values?)", case=case,
+                        expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                        got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                        details={"stale": True, "unversioned": True})
+            if moved_any:
+                return None
         return None
+
+
+UNVERSIONED_TRIES = 3  # positions memo_unversioned changes, one at a time, until the truth moves with one
+
+
+def unversioned_positions(t: torch.Tensor, gen: torch.Generator) -> list[tuple[int, ...]]:
+    """Where memo_unversioned changes one element of `t`, in turn: a seeded position past the first element,
+    then the largest and the smallest finite magnitudes (at most UNVERSIONED_TRIES, no position twice)."""
+    shape = tuple(t.shape)
+    flat = [1 + int(torch.randint(t.numel() - 1, (), generator=gen))]
+    magnitudes = t.detach().reshape(-1).abs().double()
+    finite = torch.isfinite(magnitudes)
+    if bool(finite.any()):
+        inf = torch.tensor(math.inf, dtype=torch.float64, device=magnitudes.device)
+        flat.append(int(torch.where(finite, magnitudes, -inf).argmax()))
+        flat.append(int(torch.where(finite, magnitudes, inf).argmin()))
+    return [index_of(f, shape) for f in dict.fromkeys(flat)][:UNVERSIONED_TRIES]
 
 
 def stale(subject: Subject, path: str, old: torch.Tensor, now: tuple[dict, dict],
