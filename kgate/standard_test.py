@@ -104,9 +104,11 @@ def run(reference: Any, candidate: Any, get_inputs: Callable[[], Any], device: t
             model_new = candidate.to(device=device, dtype=precision)
             output = model(*inputs)  # the reference raising is the problem's fault: the caller decides
             _sync(device)
+            raiser = "ModelNew"
             try:
                 output_new = model_new(*inputs)
                 _sync(device)
+                raiser = "the comparison (torch.allclose)"  # it raises on an output of another dtype
                 if output.shape != output_new.shape:
                     return result(FAIL, f"trial {trial}: output shape mismatch: expected {tuple(output.shape)}, "
                                         f"got {tuple(output_new.shape)}")
@@ -117,7 +119,7 @@ def run(reference: Any, candidate: Any, get_inputs: Callable[[], Any], device: t
                     diffs.append(float(torch.max(torch.abs(output - output_new)).item()))
                     mismatch = mismatch or f"trial {trial}: output mismatch (max abs difference {diffs[-1]:.6g})"
             except Exception as exc:  # noqa: BLE001 - KernelBench records any exception as a runtime error
-                res = result(ERROR, f"trial {trial}: ModelNew raised {type(exc).__name__}: {exc}")
+                res = result(ERROR, f"trial {trial}: {raiser} raised {type(exc).__name__}: {exc}")
                 res.trace = traceback.format_exc()
                 return res
     if passed[primary] == trials:

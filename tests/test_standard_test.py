@@ -79,6 +79,20 @@ def test_exception_is_a_runtime_error_and_stops():
     assert len(calls) == 1
 
 
+def test_an_output_of_another_dtype_is_an_error_of_the_comparison_not_of_the_kernel():
+    """torch.allclose raises on a float64 output against a float32 one (KernelBench records it as a runtime
+    error too); the message names the comparison, not ModelNew, which returned."""
+
+    class Wider(nn.Module):
+        def forward(self, x):
+            return torch.tanh(x.double())
+
+    result = st.run(Ref(), Wider(), _inputs, "cpu")
+    assert result.verdict == "error" and "the comparison (torch.allclose) raised" in result.message, result.message
+    assert "ModelNew raised" in st.run(Ref(), type("Boom", (nn.Module,), {
+        "forward": lambda self, x: 1 / 0})(), _inputs, "cpu").message
+
+
 def test_nan_anywhere_fails_even_where_the_reference_is_nan():
     class NanRef(nn.Module):
         def forward(self, x):
