@@ -407,13 +407,22 @@ def show_raises(name, spec):
     return None
 
 
+def show_dtype(name, spec):
+    _, reference, candidate = load(name)
+    inputs = demo_inputs(name)
+    ref_out, out = call(reference, inputs), call(candidate, inputs)
+    if out.dtype != ref_out.dtype:
+        return f"output dtype {out.dtype} where the reference's is {ref_out.dtype}"
+    return None
+
+
 SHOW = {"values": show_values, "aliases": show_aliases, "nondeterministic": show_nondeterministic,
         "input_changed": show_input_changed, "poisoned": show_poisoned, "memo": show_memo,
         "stale_params": show_stale_params, "after_return": show_after_return, "reused": show_reused,
         "contiguity": show_contiguity, "global_state": show_global_state, "random_stream": show_random_stream,
         "stale_buffers": show_stale_buffers, "eval_mode": show_eval_mode,
         "patched": show_patched,
-        "raises": show_raises}
+        "raises": show_raises, "dtype": show_dtype}
 
 
 def test_labels_cover_the_corpus():
