@@ -145,12 +145,13 @@ def shrink_subset(items: Sequence[T], fails: Callable[[list[T]], bool], *,
 
 # -- judging one probe ------------------------------------------------------------------------------------
 
-CRASH, CONTRACT, ORACLE = "crash", "contract", "oracle"
+CRASH, CONTRACT, ORACLE, NAN = "crash", "contract", "oracle", "nan"
 
 
 @dataclass
 class Finding:
-    """Why one probe failed. `kind` is crash, contract (structure/shape/dtype) or oracle (bound missed)."""
+    """Why one probe failed. `kind` is crash, contract (structure/shape/dtype), nan (finite where the oracle
+    and the reference are NaN) or oracle (bound missed)."""
 
     kind: str
     message: str
@@ -162,11 +163,35 @@ class Finding:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def nan_lost(out: Any, reference: Any, oracle: Any) -> tuple[str, tuple[int, ...], float, int] | None:
+    """The first output element that is finite where the float64 oracle and the reference (in the kernel's
+    dtype) both give NaN: (path, index, the kernel's value, how many such elements), or None. Where both agree
+    that the result is NaN (0/0 of an empty selection, a NaN the inputs carry), a finite value is a wrong
+    result that no bound measures (the bound judges the elements where the oracle is finite); a NaN where
+    either is finite is the bound's business and the special_values gate's."""
+    refs, truths = dict(flatten(reference)), dict(flatten(oracle))
+    for path, got in flatten(out):
+        want, truth = refs.get(path), truths.get(path)
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (got, want, truth)) \
+                or not got.shape == want.shape == truth.shape or got.numel() == 0:
+            continue
+        lost = torch.isnan(want.detach().to(got.device)) & torch.isnan(truth.detach().to(got.device)) \
+            & torch.isfinite(got.detach())
+        if bool(lost.any()):
+            flat = int(lost.reshape(-1).nonzero()[0])
+            index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(got.shape)))
+            return path, index, float(got.detach().reshape(-1)[flat]), int(lost.sum())
+    return None
+
+
 def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
                 scales: dict[str, float] | None = None,
                 sensitivity: dict[str, float] | None = None, *,
-                layout: bool = False) -> tuple[Finding | None, list[LeafError]]:
+                layout: bool = False, truth: Any = None) -> tuple[Finding | None, list[LeafError]]:
     """Run the kernel on a copy of `args` and judge it against the reference's metadata and the oracle.
+    `truth`: the oracle as computed, where the caller passes an `oracle` with elements masked out of the
+    bound's comparison as NaN (the distributions gate's `where_reference_finite`); the NaN rule
+    (`nan_lost`) reads it.
 
     A crash of the kernel is a finding (the reference accepted these inputs); the reference's and the
     factory's exceptions are left to the caller, which usually skips such a probe.
@@ -206,6 +231,13 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
                 return Finding(CONTRACT, f"{path} aliases input argument {extra[0]} (shares its memory); the "
                                f"reference's {path} does not alias it", where=path, expected="a fresh tensor",
                                got=f"a view of argument {extra[0]}"), leaves
+    lost = nan_lost(out, reference, oracle if truth is None else truth)
+    if lost is not None:
+        path, index, got, count = lost
+        where = f"{path}{list(index)}"
+        return Finding(NAN, f"{where}: the float64 oracle and the reference give NaN, the kernel {got!r} ({count} "
+                       "element(s) finite where both are NaN)", where=where, expected="NaN (float64 oracle and "
+                       "reference)", got=repr(got)), leaves
     worst = max(leaves, key=lambda leaf: leaf.ratio, default=None)
     if worst is None or worst.passed:
         return None, leaves

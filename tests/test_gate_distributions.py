@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
 from pathlib import Path
 
@@ -266,7 +267,7 @@ def test_integer_repeats_catch_a_store_where_the_sum_must_add():
 def test_integer_probes_pass_an_adding_scatter():
     result = check("distributions", _segment_sum, _segment_sum, _segments)
     assert result.verdict == "pass", result.message
-    assert "2 integer-input probe(s)" in result.message
+    assert "2 integer- or boolean-input probe(s)" in result.message
 
 
 def test_a_tree_sum_that_overflows_a_partial_sum_near_the_largest_value_passes():
@@ -283,3 +284,65 @@ def test_a_sum_that_overflows_where_no_order_of_summation_does_still_fails():
     assert result.verdict == "fail" and result.details["distribution"].startswith("distribution 'huge'"), \
         result.message
     assert "within the dtype's range: no order of summation overflows" in result.message
+
+
+def _masked_mean_ref(x, mask):
+    total = torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype)).sum(dim=1)
+    return total / mask.sum(dim=1, keepdim=True).to(x.dtype)
+
+
+def _masked_mean_clamped(x, mask):
+    total = torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype)).sum(dim=1)
+    return total / mask.sum(dim=1, keepdim=True).clamp(min=1).to(x.dtype)
+
+
+def _masked_inputs(seed, shape=None, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 17, (6,), generator=g)
+    return torch.randn(6, 16, 4, generator=g).to(dtype), torch.arange(16).unsqueeze(0) < lengths.unsqueeze(1)
+
+
+def test_a_mask_that_selects_nothing_is_drawn_and_a_finite_value_where_both_give_nan_fails():
+    """A masked mean whose count is clamped at 1 gives 0 for a row with nothing selected, where the reference
+    and the oracle give 0/0 = NaN: the random masks always select something, so only the boolean family
+    'mask all false' shows it, and only the NaN rule judges it (the bound measures finite elements)."""
+    bad = check("distributions", _masked_mean_clamped, _masked_mean_ref, _masked_inputs)
+    assert bad.verdict == "fail" and bad.tolerance_free, bad.message
+    assert "'mask all false'" in bad.message and "give NaN" in bad.message, bad.message
+    good = check("distributions", _masked_mean_ref, _masked_mean_ref, _masked_inputs)
+    assert good.verdict == "pass" and "boolean-input probe" in good.message, good.message
+
+
+def test_nan_lost_finds_a_finite_value_only_where_oracle_and_reference_both_give_nan():
+    from kgate.shrink import nan_lost
+
+    nan = float("nan")
+    ref, truth = torch.tensor([nan, 1.0, nan]), torch.tensor([nan, nan, 2.0], dtype=torch.float64)
+    assert nan_lost(torch.tensor([nan, 0.0, 0.0]), ref, truth) is None  # NaN where both are: kept
+    assert nan_lost(torch.tensor([0.5, 0.0, 0.0]), ref, truth) == ("out", (0,), 0.5, 1)
+
+
+def _angle_ref(y, x):
+    return torch.atan2(y, x)
+
+
+def _angle_by_octant(y, x):
+    """atan2 from atan(y/x) by the signs of x and y tested with < 0: a -0.0 taken as +0.0."""
+    base = torch.atan(y / x)
+    turn = torch.where(y < 0, -math.pi, math.pi)
+    out = torch.where(x < 0, base + turn, base)
+    zero_x = torch.where(y < 0, -math.pi / 2, torch.where(y > 0, math.pi / 2, 0.0))
+    return torch.where(x == 0, zero_x.to(base.dtype), out)
+
+
+def _two_rows(seed, shape=None, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(8, 64, generator=g).to(dtype), torch.randn(8, 64, generator=g).to(dtype)
+
+
+def test_signed_zeros_tell_an_angle_that_ignores_the_sign_of_zero():
+    """atan2(-0.0, x < 0) is -pi and atan2(+-0.0, -0.0) is +-pi: an angle built from `< 0` tests agrees on
+    every random input and on +0.0, and is 2*pi off on the signed-zeros distribution."""
+    bad = check("distributions", _angle_by_octant, _angle_ref, _two_rows)
+    assert bad.verdict == "fail" and "'signed zeros'" in bad.message, bad.message
+    assert check("distributions", torch.atan2, _angle_ref, _two_rows).verdict == "pass"

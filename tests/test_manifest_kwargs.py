@@ -185,7 +185,7 @@ def test_kwargs_reach_kernel_reference_and_oracle_in_every_gate(write_manifest, 
     for name in ("ce-no-ignore", "ce-no-smoothing"):
         assert found[name] == {"oracle": "fail"}, (name, found[name])
     distributions = next(g for g in report["kernels"][0]["gates"] if g["gate"] == "distributions")
-    assert "integer-input probe" in distributions["message"], distributions["message"]  # the int64 targets
+    assert "integer- or boolean-input probe" in distributions["message"], distributions["message"]  # the int64 targets
 
     # the replay runs a fresh worker from the manifest: the kwargs come with it
     capsys.readouterr()

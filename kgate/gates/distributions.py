@@ -8,13 +8,17 @@ sqrt of the smallest normal); subnormals (every magnitude below the smallest nor
 `OFFSET` spreads above zero (where a one-pass variance cancels) and below it (rows that lie entirely far
 below zero: a running maximum started at 0 underflows there); constant rows; mixed signs over 8
 decades; near-overflow (a sixteenth of the dtype's largest value) and near-underflow (8 x its smallest
-normal) magnitudes. After them, a short seeded search over affine transforms of the factory's inputs
+normal) magnitudes; signed zeros (half the values +0.0 or -0.0). After them, a short seeded search over
+affine transforms of the factory's inputs
 (scale and offset, per argument and jointly: `kgate.search`), time-boxed (`SEARCH_SECONDS`, at most
 `SEARCH_SHARE` of the gate's time limit, and the worker's search deadline). Before them, the factory's inputs at
 fresh seeds that the manifest does not list (the factory's own inputs are judged first: a kernel that
 fails there is not failing because of a distribution). Integer inputs, one at a time, are drawn from their
 own values with replacement (repeated values: a scatter that stores where it must add) and set to one value
-(`INTEGER_FAMILIES`); the distributions leave them alone. Judged like the
+(`INTEGER_FAMILIES`); boolean ones (masks) select nothing, everything, or their own values drawn with
+replacement (`BOOLEAN_FAMILIES`: a mask that selects nothing makes an empty selection's 0/0); the
+distributions leave them alone. Where the oracle and the reference both give NaN, the kernel must not be
+finite (`kgate.shrink.nan_lost`, tolerance-free). Judged like the
 oracle gate (bound calibrated from the reference's own error on the same inputs); a kernel that
 raises where the reference accepts the inputs fails.
 
@@ -134,7 +138,16 @@ DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, tor
     "near-overflow": ("magnitudes up to a sixteenth of the dtype's largest value",
                       lambda t, g, d: _peak(t, torch.finfo(d).max / 16)),
     "near-underflow": ("magnitudes up to 8 x the smallest normal", lambda t, g, d: _peak(t, 8 * torch.finfo(d).tiny)),
+    "signed zeros": ("half the values +0.0 or -0.0, the sign drawn (atan2, copysign, 1/x and sorts tell them "
+                     "apart)", lambda t, g, d: _signed_zeros(t, g)),
 }
+
+
+def _signed_zeros(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """`t` with about half its values replaced by zeros, each +0.0 or -0.0 at random."""
+    keep = _uniform(t, g) < 0.5
+    zero = torch.where(_uniform(t, g) < 0.5, torch.full_like(t, -0.0), torch.zeros_like(t))
+    return torch.where(keep, t, zero)
 
 
 def _resampled(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -152,15 +165,29 @@ INTEGER_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator],
 }
 
 
+# Boolean inputs (masks), one argument at a time: nothing selected, everything selected, and its own values
+# drawn with replacement. A mask that selects nothing makes an empty selection's 0/0, which random masks
+# rarely do.
+BOOLEAN_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor]]] = {
+    "mask all false": ("every value False", lambda t, g: torch.zeros_like(t)),
+    "mask all true": ("every value True", lambda t, g: torch.ones_like(t)),
+    "mask repeats": ("its own values drawn with replacement", _resampled),
+}
+
+
+ALL_DISCRETE = {**INTEGER_FAMILIES, **BOOLEAN_FAMILIES}
+
+
 def integer_probes(args: tuple, seed: int) -> list[tuple[str, int, tuple]]:
-    """(family, argument, inputs) for each integer tensor argument of more than one element and each family
-    of INTEGER_FAMILIES whose values differ from the argument's own; the other arguments unchanged."""
+    """(family, argument, inputs) for each integer or boolean tensor argument of more than one element and
+    each family of INTEGER_FAMILIES (BOOLEAN_FAMILIES for a boolean one) whose values differ from the
+    argument's own; the other arguments unchanged."""
     out = []
     for i, a in enumerate(args):
-        if not isinstance(a, torch.Tensor) or a.is_floating_point() or a.is_complex() or a.dtype == torch.bool \
-                or a.numel() < 2:
+        if not isinstance(a, torch.Tensor) or a.is_floating_point() or a.is_complex() or a.numel() < 2:
             continue
-        for name, (_, make) in INTEGER_FAMILIES.items():
+        families = BOOLEAN_FAMILIES if a.dtype == torch.bool else INTEGER_FAMILIES
+        for name, (_, make) in families.items():
             values = make(a, torch.Generator(device=a.device).manual_seed(seed))
             if torch.equal(values, a):
                 continue
@@ -263,8 +290,9 @@ class Distributions(Gate):
                 probes += 1
                 integers += 1
                 if outcome is not False:
-                    return self._report(subject, case, f"integer argument {argument} as {name!r} "
-                                        f"({INTEGER_FAMILIES[name][0]})", outcome, evidence, "", argument)
+                    kind = "boolean" if name in BOOLEAN_FAMILIES else "integer"
+                    return self._report(subject, case, f"{kind} argument {argument} as {name!r} "
+                                        f"({ALL_DISCRETE[name][0]})", outcome, evidence, "", argument)
         searched: list[Searched] = []
         for case in cases:
             base = subject.baseline(case)
@@ -303,7 +331,7 @@ class Distributions(Gate):
             if worst.worst is not None:
                 message += f", the worst {worst.worst_value:.2g} x bound ({worst.worst.describe()})"
         if integers:
-            message += f"; {integers} integer-input probe(s) ({', '.join(INTEGER_FAMILIES)})"
+            message += f"; {integers} integer- or boolean-input probe(s)"
         if per_argument:
             message += (f"; one argument at a time where the reference rejects all at once: "
                         f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
@@ -321,7 +349,7 @@ class Distributions(Gate):
             return None
         reference, oracle = outputs
         finding, leaves = judge_probe(subject, probe, reference, where_reference_finite(reference, oracle), scales,
-                                      input_sensitivity(subject, probe, oracle))
+                                      input_sensitivity(subject, probe, oracle), truth=oracle)
         if evidence is not None:
             evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
         if ratios is not None:
