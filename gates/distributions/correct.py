@@ -119,3 +119,44 @@ def row_sum_tree(x):
     while acc.shape[-1] > 1:
         acc = acc[..., 0::2] + acc[..., 1::2]
     return acc[..., 0].to(x.dtype)
+
+
+def make_masked(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Rows of values and a boolean mask of a random, never empty, valid prefix per row."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 17, (6,), generator=g)
+    values = torch.randn(6, 16, 4, generator=g).to(dtype=dtype, device=device)
+    return values, (torch.arange(16).unsqueeze(0) < lengths.unsqueeze(1)).to(device)
+
+
+def masked_mean_reference(x, mask):
+    total = torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=1)
+    return total / mask.sum(dim=1, keepdim=True).to(x.dtype)
+
+
+def masked_mean(x, mask):
+    """A masked mean by masked_fill and a sum in one pass (0/0 = NaN where nothing is selected, as the
+    reference; a NaN in an unselected position stays out)."""
+    count = mask.sum(dim=1, keepdim=True)
+    return x.masked_fill(~mask.unsqueeze(-1), 0.0).sum(dim=1) / count.to(x.dtype)
+
+
+def make_pairs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(8, 64, generator=g).to(dtype=dtype, device=device) for _ in range(2))
+
+
+def angle_reference(y, x):
+    return torch.atan2(y, x)
+
+
+def angle(y, x):
+    """atan2 by octants, the signs read from the sign bits (so -0.0 counts as negative)."""
+    base = torch.atan(y / x)
+    negative_y = torch.signbit(y)
+    turn = torch.where(negative_y, -torch.pi, torch.pi)
+    out = torch.where(torch.signbit(x), base + turn, base)
+    on_axis = torch.where(torch.signbit(x), turn, torch.where(negative_y, -0.0, 0.0))
+    vertical = torch.where(negative_y, -torch.pi / 2, torch.pi / 2)
+    out = torch.where(y == 0, on_axis.to(out.dtype), out)
+    return torch.where((x == 0) & (y != 0), vertical.to(out.dtype), out)

@@ -63,3 +63,20 @@ def row_sum_prescaled(x):
     while acc.shape[-1] > 1:
         acc = acc[..., 0::2] + acc[..., 1::2]
     return (acc[..., 0] * 2.0**-110).to(x.dtype)
+
+
+def masked_mean_clamped(x, mask):
+    """A masked mean whose count is clamped at 1 "so the division needs no special case": 0 where nothing is
+    selected, where the reference gives 0/0 = NaN. Random masks always select something."""
+    total = torch.where(mask.unsqueeze(-1), x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=1)
+    return total / mask.sum(dim=1, keepdim=True).clamp(min=1).to(x.dtype)
+
+
+def angle_by_comparisons(y, x):
+    """atan2 by octants with the signs tested by `< 0`: -0.0 is taken as +0.0, so atan2(-0.0, x < 0) gives pi
+    where it is -pi."""
+    base = torch.atan(y / x)
+    turn = torch.where(y < 0, -torch.pi, torch.pi)
+    out = torch.where(x < 0, base + turn, base)
+    vertical = torch.where(y < 0, -torch.pi / 2, torch.where(y > 0, torch.pi / 2, 0.0))
+    return torch.where(x == 0, vertical.to(out.dtype), out)
