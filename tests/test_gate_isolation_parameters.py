@@ -88,6 +88,27 @@ def test_weight_cached_once_is_caught_by_changing_the_weight_alone():
     assert "step of the kernel's weight (the reference's weight) alone" in result.message
 
 
+class PackedByWeightVersion(Linear):
+    """Packs the transposed weight and the bias into one tile, rebuilt whenever the *weight* changes (its
+    address and version counter): a change of the bias alone leaves the tile stale."""
+
+    def forward(self, x):
+        key = (self.weight.data_ptr(), self.weight._version)
+        if getattr(self, "_key", None) != key:
+            self._key = key
+            self._pack = torch.cat((self.weight.detach().T, self.bias.detach().unsqueeze(0)))
+        return x @ self._pack[:-1] + self._pack[-1]
+
+
+def test_a_pack_keyed_on_one_parameter_is_caught_by_changing_another_alone():
+    """Restoring the state after a probe moves the weight's version counter: the kernel is called on the
+    restored state before the next change, so the bias-alone step meets the tile as the kernel keeps it
+    (before, the restore itself made the next call rebuild the tile and the stale bias was never seen)."""
+    result = isolation(PackedByWeightVersion)
+    assert result.verdict == "fail" and result.details["stale"] is True, result.message
+    assert "bias (the reference's bias) alone" in result.message
+
+
 def test_load_state_dict_changes_both_modules_alike_in_place():
     kernel, reference = CachedByAddress(), Linear()
     addresses = [t.data_ptr() for t in [*kernel.parameters(), *reference.parameters()]]

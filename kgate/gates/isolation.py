@@ -699,7 +699,6 @@ class Isolation(Gate):
         if not classes:
             return None, "parameters not probed (kernel and reference hold no equal parameters)"
         base = subject.baseline(case)
-        previous = _leaves(self.call_zeroed(subject, clone_tree(base.args)))
         probes: list[tuple[str, str, Any]] = [
             ("step", "an optimizer-style in-place step of every parameter and buffer",
              lambda: [c.apply_step(PARAMETER_SEED) for c in classes]),
@@ -715,6 +714,10 @@ class Isolation(Gate):
             for kind, what, change in probes:
                 if done and subject.out_of_time():
                     break
+                # the output before the change, made on the state as it is now (the restored one after an
+                # earlier probe): restoring moved the version counters, so a cache keyed on a version (of one
+                # parameter, while another changes alone) is rebuilt here, not by the call after the change
+                previous = _leaves(self.call_zeroed(subject, clone_tree(base.args)))
                 try:
                     change()
                 except Exception:  # noqa: BLE001 - a module's own state-dict hooks may refuse
