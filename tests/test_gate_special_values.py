@@ -513,3 +513,13 @@ def test_an_integer_output_the_reference_gives_in_the_kernels_dtype_passes():
 
     result = check("special_values", shifted_argmax, shifted_argmax, make_near_ties, dtypes=("float16",))
     assert result.verdict == "pass", result.message
+
+
+def test_a_nan_in_the_wrong_bin_is_a_finite_value_of_the_wrong_size():
+    """A bin lookup that sends NaN to the first bin where torch's bucketize sends it past the last: finite in
+    both, so the classes agree; the moved output is 1e6 bounds off, and fails (not tolerance-free)."""
+    correct, violating = catalogue("special_values", "correct"), catalogue("special_values", "violating")
+    bad = check("special_values", violating.binned_nan_first, correct.reference_binned, correct.make_inputs)
+    assert bad.verdict == "fail" and not bad.tolerance_free and "finite where the oracle is finite" in bad.message
+    good = check("special_values", correct.binned_by_counting, correct.reference_binned, correct.make_inputs)
+    assert good.verdict == "pass", good.message

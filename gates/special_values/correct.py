@@ -149,3 +149,20 @@ def row_argmax_blocked(x, block=16):
     blocks = torch.argmax(values, dim=-1, keepdim=True)
     return (blocks * block + within.gather(-1, blocks)).squeeze(-1)
 
+
+
+BIN_EDGES = torch.linspace(-2.0, 2.0, 9)
+BIN_VALUES = torch.arange(10, dtype=torch.float32) * 0.5 - 2.0
+
+
+def reference_binned(x):
+    """Each value replaced by its bin's value (torch.bucketize: a NaN lands past the last edge)."""
+    return BIN_VALUES.to(x.device, x.dtype)[torch.bucketize(x, BIN_EDGES.to(x.device, x.dtype))]
+
+
+def binned_by_counting(x):
+    """The bin as the count of edges below the value, a NaN sent past the last edge as bucketize does."""
+    edges = BIN_EDGES.to(x.device, x.dtype)
+    index = (x.unsqueeze(-1) > edges).sum(dim=-1)
+    index = torch.where(torch.isnan(x), torch.full_like(index, edges.numel()), index)
+    return BIN_VALUES.to(x.device, x.dtype)[index]

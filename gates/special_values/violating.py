@@ -80,3 +80,12 @@ def row_argmax_skips_nan(x):
     the NaN's."""
     return torch.argmax(torch.nan_to_num(x, nan=float("-inf")), dim=-1)
 
+
+
+def binned_nan_first(x):
+    """The bin as the count of edges below the value (correct.py's tables): a NaN compares false with every
+    edge and lands in the first bin, where torch's bucketize sends it past the last. Both give a finite bin
+    value."""
+    edges = torch.linspace(-2.0, 2.0, 9, device=x.device, dtype=x.dtype)
+    values = (torch.arange(10, dtype=torch.float32) * 0.5 - 2.0).to(x.device, x.dtype)
+    return values[(x.unsqueeze(-1) > edges).sum(dim=-1)]

@@ -87,9 +87,10 @@ from typing import Any
 import torch
 
 from kgate.compare import clone_tree, flatten, index_of, structure
-from kgate.gates.base import Gate, GateResult
+from kgate.gates.base import FAIL, Gate, GateResult
 from kgate.gates.distributions import oracle_moves
 from kgate.inputs import Case
+from kgate.oracle import BROKEN_FACTOR, measure
 from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 _NAMES = {0: "finite", 1: "NaN", 2: "+Inf", 3: "-Inf"}
@@ -413,6 +414,10 @@ class SpecialValues(Gate):
                     subject, f"{path}{index}: the oracle gives {e}{also}, the kernel gives {value!r} "
                     f"({int(diff.sum())} of {diff.numel()} elements differ in class) after {label}",
                     case=case, expected=e, got=f"{a} ({value!r})", where=f"{path}{index}", details={"probe": label})
+            if injected is not None and got.is_floating_point():
+                failure = self.finite_values(subject, case, label, path, got.detach(), want, in_dtype)
+                if failure is not None:
+                    return failure
             ref = references.get(path)
             if isinstance(ref, torch.Tensor) and ref.shape == got.shape and got.is_floating_point():
                 failure = self.subnormals(subject, case, label, path, got.detach(), ref, want,
@@ -424,6 +429,42 @@ class SpecialValues(Gate):
         if spread is not None:
             spread.extend(found)
         return None
+
+    def finite_values(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor,
+                      want: torch.Tensor, in_dtype: Callable[[], Any]) -> GateResult | None:
+        """On a probe that injects a NaN/Inf: the outputs the injected value moved (the oracle's value there
+        differs from the case's own) that the oracle and the kernel both keep finite are measured against the
+        oracle's bound (calibrated from the reference's own error on this probe); a miss by more than
+        BROKEN_FACTOR bounds fails. A NaN that lands in another bin, another index or another branch than the
+        reference's gives a finite value of the wrong size, which the classes alone do not see (a bucketize
+        that sends NaN to the first bin where torch sends it past the last). Outputs the injection left alone,
+        and smaller misses, are the oracle gate's. Not tolerance-free."""
+        tree = in_dtype()
+        ref = dict(flatten(tree)).get(path) if tree is not None else None
+        if not isinstance(ref, torch.Tensor) or ref.shape != got.shape or not got.numel():
+            return None
+        truth = want.detach().to(got.device)
+        before = dict(flatten(subject.baseline(case).oracle)).get(path)
+        if not isinstance(before, torch.Tensor) or before.shape != got.shape:
+            return None
+        before = before.detach().to(got.device)
+        # the outputs the injected value moved (the oracle's value changed), finite in oracle and kernel
+        moved = (truth != before) & ~(torch.isnan(truth) & torch.isnan(before))
+        both = torch.isfinite(got) & torch.isfinite(truth) & moved
+        if not bool(both.any()):
+            return None
+        tol = subject.tolerance
+        # the other elements are the classes' business: there the kernel is given the oracle's value
+        kept = torch.where(both, got, truth.to(got.dtype))
+        leaf = measure(kept, ref.detach().to(got.device), truth, path=path, factor=tol.factor, ulps=tol.ulps,
+                       atol=tol.atol)
+        if leaf.ratio <= BROKEN_FACTOR:  # a wrong bin or branch, not the accuracy the oracle gate judges
+            return None
+        where = f"{path}{leaf.index}" if leaf.index is not None else path
+        return GateResult(self.name, FAIL, f"{where}: finite where the oracle is finite, but {leaf.describe()} "
+                          f"after {label}", False, expected=f"{leaf.expected!r} (float64 oracle)",
+                          got=repr(leaf.got), where=where, case=case.to_json(), repro=subject.repro(self.name, case),
+                          broken=leaf.ratio > BROKEN_FACTOR, details={"probe": label, "ratio": leaf.ratio})
 
     def integer_output(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor,
                        want: torch.Tensor, others: tuple[tuple[list | None, Callable[[], Any], dict], ...]
