@@ -695,6 +695,7 @@ class PairEntry:
         self.inputs = None
         self.kwargs: dict = {}  # a KernelBench Model takes its inputs positionally
         self.resources = None  # no budget: `--gate resources` reports the figures
+        self.cache_env: list[str] = []  # a candidate's caches are kgate's own (kgate.audit.evaluate.worker_env)
 
 
 # --dtypes: the precisions a candidate is judged at (KernelBench's fp32/fp16/bf16: floating inputs and both

@@ -188,3 +188,37 @@ def test_a_generated_shape_whose_inputs_are_too_large_is_skipped_before_anything
     assert result.verdict == "pass", result.message
     assert "4097" in " ".join(result.details["too_large"]) and "too large for the sweep" in result.message
     assert 4097 not in seen and 10 in seen  # the reference (and the oracle, a copy of it) never ran on them
+
+
+def _running_max(x):
+    return torch.cummax(x, dim=-1).values
+
+
+def _running_max_in_blocks(x, block=2048):
+    """A running maximum in blocks of 2048, each block's scan started from the carry of the one before;
+    the carry is taken with torch.maximum, but a NaN carry is dropped by a fmax-style merge."""
+    out, carry = [], None
+    for j in range(0, x.shape[-1], block):
+        part = torch.cummax(x[..., j:j + block], dim=-1).values
+        if carry is not None:
+            part = torch.fmax(part, carry.unsqueeze(-1))
+        out.append(part)
+        carry = part[..., -1]
+    return torch.cat(out, dim=-1)
+
+
+def _running_max_rows(seed, shape=(4, 64), dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g).to(dtype),)
+
+
+def test_a_nan_that_stops_at_a_block_boundary_is_seen_on_the_long_shape():
+    """A blocked running maximum whose carry drops a NaN: right on every row of one block, so special_values at
+    the declared shapes passes; on the generated row of 4097 a NaN in the first element reaches the second
+    block only in the reference."""
+    bad = check("shapes", _running_max_in_blocks, _running_max, _running_max_rows, shapes=[[4, 64]])
+    assert bad.verdict == "fail" and bad.tolerance_free, bad.message
+    assert "4097" in bad.message and "give NaN" in bad.message, bad.message
+    assert check("special_values", _running_max_in_blocks, _running_max, _running_max_rows,
+                 shapes=[[4, 64]]).verdict == "pass"
+    assert check("shapes", _running_max, _running_max, _running_max_rows, shapes=[[4, 64]]).verdict == "pass"

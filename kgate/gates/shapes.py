@@ -16,6 +16,13 @@ input only at size 1), and stay within the oracle bound. A shape that the inputs
 rejects (raises on) is skipped: making the factory raise on shapes outside the kernel's domain is how
 a manifest declares that domain. A failing shape is shrunk to the failing shape with the fewest
 elements (kgate.shrink) before it is reported, with its `kgate run ... --shape` reproducer.
+
+On the shapes longer than one block (4097 in one dimension) a NaN is also written into the first, then the
+last, element of every floating-point input: where the float64 oracle and the reference then give NaN, the
+kernel must not give a finite value (`kgate.shrink.nan_lost`, tolerance-free), where it keeps those NaNs at
+every declared shape (else the special_values gate's finding). A NaN that stops at a block
+boundary, in a kernel that carries a running value from one block to the next (a scan, a running maximum),
+shows only on rows longer than one block, which the special_values gate, at the declared shapes, never meets.
 """
 
 from __future__ import annotations
@@ -25,10 +32,11 @@ import time
 
 import torch
 
+from kgate.compare import clone_tree
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
-from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, numel, shrink_shape
-from kgate.subject import InputsTooLarge, Subject, UserCodeError, input_elements
+from kgate.shrink import NAN, SHRINK_SECONDS, Finding, judge_probe, nan_lost, numel, shrink_shape
+from kgate.subject import InputsTooLarge, Subject, UserCodeError, input_elements, unless_rejected
 
 MAX_GENERATED = 20
 MIN_CAP = 1 << 13
@@ -38,6 +46,7 @@ MIN_INPUT_CAP = 1 << 20
 BLOCK_PLUS_ONE = 4097
 ODD_SIZES = (3, 17, 131)
 EMPTY = "empty (size 0 in dim 0)"
+LONG = "larger than one block"  # the generated shapes on which NaN probes run too (`nan_at_ends`)
 
 
 def largest_prime_at_most(n: int) -> int:
@@ -74,7 +83,7 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
             big = _with(shape, dim, BLOCK_PLUS_ONE)
             if numel(big) > cap:  # keep the long dimension, make the others 1
                 big = tuple(BLOCK_PLUS_ONE if d == dim else min(s, 1) for d, s in enumerate(shape))
-            add(big, f"dim {dim} larger than one block ({BLOCK_PLUS_ONE})")
+            add(big, f"dim {dim} {LONG} ({BLOCK_PLUS_ONE})")
     for shape in ranked:
         for dim, size in enumerate(shape):
             for value in (size + 1, size - 1):
@@ -165,6 +174,21 @@ class Shapes(Gate):
                     too_big.append(_fmt(shape))
                     break
                 finding = self._judge(subject, case, base, evidence)
+                if finding is None and LONG in why:
+                    finding = nan_at_ends(subject, base.args)
+                    # shape-dependent only where the same NaNs are kept at every declared shape: a kernel that
+                    # drops them there too is the special_values gate's finding, not this one's
+                    if finding is not None and any(nan_at_ends(subject, subject.baseline(Case(d, dtype, seed)).args)
+                                                   for d in declared):
+                        finding = None
+                    if finding is not None:  # not shrunk: smaller shapes are within one block
+                        result = self.failed(subject, f"shape {_fmt(shape)} ({why}): {finding.message}", case=case,
+                                             expected=finding.expected, got=finding.got, where=finding.where,
+                                             broken=True, evidence=evidence,
+                                             details={**finding.details, "kind": NAN, "found_at": list(shape),
+                                                      "why": why, "empty_only": False})
+                        result.tolerance_free = True
+                        return result
                 if finding is not None:
                     return self._fail(subject, case, why, finding, evidence)
         notes = []
@@ -235,6 +259,39 @@ class Shapes(Gate):
                                       "why": why, "smallest": list(smallest), "empty_only": empty_only})
         result.tolerance_free = final.tolerance_free
         return result
+
+
+def nan_at_ends(subject: Subject, args: tuple) -> Finding | None:
+    """A NaN written into the first, then the last, element of every non-empty floating-point input of `args`:
+    the first probe where the kernel is finite where the oracle and the reference both give NaN, or None.
+    Probes the reference rejects, and a kernel that raises on them (the special_values gate's business), are
+    passed over."""
+    floats = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+    for where, at in (("first", 0), ("last", -1)):
+        if not floats:
+            return None
+        probe = list(clone_tree(args))
+        for i in floats:
+            probe[i] = probe[i].contiguous()
+            probe[i].view(-1)[at] = float("nan")
+        probe_args = subject.conform(args, tuple(probe))
+        outputs = unless_rejected(lambda p=probe_args: (subject.run_reference(clone_tree(p)), subject.oracle(p)))
+        if outputs is None:
+            continue
+        try:
+            out = subject.run_kernel(clone_tree(probe_args))
+        except UserCodeError as exc:
+            if exc.role != "kernel":
+                raise
+            continue
+        lost = nan_lost(out, *outputs)
+        if lost is not None:
+            path, index, got, count = lost
+            return Finding(NAN, f"{path}{list(index)}: with a NaN in the {where} element of every floating-point "
+                           f"input, the float64 oracle and the reference give NaN, the kernel {got!r} ({count} "
+                           "element(s) finite where both are NaN)", where=f"{path}{list(index)}",
+                           expected="NaN (float64 oracle and reference)", got=repr(got))
+    return None
 
 
 def _fmt(shape: tuple[int, ...] | None) -> str:
