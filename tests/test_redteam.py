@@ -275,9 +275,59 @@ def show_stale_params(name, spec):
     return f"after an in-place update of the parameters: {why}" if why else None
 
 
+def show_stale_param_alone(name, spec):
+    """Like stale_params, one parameter at a time: a call, then that parameter alone changed in place, then
+    the next call (a cache keyed on another parameter's version misses the change)."""
+    _, reference, candidate = load(name)
+    inputs = demo_inputs(name)
+    ref_params, cand_params = dict(reference.named_parameters()), dict(candidate.named_parameters())
+    assert set(ref_params) <= set(cand_params), (ref_params.keys(), cand_params.keys())
+    torch.manual_seed(7)
+    for key, p in ref_params.items():
+        call(candidate, inputs)
+        with torch.no_grad():
+            delta = 0.5 * torch.randn_like(p)
+            p.add_(delta)
+            cand_params[key].add_(delta)
+        why = beyond_tolerance(call(candidate, inputs), oracle(reference, inputs), call(reference, inputs))
+        if why:
+            return f"after an in-place update of {key} alone: {why}"
+    return None
+
+
 def show_after_return(name, spec):
     _, _, candidate = load(name)
-    out = call(candidate, demo_inputs(name))
+    return _changes_after_return(call(candidate, demo_inputs(name)))
+
+
+def show_descheduled(name, spec):
+    """after_return with every thread the call starts held back 0.3 s before it runs, as a worker the OS
+    deschedules is."""
+    import threading
+
+    _, _, candidate = load(name)
+    inputs = demo_inputs(name)
+    start = threading.Thread.start
+
+    def held_back_start(thread):
+        run = thread.run
+
+        def late_run():
+            time.sleep(0.3)
+            run()
+
+        thread.run = late_run
+        start(thread)
+
+    threading.Thread.start = held_back_start
+    try:
+        out = call(candidate, inputs)
+    finally:
+        threading.Thread.start = start
+    return _changes_after_return(out)
+
+
+def _changes_after_return(out: torch.Tensor):
     at_once = out.clone()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -289,6 +339,8 @@ def show_after_return(name, spec):
 
 def show_reused(name, spec):
     _, reference, candidate = load(name)
+    for seed in range(spec.get("warmup", 0)):
+        call(candidate, demo_inputs(name, seed=100 + seed))
     inputs = demo_inputs(name)
     first = call(candidate, inputs)
     kept = first.clone()
@@ -418,7 +470,8 @@ def show_dtype(name, spec):
 
 SHOW = {"values": show_values, "aliases": show_aliases, "nondeterministic": show_nondeterministic,
         "input_changed": show_input_changed, "poisoned": show_poisoned, "memo": show_memo,
-        "stale_params": show_stale_params, "after_return": show_after_return, "reused": show_reused,
+        "stale_params": show_stale_params, "stale_param_alone": show_stale_param_alone,
+        "after_return": show_after_return, "descheduled": show_descheduled, "reused": show_reused,
         "contiguity": show_contiguity, "global_state": show_global_state, "random_stream": show_random_stream,
         "stale_buffers": show_stale_buffers, "eval_mode": show_eval_mode,
         "patched": show_patched,
