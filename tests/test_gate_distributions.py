@@ -118,7 +118,8 @@ def test_failure_on_a_per_argument_probe_names_the_argument_and_shrinks_within_i
 
     assert check("oracle", clamped_decay, decayed_keys_reference, keys_and_gates).verdict == "pass"
     result = check("distributions", clamped_decay, decayed_keys_reference, keys_and_gates)
-    assert result.verdict == "fail" and result.message.startswith("distribution 'huge'")
+    # (not on 'huge': there the truth is 0 throughout, and exp(-60) is far below an ulp of the usual output)
+    assert result.verdict == "fail" and result.message.startswith("distribution 'offset below zero'"), result.message
     assert "on argument 1 alone, the others as the factory made them" in result.message
     assert result.details["argument"] == 1
     assert "of 64 values from it" in result.message and "argument 1 at [" in result.message
@@ -164,6 +165,28 @@ def test_on_zeros_an_error_below_an_ulp_of_the_usual_output_is_no_finding():
     assert result.verdict == "pass", result.message
 
 
+def test_an_output_that_a_distribution_makes_zero_throughout_has_its_floor_at_the_usual_magnitude():
+    """A decay gradient formed by an identity: exact 0 where every exp(g) underflowed (the 'huge' log gates), and
+    a kernel whose terms leave a residue of 1e-7 of the usual size there passes; a residue of 1e-3 fails."""
+
+    def decay_reference(x, g):
+        return (torch.exp(g) * x).sum(dim=-1)
+
+    def residue(size):
+        def kernel(x, g):  # a residue where every decay of the row underflows, in float64 too
+            out = (torch.exp(g) * x).sum(dim=-1)
+            return torch.where((g < -1e3).all(dim=-1), torch.full_like(out, size), out)
+        return kernel
+
+    def decays(seed, shape=None, dtype=torch.float32):
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(8, 32, generator=gen).to(dtype), -torch.rand(8, 32, generator=gen).to(dtype))
+
+    assert check("distributions", residue(1e-7), decay_reference, decays).verdict == "pass"
+    bad = check("distributions", residue(1e-3), decay_reference, decays)
+    assert bad.verdict == "fail", bad.message
+
+
 def test_on_zeros_a_real_error_still_fails(monkeypatch):
     def nan_when_constant(x):  # 0/0 where every value is equal
         return x * 3 + (x - x.mean()) / x.std() * 0
@@ -176,6 +199,12 @@ def test_on_zeros_a_real_error_still_fails(monkeypatch):
     from kgate.gates import distributions
 
     monkeypatch.setattr(distributions, "FLOOR_FROM_FACTORY", ())
+
+    class NoFloor(distributions.AtZero):  # nor the floor of an output that is 0 throughout
+        def __init__(self, usual):
+            super().__init__()
+
+    monkeypatch.setattr(distributions, "AtZero", NoFloor)
     result = run(residual_when_zero(1e-7), tripled, dtypes=["float32"])
     assert result.verdict == "fail" and "distribution 'zeros'" in result.message, result.message
 

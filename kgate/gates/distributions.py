@@ -33,7 +33,9 @@ reference exact by structure (Welford's mean of equal values), so the bound woul
 rounding in the kernel, amplified by a normalization's 1/sqrt(eps), a failure. There the bound's floor
 (ulps x eps x magnitude) takes the larger of the output's magnitude here and at the factory's inputs
 (`FLOOR_FROM_FACTORY`): an error below a few ulps of the output's usual size is not a finding; a
-non-finite output, or a wrong one, still is.
+non-finite output, or a wrong one, still is. On the other distributions the same floor holds for an output
+whose oracle is 0 throughout on the probe (`AtZero`: a gradient every underflowed decay makes exactly 0,
+which a kernel may form by an identity whose terms are not 0).
 
 On the drawn distributions and the search's transforms the bound takes the input sensitivity
 (`input_sensitivity`: how far the oracle moves when every input moves by an ulp of its dtype) as the
@@ -218,6 +220,15 @@ def transform(args: tuple, name: str, seed: int) -> tuple:
     return tuple(out)
 
 
+class AtZero(dict):
+    """Output magnitudes at the factory's inputs, by leaf, that a probe's floor is taken of only for the leaves
+    whose oracle is 0 throughout on that probe (`Distributions._judge`): a gradient that a drawn distribution
+    makes exactly 0 (every decay exp(g) underflowed) has a bound of 0 otherwise, and a kernel that forms it by
+    an identity of exact arithmetic (fla's decay gradient as a running sum of q*dq - k*dk) leaves a rounding
+    residue of its terms; below a few ulps of the output's usual size that is not a finding, as on the
+    degenerate distributions (FLOOR_FROM_FACTORY)."""
+
+
 def _magnitudes(oracle) -> dict[str, float]:
     """Per floating output leaf, the largest finite magnitude of the float64 oracle."""
     out = {}
@@ -261,7 +272,7 @@ class Distributions(Gate):
             usual = _magnitudes(base.oracle)
 
             for name in DISTRIBUTIONS:
-                scales = usual if name in FLOOR_FROM_FACTORY else None
+                scales = usual if name in FLOOR_FROM_FACTORY else AtZero(usual)
 
                 def judge(probe: tuple, argument: int | None, case: Case = case,
                           scales: dict[str, float] | None = scales) -> Finding | bool | None:
@@ -300,10 +311,12 @@ class Distributions(Gate):
                       and a.numel() > 0]
             if not floats or subject.out_of_time():
                 continue
+            at_zero = AtZero(_magnitudes(base.oracle))
 
-            def objective(inputs: tuple, case: Case = case) -> tuple[float, Finding | bool, bool] | None:
+            def objective(inputs: tuple, case: Case = case,
+                          at_zero: AtZero = at_zero) -> tuple[float, Finding | bool, bool] | None:
                 ratios: list[float] = []
-                outcome = self._judge(subject, inputs, case, evidence, ratios=ratios)
+                outcome = self._judge(subject, inputs, case, evidence, at_zero, ratios=ratios)
                 if outcome is None:
                     return None
                 return ratios[-1], outcome, outcome is not False
@@ -317,7 +330,8 @@ class Distributions(Gate):
                 affine, inputs, finding = found.failure
                 label = (f"search: {affine.describe()} (the seeded affine search's try {found.tries}"
                          f"{', the others as the factory made them' if len(affine.parts) < len(floats) else ''})")
-                return self._fail(subject, case, label, base.args, inputs, finding, evidence, affine.argument)
+                return self._fail(subject, case, label, base.args, inputs, finding, evidence, affine.argument,
+                                  at_zero)
         if probes == 0:
             return self.skipped("no floating-point inputs to draw from other distributions, and no cases")
         message = f"oracle bound held on {probes} probe(s): {len(DISTRIBUTIONS)} distributions and " \
@@ -348,6 +362,9 @@ class Distributions(Gate):
         if outputs is None:
             return None
         reference, oracle = outputs
+        if isinstance(scales, AtZero):
+            now = _magnitudes(oracle)
+            scales = {path: m for path, m in scales.items() if now.get(path) == 0.0}
         finding, leaves = judge_probe(subject, probe, reference, where_reference_finite(reference, oracle), scales,
                                       input_sensitivity(subject, probe, oracle), truth=oracle)
         if evidence is not None:
