@@ -222,3 +222,30 @@ def test_a_nan_that_stops_at_a_block_boundary_is_seen_on_the_long_shape():
     assert check("special_values", _running_max_in_blocks, _running_max, _running_max_rows,
                  shapes=[[4, 64]]).verdict == "pass"
     assert check("shapes", _running_max, _running_max, _running_max_rows, shapes=[[4, 64]]).verdict == "pass"
+
+
+def _shuffle(x):
+    return torch.nn.functional.pixel_shuffle(x, 2)
+
+
+def _shuffle_fast_1x1(x):
+    """pixel_shuffle through a view where the image is 1 x 1 (the reference returns fresh memory)."""
+    if x.shape[-2:] == (1, 1):
+        return x.view(x.shape[0], x.shape[1] // 4, 2, 2)
+    return torch.nn.functional.pixel_shuffle(x, 2)
+
+
+def _images(seed, shape=(2, 8, 6, 6), dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g).to(dtype),)
+
+
+def test_a_fast_path_for_a_1x1_image_is_met_by_two_dims_of_size_1_at_once():
+    """Channels must stay a multiple of 4, so 'every size 1' is rejected by the reference; a 1 x 1 image needs
+    two dimensions at 1 with the others kept, where the view aliases the input."""
+    from kgate.gates.shapes import edge_shapes
+
+    assert ((2, 8, 1, 1), "size 1 in dims 2 and 3") in edge_shapes([(2, 8, 6, 6)], 1 << 13)
+    bad = check("shapes", _shuffle_fast_1x1, _shuffle, _images, shapes=[[2, 8, 6, 6]])
+    assert bad.verdict == "fail" and "alias" in bad.message, bad.message
+    assert check("shapes", _shuffle, _shuffle, _images, shapes=[[2, 8, 6, 6]]).verdict == "pass"

@@ -1,6 +1,7 @@
 """shapes: correct across a sweep of shapes, the declared ones plus edge shapes generated from them.
 
-Generated from each declared shape: every size 1, size 1 in one dimension, every size the largest
+Generated from each declared shape: every size 1, size 1 in one dimension, size 1 in two dimensions at once
+(shapes of three or more dimensions, the others kept), every size the largest
 prime not above it, one dimension larger than a block of 4096 (4097), sizes 3, 17 and 131 (odd,
 non-multiples of 8/16/32/64/128) and declared size +-1 in one dimension, and, last, an empty batch
 (size 0 in dimension 0). At most `MAX_GENERATED` shapes, each of at most `CAP_FACTOR` x the largest
@@ -38,7 +39,7 @@ from kgate.inputs import Case
 from kgate.shrink import NAN, SHRINK_SECONDS, Finding, judge_probe, nan_lost, numel, shrink_shape
 from kgate.subject import InputsTooLarge, Subject, UserCodeError, input_elements, unless_rejected
 
-MAX_GENERATED = 20
+MAX_GENERATED = 26
 MIN_CAP = 1 << 13
 CAP_FACTOR = 4
 INPUT_FACTOR = 8
@@ -76,6 +77,12 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
         for dim, size in enumerate(shape):
             if size != 1:
                 add(_with(shape, dim, 1), f"size 1 in dim {dim}")
+    for shape in ranked:  # two at once, the others kept (a fast path for a 1 x 1 image: H = W = 1, channels kept)
+        if len(shape) >= 3:
+            for first in range(len(shape)):
+                for second in range(first + 1, len(shape)):
+                    if shape[first] != 1 and shape[second] != 1:
+                        add(_with(_with(shape, first, 1), second, 1), f"size 1 in dims {first} and {second}")
     for shape in ranked:
         add(tuple(largest_prime_at_most(s) for s in shape), "every size prime")
     for shape in ranked:
