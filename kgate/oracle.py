@@ -673,8 +673,7 @@ class DtypeDispatch:
         device = _ORACLE_DEVICE.get()
         return (torch.float64, device) if device is not None else None
 
-    def _for(self, args: tuple) -> Any:
-        target = self._target(args)
+    def _for(self, target: tuple[torch.dtype, torch.device] | None) -> Any:
         params = [p for p in self.model.parameters()] + [b for b in self.model.buffers()]
         floating = [p for p in params if p.is_floating_point()]
         if target is None or not floating:
@@ -695,4 +694,4 @@ class DtypeDispatch:
         oracle = target is not None and target[0] == torch.float64 and self._own_dtype() != torch.float64
         with torch.no_grad(), seeded(self.seed), float64_defaults(self._own_dtype()) if oracle \
                 else contextlib.nullcontext():
-            return self._for(args)(*args)
+            return self._for(target)(*args)

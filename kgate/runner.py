@@ -704,9 +704,10 @@ def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
     torch's extension builds, one pair per kernel (its name and digest) for the whole run, so that the kernel's
     workers (one per gate or group of gates) compile its Triton kernels, build its extensions and time its
     autotuned configurations once, not once each (an autotuned matrix product compiles hundreds). Never
-    shared between kernels: a kernel that could write into another's cache could leave a forged binary under that one's key
-    (the audit keeps one pair per candidate the same way, kgate.audit.evaluate.worker_env). What a kernel
-    writes into its own cache reaches its own workers only, as what it does in its own process does."""
+    shared between kernels: a kernel that could write into another's cache could leave a forged binary under
+    that one's key (the audit keeps one pair per candidate the same way, kgate.audit.evaluate.worker_env). What
+    a kernel writes into its own cache reaches its own workers only, as what it does in its own process does.
+    The variables the manifest's `cache_env` names point into the same folder."""
     # not inside sandbox.run_root(): a sandboxed job sees a fresh in-memory folder there, holding its own scratch
     # folder only, so a cache in it would be each worker's alone
     folder = sandbox.process_folder("kgate-caches-") / f"{_file_name(kernel.name)[:64]}-{kernel.digest()[:16]}"

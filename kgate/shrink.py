@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from kgate.compare import clone_tree, flatten
+from kgate.compare import clone_tree, flatten, index_of
 from kgate.gates.contract import aliased_inputs, layout_problem
 from kgate.gates.oracle import Incomparable, measure_outputs
 from kgate.oracle import BROKEN_FACTOR, LeafError
@@ -179,9 +179,17 @@ def nan_lost(out: Any, reference: Any, oracle: Any) -> tuple[str, tuple[int, ...
             & torch.isfinite(got.detach())
         if bool(lost.any()):
             flat = int(lost.reshape(-1).nonzero()[0])
-            index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(got.shape)))
-            return path, index, float(got.detach().reshape(-1)[flat]), int(lost.sum())
+            return path, index_of(flat, tuple(got.shape)), float(got.detach().reshape(-1)[flat]), int(lost.sum())
     return None
+
+
+def nan_finding(lost: tuple[str, tuple[int, ...], float, int], inputs: str = "") -> Finding:
+    """The Finding of `nan_lost`'s element (`inputs`: what the probe did to them, said before the rest)."""
+    path, index, got, count = lost
+    where = f"{path}{list(index)}"
+    return Finding(NAN, f"{where}: {inputs}the float64 oracle and the reference give NaN, the kernel {got!r} "
+                   f"({count} element(s) finite where both are NaN)", where=where,
+                   expected="NaN (float64 oracle and reference)", got=repr(got))
 
 
 def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
@@ -233,11 +241,7 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
                                got=f"a view of argument {extra[0]}"), leaves
     lost = nan_lost(out, reference, oracle if truth is None else truth)
     if lost is not None:
-        path, index, got, count = lost
-        where = f"{path}{list(index)}"
-        return Finding(NAN, f"{where}: the float64 oracle and the reference give NaN, the kernel {got!r} ({count} "
-                       "element(s) finite where both are NaN)", where=where, expected="NaN (float64 oracle and "
-                       "reference)", got=repr(got)), leaves
+        return nan_finding(lost), leaves
     worst = max(leaves, key=lambda leaf: leaf.ratio, default=None)
     if worst is None or worst.passed:
         return None, leaves

@@ -333,7 +333,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         plan = make_plan(args.device, args.jobs, args.compile_jobs)
     plan.compile_stage = not args.no_compile_stage
     plan.prestart = args.prestart
-    options = AuditOptions(gates=gate_names, dtypes=dtypes, own_precision=args.dtypes is None, out_dir=out, timeout=args.timeout, memory=memory,
+    options = AuditOptions(gates=gate_names, dtypes=dtypes, own_precision=args.dtypes is None, out_dir=out,
+                           timeout=args.timeout, memory=memory,
                            compile_timeout=args.compile_timeout, seed=args.seed, work_elements=args.work_elements,
                            repro_args=repro_args(args, problems, candidates, index),
                            # local: run_local shares the cores among the judges; Ray's CPU workers as before

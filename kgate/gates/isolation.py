@@ -407,7 +407,8 @@ class ParameterClass:
         `mul_(change)`, change in [0.5, 1.5): signs and zeros kept, so a variance stays positive and a 0/1 mask
         keeps its pattern. With `offset_zeros`, a buffer class that is all zeros gets `add_(change)`, change
         uniform in [-0.5, 0.5) (as running statistics move a running mean away from its zeros as built). The
-        change depends only on the class's values, the seed and the device's random generator. It is drawn in float64 on the values' device (a generator of the device's own, never its
+        change depends only on the class's values, the seed and the device's random generator. It is drawn in
+        float64 on the values' device (a generator of the device's own, never its
         global one; on the CPU where the device has none), a piece of STEP_PIECE elements at a time, and kept
         in the class's dtype on its device, so a weight of billions of elements costs one more tensor like it,
         not several float64 copies, and no trip through the host."""

@@ -36,7 +36,7 @@ import torch
 from kgate.compare import clone_tree
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
-from kgate.shrink import NAN, SHRINK_SECONDS, Finding, judge_probe, nan_lost, numel, shrink_shape
+from kgate.shrink import NAN, SHRINK_SECONDS, Finding, judge_probe, nan_finding, nan_lost, numel, shrink_shape
 from kgate.subject import InputsTooLarge, Subject, UserCodeError, input_elements, unless_rejected
 
 MAX_GENERATED = 26
@@ -274,9 +274,9 @@ def nan_at_ends(subject: Subject, args: tuple) -> Finding | None:
     Probes the reference rejects, and a kernel that raises on them (the special_values gate's business), are
     passed over."""
     floats = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel()]
+    if not floats:
+        return None
     for where, at in (("first", 0), ("last", -1)):
-        if not floats:
-            return None
         probe = list(clone_tree(args))
         for i in floats:
             probe[i] = probe[i].contiguous()
@@ -293,11 +293,7 @@ def nan_at_ends(subject: Subject, args: tuple) -> Finding | None:
             continue
         lost = nan_lost(out, *outputs)
         if lost is not None:
-            path, index, got, count = lost
-            return Finding(NAN, f"{path}{list(index)}: with a NaN in the {where} element of every floating-point "
-                           f"input, the float64 oracle and the reference give NaN, the kernel {got!r} ({count} "
-                           "element(s) finite where both are NaN)", where=f"{path}{list(index)}",
-                           expected="NaN (float64 oracle and reference)", got=repr(got))
+            return nan_finding(lost, f"with a NaN in the {where} element of every floating-point input, ")
     return None
 
 

@@ -87,7 +87,7 @@ from typing import Any
 import torch
 
 from kgate.compare import clone_tree, flatten, index_of, structure
-from kgate.gates.base import FAIL, Gate, GateResult
+from kgate.gates.base import Gate, GateResult
 from kgate.gates.distributions import oracle_moves
 from kgate.inputs import Case
 from kgate.oracle import BROKEN_FACTOR, measure
@@ -461,10 +461,11 @@ class SpecialValues(Gate):
         if leaf.ratio <= BROKEN_FACTOR:  # a wrong bin or branch, not the accuracy the oracle gate judges
             return None
         where = f"{path}{leaf.index}" if leaf.index is not None else path
-        return GateResult(self.name, FAIL, f"{where}: finite where the oracle is finite, but {leaf.describe()} "
-                          f"after {label}", False, expected=f"{leaf.expected!r} (float64 oracle)",
-                          got=repr(leaf.got), where=where, case=case.to_json(), repro=subject.repro(self.name, case),
-                          broken=leaf.ratio > BROKEN_FACTOR, details={"probe": label, "ratio": leaf.ratio})
+        result = self.failed(subject, f"{where}: finite where the oracle is finite, but {leaf.describe()} after "
+                             f"{label}", case=case, expected=f"{leaf.expected!r} (float64 oracle)", got=repr(leaf.got),
+                             where=where, broken=True, details={"probe": label, "ratio": leaf.ratio})
+        result.tolerance_free = False  # a bound's miss, unlike the gate's classes
+        return result
 
     def integer_output(self, subject: Subject, case: Case, label: str, path: str, got: torch.Tensor,
                        want: torch.Tensor, others: tuple[tuple[list | None, Callable[[], Any], dict], ...]
