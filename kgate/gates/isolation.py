@@ -743,12 +743,9 @@ class Isolation(Gate):
         reference = dict(_leaves(subject.run_reference(clone_tree(args))))
         oracle = dict(_leaves(subject.oracle(args)))
         before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
-        for (path, old), (_, got) in zip(previous, now):
-            if bitwise_mismatch(old, got) is not None:
-                continue
-            moved = stale(subject, path, old, (reference, oracle), before)
-            if moved is None:
-                continue  # the change does not show in this output beyond the bound: nothing to tell
+        found, _ = first_stale(subject, previous, now, (reference, oracle), before)
+        if found is not None:
+            path, moved = found
             return self.failed(
                 subject, f"{path}: after {what}, alike in kernel and reference, the kernel returned its previous "
                 f"output bitwise again, while the reference's changed (the previous output is now off by "
@@ -793,18 +790,16 @@ class Isolation(Gate):
         new_oracle = dict(_leaves(subject.oracle(other)))
         new_reference = dict(_leaves(subject.run_reference(clone_tree(other))))
         before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
-        for (path, old), (_, now) in zip([(p, c) for p, _, c in first], second):
-            if bitwise_mismatch(old, now) is not None:
-                continue
-            moved = stale(subject, path, old, (new_reference, new_oracle), before)
-            if moved is not None:
-                return self.failed(
-                    subject, f"{path}: after the inputs were overwritten in place with other values (same "
-                    f"addresses), the kernel returned its previous result again, {moved_by(moved)} (memoized on "
-                    "the tensors' identity or address?)", case=case,
-                    expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
-                    got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
-                    details={"stale": True}), 1
+        found, _ = first_stale(subject, [(p, c) for p, _, c in first], second, (new_reference, new_oracle), before)
+        if found is not None:
+            path, moved = found
+            return self.failed(
+                subject, f"{path}: after the inputs were overwritten in place with other values (same "
+                f"addresses), the kernel returned its previous result again, {moved_by(moved)} (memoized on "
+                "the tensors' identity or address?)", case=case,
+                expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                details={"stale": True}), 1
         quiet = self.memo_unversioned(subject, case)
         if quiet is not None:
             return quiet, 1
@@ -865,23 +860,19 @@ class Isolation(Gate):
             reference = unless_rejected(lambda args=args: dict(_leaves(subject.run_reference(clone_tree(args)))))
             if truth is None or reference is None:
                 continue  # the changed element leaves the reference's domain: no truth to be stale against
-            moved_any = False
-            for (path, was), (_, now) in zip(first, second):
-                if bitwise_mismatch(was, now) is not None:
-                    moved_any = True  # the kernel followed the change: not keyed on what was changed
-                    continue
-                moved = stale(subject, path, was, (reference, truth), before)
-                if moved is not None:
-                    where = ", ".join(map(str, index))
-                    return self.failed(
-                        subject, f"{path}: after argument {i}[{where}] was changed in place without a version "
-                        f"bump (through .data, as a kernel's own write leaves it), the kernel returned its previous "
-                        f"result again, {moved_by(moved)} (a cache keyed on the address, the version counter or a "
-                        "sample of the values?)", case=case,
-                        expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
-                        got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
-                        details={"stale": True, "unversioned": True})
-            if moved_any:
+            found, followed = first_stale(subject, first, second, (reference, truth), before)
+            if found is not None:
+                path, moved = found
+                where = ", ".join(map(str, index))
+                return self.failed(
+                    subject, f"{path}: after argument {i}[{where}] was changed in place without a version "
+                    f"bump (through .data, as a kernel's own write leaves it), the kernel returned its previous "
+                    f"result again, {moved_by(moved)} (a cache keyed on the address, the version counter or a "
+                    "sample of the values?)", case=case,
+                    expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
+                    got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
+                    details={"stale": True, "unversioned": True})
+            if followed:  # the kernel followed the change: not keyed on what was changed
                 return None
         return None
 
@@ -901,6 +892,22 @@ def unversioned_positions(t: torch.Tensor, gen: torch.Generator) -> list[tuple[i
         flat.append(int(torch.where(finite, magnitudes, -inf).argmax()))
         flat.append(int(torch.where(finite, magnitudes, inf).argmin()))
     return [index_of(f, shape) for f in dict.fromkeys(flat)][:UNVERSIONED_TRIES]
+
+
+def first_stale(subject: Subject, earlier: list[tuple[str, torch.Tensor]], later: list[tuple[str, torch.Tensor]],
+                now: tuple[dict, dict], before: tuple[dict, dict]) -> tuple[tuple[str, LeafError] | None, bool]:
+    """The first output the kernel returned bitwise again after a change although it is `stale` now (its path and
+    LeafError), or None; and whether any output followed the change (changed bitwise). `earlier`/`later`: the
+    kernel's outputs by path before and after the change; `now`/`before`: the truth after and before it."""
+    followed = False
+    for (path, old), (_, got) in zip(earlier, later):
+        if bitwise_mismatch(old, got) is not None:
+            followed = True
+            continue
+        moved = stale(subject, path, old, now, before)
+        if moved is not None:  # else the change does not show in this output beyond the bound
+            return (path, moved), followed
+    return None, followed
 
 
 def stale(subject: Subject, path: str, old: torch.Tensor, now: tuple[dict, dict],
