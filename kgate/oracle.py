@@ -663,6 +663,8 @@ class DtypeDispatch:
         self.model = model
         self.seed = seed
         self._copies: dict[tuple[str, str], Any] = {}
+        # called with the module about to run (the model or a copy) before each call: a subject's Lockstep
+        self.prepare: Callable[[Any], None] | None = None
 
     @staticmethod
     def _target(args: tuple) -> tuple[torch.dtype, torch.device] | None:
@@ -694,4 +696,7 @@ class DtypeDispatch:
         oracle = target is not None and target[0] == torch.float64 and self._own_dtype() != torch.float64
         with torch.no_grad(), seeded(self.seed), float64_defaults(self._own_dtype()) if oracle \
                 else contextlib.nullcontext():
-            return self._for(target)(*args)
+            module = self._for(target)
+            if self.prepare is not None:
+                self.prepare(module)
+            return module(*args)

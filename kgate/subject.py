@@ -28,7 +28,7 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, te
 from kgate.faults import ContextLost, context_lost
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
-from kgate.oracle import DtypeDispatch, TermMagnitudes, Terms, oracle_call, upcast
+from kgate.oracle import DtypeDispatch, TermMagnitudes, Terms, oracle_call, own_dtype, upcast
 
 _monotonic = time.monotonic  # bound at import, before any kernel code runs (it may patch time)
 
@@ -256,6 +256,11 @@ class Subject:
         # so here they agree; the gates call the two unequally often, so a probe that needs them to agree again
         # (the oracle gate's eval mode) puts these back first (`initial_buffers`)
         modules = self.modules()
+        # a history-dependent module's buffers set alike before every call of kernel, reference and oracle
+        self.lockstep = Lockstep.of(modules)
+        for dispatch in (self._dispatch, self.raw_reference_fn):
+            if isinstance(dispatch, DtypeDispatch):
+                dispatch.prepare = self._prepare_reference
         self._initial_buffers = ModuleState(self, modules, parameters=False) if modules is not None else None
 
     def conform(self, original: tuple, probe: tuple) -> tuple:
@@ -286,6 +291,35 @@ class Subject:
         else:
             self.drop_converted_references()
 
+    def _prepare_reference(self, module: torch.nn.Module) -> None:
+        """Before a call of the reference or one of its converted copies: its buffers to the lockstep state."""
+        if self.lockstep is not None:
+            self.lockstep.load(module)
+
+    def adopt_state(self) -> None:
+        """A probe changed the modules' buffers in place on purpose, alike in kernel and reference: the calls
+        after it start from them (`Lockstep.adopt`; a `ModuleState` that saved the state before puts it back)."""
+        if self.lockstep is not None:
+            self.lockstep.adopt()
+
+    def oracle_module(self) -> torch.nn.Module | None:
+        """The module the float64 oracle calls (the reference's float64 copy, once made; the reference itself
+        where it is float64), or None for a reference that is no module."""
+        for dispatch in (self._dispatch, self.raw_reference_fn):
+            if isinstance(dispatch, DtypeDispatch):
+                if own_dtype(dispatch.model) == torch.float64:
+                    return dispatch.model
+                return next((m for (dtype, device), m in dispatch._copies.items()
+                             if dtype == str(torch.float64) and device == str(self.oracle_device)), None)
+        return None
+
+    def sync_buffers(self) -> None:
+        """Set the kernel's and the reference's buffers to the lockstep state now (as their next calls would):
+        for a probe that reads them before a call."""
+        if self.lockstep is not None:
+            self.lockstep.load(self.lockstep.reference)
+            self.lockstep.before_kernel()
+
     def drop_converted_references(self) -> None:
         """Forget the reference module's converted copies (float64 for the oracle, other dtypes): the next
         call converts it again, from its parameters as they are now."""
@@ -311,6 +345,8 @@ class Subject:
         first = self.first_calls["kernel"]
         if not first.seen:
             first.before(args)
+        if self.lockstep is not None:
+            self.lockstep.before_kernel()
         try:
             out = self.kernel_fn(*args)
             if sync:
@@ -334,10 +370,14 @@ class Subject:
         if not first.seen and not grad:
             first.before(args)
         _settle(self.device, "reference")
+        if self.lockstep is not None:
+            self.lockstep.load(self.lockstep.reference)
         try:
             with torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
                 out = self.reference_fn(*args)
             synchronize(self.device)
+            if self.lockstep is not None:
+                self.lockstep.after_reference()
             if not first.seen and not grad:
                 first.after(out)
         except (Exception, SystemExit) as exc:
@@ -514,9 +554,9 @@ class InputsTooLarge(Exception):
 
 class ModuleState:
     """The parameters and buffers of a subject's kernel and reference modules, saved (bitwise copies) so a
-    probe may change them in place and `restore` puts the saved values back into the same tensors. The
-    reference's converted copies (`DtypeDispatch`) are set aside meanwhile: a copy converted from changed
-    parameters is dropped, the ones from before come back."""
+    probe may change them in place and `restore` puts the saved values back into the same tensors, and the
+    lockstep state (`Lockstep`) with them. The reference's converted copies (`DtypeDispatch`) are set aside
+    meanwhile: a copy converted from changed parameters is dropped, the ones from before come back."""
 
     def __init__(self, subject: Subject, modules: tuple[torch.nn.Module, torch.nn.Module], *,
                  parameters: bool = True):
@@ -541,6 +581,7 @@ class ModuleState:
                         same.append(saved)
                     seen[id(t)] = (t, saved)
         self._saved = list(seen.values())
+        self._lockstep = dict(subject.lockstep.state) if subject.lockstep is not None else None
         # the copies from before are kept to be given back only while they are small: a large model's float64
         # copy (twice its float32 weights) held through the probe beside the one made from the changed
         # parameters outgrew a worker's share of the GPU (a 671-million-parameter RNN); dropped, it is made
@@ -555,6 +596,8 @@ class ModuleState:
         with torch.no_grad():
             for t, saved in self._saved:
                 t.copy_(saved)
+        if self._lockstep is not None and self.subject.lockstep is not None:
+            self.subject.lockstep.state = dict(self._lockstep)
         self.subject.drop_converted_references()
 
     def close(self) -> None:
@@ -562,6 +605,66 @@ class ModuleState:
         self.restore()
         for dispatch, copies in self._copies:
             dispatch._copies.update(copies)
+
+
+LOCKSTEP_BYTES = 1 << 26  # modules whose buffers hold more than this (64 MiB) are not kept in lockstep
+
+
+class Lockstep:
+    """The buffers of a history-dependent module (a forward that writes them: running statistics, an EMA, a
+    step counter) kept in lockstep: before every call of the kernel, of the reference and of the reference's
+    converted copies (the float64 oracle's), the buffers they share by name, shape and dtype are set to one
+    state, `state`: the reference's as the subject was made, until a probe changes it on purpose (`adopt`).
+    The gates call kernel, reference and oracle unequally often; without this, each would standardise with
+    statistics of its own history, and a correct kernel differ from an oracle that has seen other calls.
+    A kernel's state of its own (a Python attribute, a buffer the reference does not have) follows its calls.
+    `stateful`: whether a call of the reference was seen to write a buffer."""
+
+    def __init__(self, kernel: torch.nn.Module, reference: torch.nn.Module):
+        own = dict(reference.named_buffers())
+        theirs = dict(kernel.named_buffers())
+        self.state = {n: t.detach().clone() for n, t in own.items()}
+        self.kernel_names = [n for n, t in own.items() if n in theirs and theirs[n].shape == t.shape
+                             and theirs[n].dtype == t.dtype]
+        self.kernel, self.reference = kernel, reference
+        self.stateful = False
+
+    @staticmethod
+    def of(modules: tuple[torch.nn.Module, torch.nn.Module] | None) -> Lockstep | None:
+        if modules is None:
+            return None
+        buffers = list(modules[1].buffers())
+        if not buffers or sum(b.numel() * b.element_size() for b in buffers) > LOCKSTEP_BYTES:
+            return None
+        return Lockstep(*modules)
+
+    def load(self, module: torch.nn.Module, names: Iterable[str] | None = None) -> None:
+        """Set `module`'s buffers of `names` (all of the state's that it has) to the state, where they differ
+        bitwise (an equal buffer is left alone: its version counter does not move)."""
+        buffers = dict(module.named_buffers())
+        with torch.no_grad():
+            for name in self.state if names is None else names:
+                t, want = buffers.get(name), self.state[name]
+                if t is None or t.shape != want.shape:
+                    continue
+                value = want.to(device=t.device, dtype=t.dtype)
+                if bitwise_mismatch(value, t.detach()) is not None:
+                    t.copy_(value)
+
+    def before_kernel(self) -> None:
+        self.load(self.kernel, self.kernel_names)
+
+    def after_reference(self) -> None:
+        """Note whether the reference's call wrote a buffer (the next call loads the state back)."""
+        if not self.stateful:
+            buffers = dict(self.reference.named_buffers())
+            self.stateful = any(bitwise_mismatch(t, buffers[n].detach()) is not None
+                                for n, t in self.state.items() if n in buffers)
+
+    def adopt(self) -> None:
+        """Take the reference's buffers as they are now as the state (a probe changed them on purpose, alike in
+        kernel and reference, or a sequence of calls moved them)."""
+        self.state = {n: t.detach().clone() for n, t in self.reference.named_buffers()}
 
 
 def outputs_on(obj: Any) -> list[tuple[str, torch.Tensor]]:

@@ -1,6 +1,7 @@
-"""The oracle gate's eval-mode probe: `nn.Module` kernels built in training mode are judged in eval mode too,
+"""The oracle gate's module probes: `nn.Module` kernels built in training mode are judged in eval mode too,
 from both modules' buffers as built and, where a normalization layer is, their equal parameters and buffers
-stepped alike, twice (two rounds), and left as they were."""
+stepped alike, twice (two rounds), and left as they were; history-dependent modules over a sequence of calls on
+one state; and every call of kernel, reference and oracle from one state (`kgate.subject.Lockstep`)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ def test_unequal_calls_before_the_probe_do_not_blame_a_correct_module():
     subject = subject_for(kernel, reference, _correct.make_batch)
     for seed in range(3):
         reference(*_correct.make_batch(100 + seed))
-    subject._initial_buffers = None  # as if the buffers were not put back: the correct module is blamed
+    subject._initial_buffers = None  # as if the buffers were not put back nor kept in lockstep: it is blamed
+    subject.lockstep = None
     assert registry.get("oracle").check(subject).verdict == "fail"
 
 
@@ -114,6 +116,7 @@ def test_a_formula_right_only_while_the_running_mean_is_zero_fails_once_the_buff
     step = isolation.ParameterClass.apply_step
     monkeypatch.setattr(isolation.ParameterClass, "apply_step",
                         lambda self, seed, offset_zeros=False: step(self, seed, False))
+    _no_sequence(monkeypatch)  # (which moves the running mean by its calls)
     assert check("oracle", shift_unscaled(), _Reference(), _correct.make_batch).verdict == "pass"
 
 
@@ -125,7 +128,12 @@ def test_a_fold_kept_from_the_first_eval_call_fails_in_the_second_round_and_a_ve
     assert failed.details["setting"].startswith("parameters and buffers stepped alike again")
     assert check("oracle", versioned(), _Reference(), _correct.make_batch).verdict == "pass"
     monkeypatch.setattr(oracle_gate, "EVAL_ROUNDS", 1)  # one round: the fold is made from the stepped state
+    _no_sequence(monkeypatch)  # (whose eval-mode calls after new buffers find the kept fold too)
     assert check("oracle", kept(), _Reference(), _correct.make_batch).verdict == "pass"
+
+
+def _no_sequence(monkeypatch) -> None:
+    monkeypatch.setattr(oracle_gate.Oracle, "state_sequence", lambda self, subject, case, evidence: (None, ""))
 
 
 def test_zero_buffers_are_offset_only_when_asked_and_other_buffers_are_scaled():
@@ -142,3 +150,138 @@ def test_zero_buffers_are_offset_only_when_asked_and_other_buffers_are_scaled():
     var.apply_step(3, offset_zeros=True)
     assert torch.all((kernel.bn.running_var >= 0.5) & (kernel.bn.running_var < 1.5))
     assert torch.equal(kernel.bn.running_var, reference.bn.running_var)
+
+
+class _Ema(torch.nn.Module):
+    """A linear layer with an exponential moving average of its parameters: each training-mode call folds the live
+    parameters into the EMA buffers with the warm-up decay min(0.999, (1 + n) / (10 + n)), n the updates so far;
+    eval mode applies the EMA parameters."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(16, 8)
+        self.register_buffer("ema_weight", self.linear.weight.detach().clone())
+        self.register_buffer("ema_bias", self.linear.bias.detach().clone())
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.long))
+
+    def decay(self, n: int) -> float:
+        return min(0.999, (1.0 + n) / (10.0 + n))
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                d = self.decay(int(self.num_updates))
+                self.ema_weight.copy_(d * self.ema_weight + (1.0 - d) * self.linear.weight)
+                self.ema_bias.copy_(d * self.ema_bias + (1.0 - d) * self.linear.bias)
+                self.num_updates += 1
+            return torch.nn.functional.linear(x, self.linear.weight, self.linear.bias)
+        return torch.nn.functional.linear(x, self.ema_weight, self.ema_bias)
+
+
+class _EmaForeach(_Ema):
+    """The same EMA with foreach updates (other rounding) and addmm."""
+
+    def forward(self, x):
+        if self.training:
+            with torch.no_grad():
+                d = self.decay(int(self.num_updates))
+                emas, live = [self.ema_weight, self.ema_bias], [self.linear.weight, self.linear.bias]
+                torch._foreach_mul_(emas, d)
+                torch._foreach_add_(emas, live, alpha=1.0 - d)
+                self.num_updates += 1
+            return torch.addmm(self.linear.bias, x, self.linear.weight.t())
+        return torch.addmm(self.ema_bias, x, self.ema_weight.t())
+
+
+class _EmaCounterFirst(_Ema):
+    """The counter advanced before the decay is taken: (2 + n) / (11 + n). The EMA equals the parameters until
+    they move, so only a training call after a parameter step shows it."""
+
+    def decay(self, n: int) -> float:
+        return super().decay(n + 1)
+
+
+class _EmaEvalPackByCounter(_Ema):
+    """Eval mode's transposed EMA weight packed once per value of the update counter: EMA buffers loaded
+    without a training call (a checkpoint at the same step) are not seen."""
+
+    def forward(self, x):
+        if self.training:
+            return super().forward(x)
+        step = int(self.num_updates)
+        if getattr(self, "_pack", (None,))[0] != step:
+            self._pack = (step, self.ema_weight.t().clone(), self.ema_bias.clone())
+        _, w, b = self._pack
+        return torch.addmm(b, x, w)
+
+
+def _rows(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (32, 16), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+def test_a_history_dependent_module_right_in_every_call_passes_the_sequence():
+    result = check("oracle", _EmaForeach(), _Ema(), _rows, shapes=[[32, 16]])
+    assert result.verdict == "pass" and "a sequence of 8 calls on one state" in result.message, result.message
+    assert sum("sequence" in e for e in result.evidence) >= 8
+
+
+def test_a_decay_taken_after_the_counter_moved_fails_on_the_buffer_after_a_parameter_step():
+    result = check("oracle", _EmaCounterFirst(), _Ema(), _rows, shapes=[[32, 16]])
+    assert result.verdict == "fail", result.message
+    assert result.message.startswith("over a sequence of calls on one state") and "buffer" in result.message
+    assert "an optimizer-style step of the parameters" in result.details["sequence"]
+
+
+def test_an_eval_pack_keyed_on_the_counter_is_stale_after_new_buffers_at_the_same_step():
+    result = check("oracle", _EmaEvalPackByCounter(), _Ema(), _rows, shapes=[[32, 16]])
+    assert result.verdict == "fail", result.message
+    assert result.details["sequence"][-2].startswith("new values loaded into the floating-point buffers")
+
+
+def test_a_merge_right_on_the_first_step_only_fails_over_the_sequence():
+    result = check("oracle", _violating.RunningStandardizerPooled(), _correct.RunningStandardizer(),
+                   _correct.make_observations, shapes=[[64, 8]])
+    assert result.verdict == "fail" and result.message.startswith("over a sequence"), result.message
+
+
+def test_a_module_whose_forward_writes_no_buffer_gets_no_sequence():
+    result = check("oracle", _BothModes(), _Reference(), _correct.make_batch)
+    assert "a sequence of" in result.message  # BatchNorm in training mode writes its running statistics
+    linear = torch.nn.Linear(16, 4)
+    result = check("oracle", linear, linear, _correct.make_batch)
+    assert result.verdict == "pass" and "sequence" not in result.message, result.message
+
+
+def test_the_sequence_leaves_modes_parameters_and_buffers_as_they_were():
+    kernel, reference = _EmaForeach(), _Ema()
+    subject = subject_for(kernel, reference, _rows, shapes=[[32, 16]])
+    before = [{k: v.clone() for k, v in m.state_dict().items()} for m in (kernel, reference)]
+    subject.run_reference(_rows(1))
+    subject.lockstep.state = {k: v.clone() for k, v in subject.lockstep.state.items()}
+    saved = {k: v.clone() for k, v in subject.lockstep.state.items()}
+    failed, note = oracle_gate.Oracle().state_sequence(subject, subject.cases[0], [])
+    assert failed is None and note
+    assert all(m.training for m in (kernel, reference))
+    for module, state in zip((kernel, reference), before):
+        for name, value in module.state_dict().items():
+            if "ema" not in name and name != "num_updates":  # (buffers: the calls before moved them)
+                assert torch.equal(value, state[name]), name
+    assert all(torch.equal(saved[k], v) for k, v in subject.lockstep.state.items())
+
+
+def test_kernel_reference_and_oracle_each_start_every_call_from_one_state():
+    """A correct history-dependent module whose state the earlier probes moved unequally (here: the kernel called
+    alone on all-NaN inputs, which poisons its running statistics) is still judged from the reference's state;
+    without the lockstep it is blamed."""
+    def run(lockstep: bool):
+        kernel, reference = _correct.RunningStandardizerWeights(), _correct.RunningStandardizer()
+        subject = subject_for(kernel, reference, _correct.make_observations, shapes=[[64, 8]])
+        if not lockstep:
+            subject.lockstep = None
+        subject.run_kernel((torch.full((4, 8), float("nan")),))
+        return registry.get("shapes").check(subject)
+
+    assert run(True).verdict == "pass"
+    assert run(False).verdict == "fail"

@@ -136,13 +136,17 @@ class BatchNormBothModes(BatchNormReference):
 class BatchNormEvalFoldVersioned(BatchNormBothModes):
     """Eval mode's scale and shift folded once and kept while the weights and running statistics are unchanged:
     the fold is keyed on each tensor's address and version counter (`_version`, which every in-place change,
-    an optimizer step, `copy_` or `load_state_dict`, advances), so it is made again after any change."""
+    an optimizer step, `copy_` or `load_state_dict`, advances), so it is made again after any change. The
+    running statistics that a training-mode call updates inside torch's batch_norm keep their version (the
+    op's schema does not declare them written): the key holds the version of the call counter too, which every
+    training-mode call advances."""
 
     def forward(self, x):
         bn = self.bn
         if self.training:
             return super().forward(x)
-        key = tuple((t.data_ptr(), t._version) for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        held = (bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked)
+        key = tuple((t.data_ptr(), t._version) for t in held)
         if getattr(self, "_fold", (None,))[0] != key:
             with torch.no_grad():
                 scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
@@ -154,3 +158,57 @@ class BatchNormEvalFoldVersioned(BatchNormBothModes):
 batchnorm_reference = BatchNormReference()
 batchnorm_both_modes = BatchNormBothModes()
 batchnorm_eval_fold_versioned = BatchNormEvalFoldVersioned()
+
+
+def make_observations(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape or (64, 8), generator=gen, dtype=torch.float64) * 2 + 0.5
+    return (x.to(dtype=dtype, device=device),)
+
+
+class RunningStandardizer(torch.nn.Module):
+    """The reference: observations standardised with running statistics (reinforcement learning's observation
+    normaliser). A training-mode call merges the batch's mean and variance into the running ones (Chan's
+    parallel merge, weighted by the counts), then every call standardises with the running statistics: the
+    output depends on every earlier training call."""
+
+    def __init__(self, features=8, eps=1e-8):
+        super().__init__()
+        self.eps = eps
+        self.register_buffer("mean", torch.zeros(features))
+        self.register_buffer("var", torch.ones(features))
+        self.register_buffer("count", torch.tensor(1e-4))
+
+    def forward(self, x):
+        if self.training and x.shape[0] > 0:
+            with torch.no_grad():
+                batch_var, batch_mean = torch.var_mean(x, dim=0, correction=0)
+                n = x.shape[0]
+                delta = batch_mean - self.mean
+                total = self.count + n
+                m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total
+                self.mean.add_(delta * n / total)
+                self.var.copy_(m2 / total)
+                self.count.copy_(total)
+        return (x - self.mean) / torch.sqrt(self.var + self.eps)
+
+
+class RunningStandardizerWeights(RunningStandardizer):
+    """The same merge written with the two weights a = count / total and b = n / total (mean += delta b,
+    var = var a + batch var b + delta^2 a b) and a reciprocal square root: other rounding, the same statistics."""
+
+    def forward(self, x):
+        if self.training and x.shape[0] > 0:
+            with torch.no_grad():
+                batch_var, batch_mean = torch.var_mean(x, dim=0, correction=0)
+                total = self.count + x.shape[0]
+                a, b = self.count / total, x.shape[0] / total
+                delta = batch_mean - self.mean
+                self.var.copy_(self.var * a + batch_var * b + delta * delta * (a * b))
+                self.mean.add_(delta * b)
+                self.count.copy_(total)
+        return (x - self.mean) * torch.rsqrt(self.var + self.eps)
+
+
+running_standardizer = RunningStandardizer()
+running_standardizer_weights = RunningStandardizerWeights()

@@ -82,3 +82,45 @@ batchnorm_eval_fold_kept = BatchNormEvalFoldKept()
 def _sibling(name):
     """This folder's module `name`, loaded by path (a plain import would find another folder's correct.py)."""
     return _catalogue("oracle", name)
+
+
+class RunningStandardizerPooled(_catalogue("oracle", "correct").RunningStandardizer):
+    """The running variance merged as the count-weighted mean of the two variances, without the term of the
+    means' difference (delta^2 count n / total): right on the first training call, whose prior count is 1e-4,
+    and off once a batch with another mean is merged into statistics that already count."""
+
+    def forward(self, x):
+        if self.training and x.shape[0] > 0:
+            with torch.no_grad():
+                batch_var, batch_mean = torch.var_mean(x, dim=0, correction=0)
+                n = x.shape[0]
+                total = self.count + n
+                self.mean.add_((batch_mean - self.mean) * n / total)
+                self.var.copy_((self.var * self.count + batch_var * n) / total)
+                self.count.copy_(total)
+        return (x - self.mean) / torch.sqrt(self.var + self.eps)
+
+
+running_standardizer_pooled = RunningStandardizerPooled()
+
+
+class BatchNormEvalFoldVersionOnly(_catalogue("oracle", "correct").BatchNormBothModes):
+    """Eval mode's scale and shift folded once and kept while the weights' and running statistics' addresses and
+    version counters are unchanged. A training-mode call updates the running statistics inside torch's batch_norm
+    without advancing their version (the op's schema does not declare them written): after training mode, eval,
+    training, eval, the fold is stale."""
+
+    def forward(self, x):
+        bn = self.bn
+        if self.training:
+            return super().forward(x)
+        key = tuple((t.data_ptr(), t._version) for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        if getattr(self, "_fold", (None,))[0] != key:
+            with torch.no_grad():
+                scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+                self._fold = (key, scale, bn.bias - bn.running_mean * scale)
+        _, scale, shift = self._fold
+        return x * scale + shift
+
+
+batchnorm_eval_fold_version_only = BatchNormEvalFoldVersionOnly()

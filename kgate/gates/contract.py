@@ -232,6 +232,7 @@ class Contract(Gate):
             return None, "module buffers not compared (no case in the modules' own dtype)"
         args = subject.baseline(case).args
         state = ModuleState(subject, modules)
+        subject.sync_buffers()  # (each call starts from the lockstep state: `before` is what it starts from)
         try:
             changes = []
             for run, buffers in ((subject.run_reference, reference_buffers), (subject.run_kernel, kernel_buffers)):

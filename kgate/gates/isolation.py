@@ -726,6 +726,7 @@ class Isolation(Gate):
                         raise
                     state.restore()
                     continue
+                subject.adopt_state()
                 subject.drop_converted_references()
                 finding = self.stale_after(subject, case, base, previous, what, kind)
                 state.restore()

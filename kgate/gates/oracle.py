@@ -10,7 +10,8 @@ inference path of its own with a wrong formula, or a cached fold, is right in tr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.nn.modules.batchnorm import _NormBase
 from kgate.compare import clone_tree, flatten, structure
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.isolation import parameter_classes
+from kgate.inputs import Case
 from kgate.manifest import Tolerance
 from kgate.oracle import BROKEN_FACTOR, LeafError, Terms, measure
 from kgate.subject import ModuleState, Subject, UserCodeError
@@ -107,6 +109,10 @@ class Oracle(Gate):
             failed, note = self.eval_mode(subject, evidence)
             if failed is not None:
                 return failed
+            failed, sequence = self.state_sequence(subject, subject.first_seed_cases()[0], evidence)
+            if failed is not None:
+                return failed
+            note += sequence
             return self.passed(f"within bound in {len(subject.cases)} case(s); worst {ratio:.2g} x bound "
                                f"({leaf.path}, {case.label()}){note}", evidence=evidence)
         return self.failed(subject, leaf.describe(), case=case, expected=f"{leaf.expected!r} (float64 oracle)",
@@ -142,6 +148,7 @@ class Oracle(Gate):
             for round_ in range(EVAL_ROUNDS if classes else 1):
                 for c in classes:
                     c.apply_step(EVAL_SEED + round_, offset_zeros=True)
+                subject.adopt_state()
                 subject.drop_converted_references()
                 setting = ("buffers as built" if not classes else
                            "buffers as built, parameters and buffers stepped alike" if round_ == 0 else
@@ -190,6 +197,174 @@ class Oracle(Gate):
                         where=leaf.where, broken=leaf.ratio > BROKEN_FACTOR,
                         details={"ratio": leaf.ratio, "mode": "eval", "setting": setting})
         return judged
+
+
+    def state_sequence(self, subject: Subject, case: Case, evidence: list) -> tuple[GateResult | None, str]:
+        """A history-dependent module (the reference's forward writes its buffers: `Lockstep.stateful`) judged
+        over one seeded sequence of calls, made alike on kernel, reference and float64 oracle from one state
+        (`SEQUENCE`): training calls on other draws, on inputs shifted away from the statistics so far and at
+        another batch size, an optimizer-style step of the parameters between training calls, eval-mode calls,
+        and new values loaded into the floating-point buffers (the counters kept) between two eval-mode calls
+        on the same inputs. After every call each output is judged against the oracle within the bound, and
+        each floating-point buffer the two modules share (same name, shape and dtype) against the oracle's
+        (an integer one, a counter, exactly against the reference's); the reference's buffers are then the
+        state the next call starts from. An update that is right on the first step only (a decay taken after
+        the counter moved, a merge that leaves out a term that is 0 while the prior count is small, a batch
+        size fixed at the first call, an eval-mode pack keyed on the counter) shows within a few calls.
+        Everything is put back after. Returns (a failure or None, a note for the pass message)."""
+        modules = subject.modules()
+        lock = subject.lockstep
+        if modules is None or lock is None or not lock.stateful:
+            return None, ""
+        state = ModuleState(subject, modules)
+        modes = [(m, m.training) for module in modules for m in module.modules()]
+        trained = modules[1].training
+        done: list[str] = []
+        calls = 0
+        subject.sync_buffers()  # (the classes of equal buffers are found on the state the calls start from)
+        try:
+            try:
+                classes = parameter_classes(*modules)
+            except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise: no steps then
+                classes = []
+            for label, step in _sequence(subject, case, classes, trained):
+                if subject.out_of_time() and done:
+                    break
+                if isinstance(step, tuple):  # a call on these inputs
+                    failed = self._sequence_call(subject, case, step, label, done, evidence)
+                    if isinstance(failed, GateResult):
+                        return failed, ""
+                    if failed is None:  # the reference rejects them: not part of the sequence
+                        continue
+                    calls += 1
+                else:
+                    step()
+                    subject.adopt_state()
+                    subject.drop_converted_references()
+                done.append(label)
+        finally:
+            for m, training in modes:
+                m.training = training
+            state.close()
+        return None, f"; a sequence of {calls} calls on one state ({', '.join(done)}) within bound"
+
+    def _sequence_call(self, subject: Subject, case: Case, args: tuple, label: str, done: list[str],
+                       evidence: list) -> GateResult | bool | None:
+        """One call of the sequence: a failure, True (judged) or None (the reference rejects the inputs)."""
+        lock = subject.lockstep
+        assert lock is not None
+        try:
+            reference = subject.run_reference(clone_tree(args))
+            oracle = subject.oracle(args)
+        except UserCodeError as exc:
+            if not exc.role.startswith("reference"):
+                raise
+            return None
+        expected_buffers = _buffers(lock.reference, lock.kernel_names)
+        oracle_buffers = _buffers(subject.oracle_module(), lock.kernel_names)
+        out = subject.run_kernel(clone_tree(args))
+        got_buffers = _buffers(lock.kernel, lock.kernel_names)
+        sequence = ", ".join(done + [label])
+        leaves = measure_outputs(out, reference, oracle, subject.tolerance, terms=lambda: subject.terms(args))
+        if isinstance(leaves, Incomparable):
+            return self.failed(subject, f"after the calls {sequence}: {leaves.message}", case=case,
+                               expected=leaves.expected, got=leaves.got, broken=True,
+                               details={"sequence": done + [label]})
+        tol = subject.tolerance
+        for name, t in got_buffers.items():
+            if t.is_floating_point() and oracle_buffers is not None and name in oracle_buffers:
+                leaves.append(measure(t, expected_buffers[name], oracle_buffers[name], path=f"buffer {name!r}",
+                                      factor=tol.factor, ulps=tol.ulps, atol=tol.atol))
+        for leaf in leaves:
+            evidence.append({"case": case.to_json(), "sequence": done + [label], **leaf.to_json()})
+            if not leaf.passed:
+                return self.failed(
+                    subject, f"over a sequence of calls on one state ({sequence}): after the last, "
+                    f"{leaf.describe()}", case=case, expected=f"{leaf.expected!r} (float64 oracle)",
+                    got=repr(leaf.got), where=leaf.where, broken=leaf.ratio > BROKEN_FACTOR,
+                    details={"ratio": leaf.ratio, "sequence": done + [label]})
+        for name, t in got_buffers.items():
+            if not t.is_floating_point() and not torch.equal(t, expected_buffers[name]):
+                return self.failed(
+                    subject, f"over a sequence of calls on one state ({sequence}): the module's buffer {name!r} "
+                    f"after the last holds {t.tolist()}, the reference's {expected_buffers[name].tolist()}",
+                    case=case, expected=str(expected_buffers[name].tolist()), got=str(t.tolist()), where=name,
+                    broken=True, details={"sequence": done + [label]})
+        subject.adopt_state()  # the next call starts from the reference's buffers after this one
+        return True
+
+
+SEQUENCE_SEED = 15485863  # seeds the inputs and the steps of the state-sequence probe
+SHIFT = 4.0  # the shifted training batch: its floating-point inputs moved by this many spreads (plus one)
+
+
+def _buffers(module: torch.nn.Module | None, names: list[str]) -> dict[str, torch.Tensor] | None:
+    """Copies of `module`'s buffers of `names` (None for no module)."""
+    if module is None:
+        return None
+    own = dict(module.named_buffers())
+    return {n: own[n].detach().clone() for n in names if n in own}
+
+
+def _shifted(args: tuple) -> tuple:
+    """`args` with every floating-point tensor moved by SHIFT times its spread plus one (a batch whose mean is
+    far from the statistics so far)."""
+    def move(t: torch.Tensor) -> torch.Tensor:
+        spread = float(t.double().std()) if t.numel() > 1 else 1.0
+        return (t.double() + SHIFT * (spread if math.isfinite(spread) else 1.0) + 1.0).to(t.dtype)
+    return tuple(move(a) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() else
+                 clone_tree(a) for a in args)
+
+
+def _sequence(subject: Subject, case: Case, classes: list, trained: bool) -> Iterator[tuple[str, Any]]:
+    """The state-sequence probe's steps, in order: (label, inputs) for a call, (label, action) for a change of
+    the modules (`Oracle.state_sequence`)."""
+    def inputs(k: int, shape: tuple[int, ...] | None = case.shape) -> tuple:
+        return subject.inputs(Case(shape, case.dtype, SEQUENCE_SEED + k))
+
+    def mode(training: bool) -> Callable[[], None]:
+        def switch() -> None:
+            for module in subject.modules() or ():
+                module.train(training)
+        return switch
+
+    parameters = [c for c in classes if c.kind == "parameter"]
+    buffers = [c for c in classes if c.kind == "buffer"]
+    call = "train" if trained else "call"
+    yield f"{call} (seed {SEQUENCE_SEED})", inputs(0)
+    yield f"{call} on inputs shifted by {SHIFT:g} spreads", _shifted(inputs(1))
+    if parameters:
+        yield "an optimizer-style step of the parameters", lambda: [c.apply_step(SEQUENCE_SEED) for c in parameters]
+    other = _other_batch(subject, case)
+    yield (f"{call} at batch {other[0]}", inputs(2, other)) if other else (f"{call} (seed {SEQUENCE_SEED + 2})",
+                                                                          inputs(2))
+    yield f"{call} (seed {SEQUENCE_SEED + 3})", inputs(3)
+    if trained:
+        yield "eval mode", mode(False)
+        yield f"eval (seed {SEQUENCE_SEED + 4})", inputs(4)
+    if buffers:
+        yield "new values loaded into the floating-point buffers (counters kept)", \
+            lambda: [c.apply_step(SEQUENCE_SEED + 1, offset_zeros=True) for c in buffers]
+        yield (f"eval (seed {SEQUENCE_SEED + 4}) again" if trained else f"call (seed {SEQUENCE_SEED + 4})"), \
+            inputs(4)
+    if trained:
+        yield "training mode", mode(True)
+        yield f"train (seed {SEQUENCE_SEED + 5})", inputs(5)
+        yield "eval mode", mode(False)
+        yield f"eval (seed {SEQUENCE_SEED + 4}) again", inputs(4)
+
+
+def _other_batch(subject: Subject, case: Case) -> tuple[int, ...] | None:
+    """The case's shape with another size in dimension 0 (about half, and odd), where the factory makes inputs
+    of it; None where the case has no shape or the factory refuses."""
+    if not case.shape or case.shape[0] < 2:
+        return None
+    shape = (case.shape[0] // 2 + 1,) + tuple(case.shape[1:])
+    try:
+        subject.inputs(Case(shape, case.dtype, SEQUENCE_SEED))
+    except UserCodeError:
+        return None
+    return shape
 
 
 GATE = Oracle
