@@ -281,7 +281,7 @@ def test_determinism_passes_a_first_call_that_only_warms_up():
         return good_softmax(x)
 
     result = _after_a_first_call(warmed)
-    assert result.verdict == "pass" and "call(s) in the process made again: bitwise equal" in result.message
+    assert result.verdict == "pass" and "call(s) in the process made again after" in result.message
 
 
 class _TunedFirstWins:
@@ -312,6 +312,28 @@ def test_determinism_fails_an_autotuner_whose_winner_is_its_first_config():
     result = registry.get("determinism").check(subject)
     assert result.verdict == "fail", result.message
     assert "call number 2 in the process differs from the same call made later" in result.message
+
+
+class _CommitsAfter:
+    """Softmax summed in blocks of 32 for its first `warmup` calls, in blocks of 7 after."""
+
+    def __init__(self, warmup):
+        self.calls, self.warmup = 0, warmup
+
+    def __call__(self, x):
+        self.calls += 1
+        block = 32 if self.calls <= self.warmup else 7
+        z = torch.exp(x - x.amax(dim=-1, keepdim=True))
+        return z / sum(z[..., j:j + block].sum(dim=-1, keepdim=True) for j in range(0, z.shape[-1], block))
+
+
+def test_determinism_fails_a_kernel_that_commits_to_another_computation_after_a_warmup_count(monkeypatch):
+    from kgate.gates import determinism
+
+    result = _after_a_first_call(_CommitsAfter(100))
+    assert result.verdict == "fail" and result.details["soaked"] == determinism.SOAK_CALLS, result.message
+    monkeypatch.setattr(determinism, "SOAK_CALLS", 0)  # without the soak, its first call is made again too early
+    assert _after_a_first_call(_CommitsAfter(100)).verdict == "pass"
 
 
 def test_determinism_keeps_no_call_that_raised_as_a_first_call():

@@ -408,6 +408,24 @@ def show_stale_buffers(name, spec):
     return f"in eval mode after one training call: {why}" if why else None
 
 
+def show_train_between_evals(name, spec):
+    """From the same state: an eval-mode call, a training-mode call, an eval-mode call on the first inputs. A
+    module that keeps what it computed for eval mode while its training calls move the state it was computed
+    from (torch's batch_norm updates the running statistics without advancing their version counters) gives
+    the first eval call's answer for the state after the training call."""
+    _, reference, candidate = load(name)
+    candidate.load_state_dict(reference.state_dict())
+    inputs = demo_inputs(name)
+    for model in (reference, candidate):
+        model.eval()
+        call(model, inputs)
+        model.train()
+        call(model, demo_inputs(name, seed=1))
+        model.eval()
+    why = beyond_tolerance(call(candidate, inputs), oracle(reference, inputs), call(reference, inputs))
+    return f"in eval mode after eval, train, eval: {why}" if why else None
+
+
 def show_eval_mode(name, spec):
     """Both in eval mode from the same state, twice: the parameters moved by a seeded step and the running
     statistics moved as training calls move them (as built, a BatchNorm's weight is 1, its bias 0, its running
@@ -474,6 +492,7 @@ SHOW = {"values": show_values, "aliases": show_aliases, "nondeterministic": show
         "after_return": show_after_return, "descheduled": show_descheduled, "reused": show_reused,
         "contiguity": show_contiguity, "global_state": show_global_state, "random_stream": show_random_stream,
         "stale_buffers": show_stale_buffers, "eval_mode": show_eval_mode,
+        "train_between_evals": show_train_between_evals,
         "patched": show_patched,
         "raises": show_raises, "dtype": show_dtype}
 

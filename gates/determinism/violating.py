@@ -60,3 +60,23 @@ class _TunedOneConfigACall:
 
 
 rowsum_tuned_first_config_wins = _TunedOneConfigACall()
+
+
+class _CommitsAfterWarmup:
+    """Sums in blocks of SPLIT for its first 100 calls, then commits to blocks of 7 (a variant a tuner settles
+    on after a warm-up count of calls): every result within the oracle bound, but from call 101 on not the bits
+    its first calls gave on the same inputs."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        block = SPLIT if self.calls <= 100 else 7
+        total = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+        for part in torch.arange(x.shape[-1], device=x.device).split(block):
+            total = total + x[..., part].sum(dim=-1)
+        return total
+
+
+rowsum_commits_after_warmup = _CommitsAfterWarmup()

@@ -55,14 +55,16 @@ class Linear(torch.nn.Module):
 
 class LinearCachedTranspose(Linear):
     """Keeps the weight transposed and contiguous for the matmul, rebuilt whenever the weight changes: the
-    key is its address and its version counter, which every in-place change (an optimizer step, copy_,
-    load_state_dict) bumps."""
+    key is its address and its version counter, which every in-place change through autograd's view of it (an
+    optimizer step, copy_, load_state_dict) bumps, and the weight's values are compared with a copy kept
+    beside the transpose (a write through .data, or by an optimizer's own CUDA kernel, leaves the version)."""
 
     def forward(self, x):
         self.follow(x)
         key = (self.weight.data_ptr(), self.weight._version)
-        if getattr(self, "_key", None) != key:
-            self._key, self._weight_t = key, self.weight.detach().t().contiguous()
+        if getattr(self, "_key", None) != key or not torch.equal(self._weight, self.weight.detach()):
+            self._key, self._weight = key, self.weight.detach().clone()
+            self._weight_t = self._weight.t().contiguous()
         return x @ self._weight_t + self.bias
 
 

@@ -99,6 +99,24 @@ class LinearCachedByAddress(torch.nn.Module):
 linear_cached_by_address = LinearCachedByAddress()
 
 
+class LinearCachedByVersion(LinearCachedByAddress):
+    """Keeps the weight transposed and contiguous, keyed on the weight's address and version counter: an optimizer
+    step through autograd's view of the weight advances the version and the transpose is made again, but a write
+    through .data, or by an optimizer's own Triton or CUDA kernel, leaves the version and the layer computes with
+    the old weights."""
+
+    def forward(self, x):
+        if self.weight.device != x.device:
+            self.to(x.device)
+        key = (self.weight.data_ptr(), self.weight._version)
+        if getattr(self, "_key", None) != key:
+            self._key, self._weight_t = key, self.weight.detach().t().contiguous()
+        return x @ self._weight_t + self.bias
+
+
+linear_cached_by_version = LinearCachedByVersion()
+
+
 def softmax_head_start(x):
     """Fills the output on a worker thread and gives it a 50 ms head start, "plenty" for work of microseconds:
     on an idle machine the thread always finishes in time; on a busy one, or at a larger size, the caller

@@ -16,10 +16,14 @@ And the kernel's first calls in the process (`Subject.first_calls`, up to FIRST_
 standard test's trials, before any gate) are made again on copies of their inputs: a kernel that autotunes
 or warms up on its first calls and computes otherwise there must give the same bits, where the reference's
 first calls, made again the same way, do. More than the first one: an autotuner that times one
-configuration a call and keeps the fastest computes as its first call did whenever that one wins."""
+configuration a call and keeps the fastest computes as its first call did whenever that one wins. Before
+they are made again, the kernel is called on the first call's inputs up to SOAK_CALLS times (time-boxed): a
+kernel that commits to another computation after a warm-up count of calls of one shape computes otherwise by
+then."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +40,10 @@ CALLS = 3
 # the order they finish) may show it in the kernel's calls and not in the reference's first round.
 REFERENCE_ROUNDS = 10
 RNG_SHIFT = 7919  # call k of the second round runs with torch's generators seeded with k * RNG_SHIFT
+SOAK_CALLS = 160  # calls of the kernel on its first call's inputs before its first calls are made again
+SOAK_SECONDS = 5.0  # ... within this time and SOAK_SHARE of the gate's time limit
+SOAK_SHARE = 0.05
+_monotonic = time.monotonic  # bound at import, before kernel code runs (it may patch time)
 
 
 OFFSET_BYTES = (0, 16, 80)  # where each call's contiguous inputs start past an ALIGN_BYTES boundary
@@ -144,6 +152,7 @@ class Determinism(Gate):
         kernel, reference = subject.first_calls["kernel"], subject.first_calls["reference"]
         if not (kernel.kept and reference.kept):
             return "; the first call not kept (too large, or not made on plain tensors)"
+        soaked = self.soak(subject, kernel.calls[0][0])
         for number, (args, out) in enumerate(kernel.calls, 1):
             again = [t for _, t in flatten(subject.run_kernel(clone_tree(args)))]
             for (path, was), now in zip(out, again):
@@ -155,14 +164,29 @@ class Determinism(Gate):
                     return "; a first call differs from a later one, as one of the reference's first calls does"
                 nth = "first call" if number == 1 else f"call number {number}"
                 return self.failed(subject, f"the kernel's {nth} in the process differs from the same call made "
-                                   f"later, in {path}: {mismatch.describe()}; the reference's first "
+                                   f"later (after {soaked} more calls on its inputs and this gate's others), in "
+                                   f"{path}: {mismatch.describe()}; the reference's first "
                                    f"{len(reference.calls)} call(s), made again {rounds} time(s), are bitwise "
                                    f"equal (warm-up or "
                                    f"autotuning that computes otherwise on the first calls)", case=None,
                                    expected=repr(mismatch.got), got=repr(mismatch.expected),
                                    where=f"{path}{list(mismatch.index)}",
-                                   details={"differing": mismatch.count, "first_call": number})
-        return f"; the first {len(kernel.calls)} call(s) in the process made again: bitwise equal"
+                                   details={"differing": mismatch.count, "first_call": number, "soaked": soaked})
+        return (f"; the first {len(kernel.calls)} call(s) in the process made again after {soaked} more calls: "
+                "bitwise equal")
+
+    @staticmethod
+    def soak(subject: Subject, args: tuple) -> int:
+        """Up to SOAK_CALLS calls of the kernel on copies of `args` (its first call's inputs), within SOAK_SECONDS
+        and SOAK_SHARE of the gate's time limit: a kernel that switches to another computation after many calls
+        of one shape (a variant tuned, or committed to, after a warm-up count) computes otherwise by the time
+        its first calls are made again. Returns the calls made."""
+        budget = min(SOAK_SECONDS, subject.entry.limits.timeout * SOAK_SHARE)
+        start, calls = _monotonic(), 0
+        while calls < SOAK_CALLS and _monotonic() - start < budget and not subject.out_of_time():
+            subject.run_kernel(clone_tree(args))
+            calls += 1
+        return calls
 
     @staticmethod
     def _reference_differs(subject: Subject, reference: Any) -> tuple[bool, int]:

@@ -14,7 +14,9 @@ Tolerance-free. Eight probes:
 - outputs stay owned: the outputs of OWNED_CALLS calls on other inputs, all kept, are unchanged by the
   later calls (a buffer reused from a ring);
 - parameters followed: an nn.Module kernel's parameters and persistent buffers changed in place, alike
-  with the reference's equal ones (an optimizer step, load_state_dict, one class alone): the kernel must not
+  with the reference's equal ones (an optimizer step, load_state_dict, a step written through `.data` that
+  leaves the version counters as they were, as an optimizer's own Triton or CUDA kernel does, and one class
+  alone, written so too): the kernel must not
   return its previous output where the change shows (a cache of derived weights it does not refresh);
 - no patching: the callables of torch (functions, Tensor methods), of kgate, of time, of builtins and
   of the reference's module (and its code objects) are the same objects after the calls as before the
@@ -63,6 +65,8 @@ OTHER_SEED = 7919  # offset of the seed whose values overwrite the inputs in the
 OWNED_CALLS = 8  # outputs-stay-owned probe: calls whose outputs are kept (a buffer reused every k < 8 calls shows)
 PARAMETER_SEED = 104729  # seeds the new values of the parameters probe
 STEP_PIECE = 1 << 22  # parameters probe: elements of a class drawn at once (float64, on the values' device)
+THROUGH_DATA = ("written through .data (version counters unchanged, as an optimizer's own Triton or CUDA kernel "
+                "leaves them)")
 SINGLE_CLASS_PROBES = 6  # parameters probe: how many groups of equal parameters are also changed alone
 FRESH_CALLS = 8  # memoization probe: fresh calls that must all agree, and differ from the in-place call's, to blame it
 
@@ -438,15 +442,18 @@ class ParameterClass:
         """Every tensor of the class, once each (kernel and reference may share one)."""
         return list({id(t): t for _, t in [*self.reference, *self.kernel]}.values())
 
-    def apply_step(self, seed: int, offset_zeros: bool = False) -> None:
+    def apply_step(self, seed: int, offset_zeros: bool = False, through_data: bool = False) -> None:
+        """The step, in place. `through_data`: written through `.data`, whose writes leave the tensors' version
+        counters as they were (as an optimizer's own Triton or CUDA kernel, or `p.data.add_`, leaves them)."""
         add = self.additive(offset_zeros)  # (before the change: it reads the values as they are)
         change = self.change(seed, offset_zeros)
         with torch.no_grad():
             for t in self.tensors():
+                target = t.data if through_data else t
                 if add:
-                    t.add_(change)
+                    target.add_(change)
                 else:
-                    t.mul_(change)
+                    target.mul_(change)
 
 
 def _piece_generator(device: torch.device, seed: int) -> tuple[torch.Generator, torch.device]:
@@ -704,11 +711,13 @@ class Isolation(Gate):
             ("step", "an optimizer-style in-place step of every parameter and buffer",
              lambda: [c.apply_step(PARAMETER_SEED) for c in classes]),
             ("load_state_dict", "load_state_dict of new weights (loaded in place)",
-             lambda: _load_changed(modules, classes, PARAMETER_SEED + 1))]
+             lambda: _load_changed(modules, classes, PARAMETER_SEED + 1)),
+            ("step", f"an optimizer-style step of every parameter and buffer {THROUGH_DATA}",
+             lambda: [c.apply_step(PARAMETER_SEED + 2 + SINGLE_CLASS_PROBES, through_data=True) for c in classes])]
         if len(classes) > 1:
             for i, c in enumerate(classes[:SINGLE_CLASS_PROBES]):
-                probes.append(("step", f"an in-place step of {c.names()} alone",
-                               lambda c=c, i=i: c.apply_step(PARAMETER_SEED + 2 + i)))
+                probes.append(("step", f"an in-place step of {c.names()} alone, {THROUGH_DATA}",
+                               lambda c=c, i=i: c.apply_step(PARAMETER_SEED + 2 + i, through_data=True)))
         state = ModuleState(subject, modules)
         done = 0
         try:
@@ -751,7 +760,7 @@ class Isolation(Gate):
                 subject, f"{path}: after {what}, alike in kernel and reference, the kernel returned its previous "
                 f"output bitwise again, while the reference's changed (the previous output is now off by "
                 f"{moved.err:.3g} at {path}{moved.index}, bound {moved.bound:.3g}): it computes from a copy of "
-                "its parameters it does not refresh (a cache keyed on data_ptr or built once?)", case=case,
+                "its parameters it does not refresh (a cache keyed on data_ptr or a version counter, or built once?)", case=case,
                 expected=f"a result for the new parameters (e.g. {moved.expected:.6g} at {path}{moved.index})",
                 got=f"the previous output ({moved.got:.6g} there)", where=f"{path}{moved.index}",
                 details={"stale": True, "parameters": kind, "change": what})
@@ -765,12 +774,37 @@ class Isolation(Gate):
             return subject.run_kernel(args)
 
     def memoization(self, subject: Subject, case: Case) -> tuple[GateResult | None, int]:
+        """The inputs overwritten in place, first with another seed's values, then with their own values
+        permuted (each tensor reversed along its last dimension longer than 1: the same values, so the same
+        sums, minimum, maximum and span, which a cache keyed on checksums or a range cannot tell apart), and
+        the kernel called again on the same tensors (`overwritten`). Returns (a failure or None, whether
+        probed)."""
         base = subject.baseline(case)
-        other_case = Case(case.shape, case.dtype, case.seed + OTHER_SEED)
-        other = subject.inputs(other_case)
+        other = subject.inputs(Case(case.shape, case.dtype, case.seed + OTHER_SEED))
+        probed = 0
+        permuted = _permuted(base.args)
+        if permuted is not None:
+            permuted = subject.conform(base.args, permuted)  # (a triangular input stays triangular)
+            if unless_rejected(lambda: (subject.run_reference(clone_tree(permuted)), subject.oracle(permuted))) is None:
+                permuted = None  # outside the reference's domain (offsets that must increase)
+        for values, what in ((other, "other values"), (permuted, "their own values permuted")):
+            if values is None:
+                continue
+            result, checked = self.overwritten(subject, case, base, values, what)
+            probed = probed or checked
+            if result is not None:
+                return result, probed
+        if not probed:
+            return None, 0
+        return self.memo_unversioned(subject, case), 1
+
+    def overwritten(self, subject: Subject, case: Case, base: Baseline, other: tuple,
+                    what: str) -> tuple[GateResult | None, int]:
         pairs = [(i, a, b) for i, (a, b) in enumerate(zip(base.args, other)) if isinstance(a, torch.Tensor)]
         if len(other) != len(base.args) or not pairs or any(
                 not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype for _, a, b in pairs):
+            return None, 0
+        if all(torch.equal(a, b) for _, a, b in pairs):
             return None, 0
         args = clone_tree(base.args)
         first_out = self.call_zeroed(subject, args)
@@ -795,15 +829,12 @@ class Isolation(Gate):
         if found is not None:
             path, moved = found
             return self.failed(
-                subject, f"{path}: after the inputs were overwritten in place with other values (same "
+                subject, f"{path}: after the inputs were overwritten in place with {what} (same "
                 f"addresses), the kernel returned its previous result again, {moved_by(moved)} (memoized on "
-                "the tensors' identity or address?)", case=case,
+                "the tensors' identity, address or a summary of their values?)", case=case,
                 expected=f"a result for the new values (e.g. {moved.expected:.6g} at {path}{moved.index})",
                 got=f"the previous result ({moved.got:.6g} there)", where=f"{path}{moved.index}",
-                details={"stale": True}), 1
-        quiet = self.memo_unversioned(subject, case)
-        if quiet is not None:
-            return quiet, 1
+                details={"stale": True, "overwritten_with": what}), 1
         if subject.nondeterministic:
             return None, 1
         fresh = [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, clone_tree(other)))]
@@ -821,10 +852,10 @@ class Isolation(Gate):
                         all(bitwise_mismatch(s, a) is None for (_, s), a in zip(second, again)):
                     return None, 1
             return self.failed(
-                subject, f"{path}: after the inputs were overwritten in place (same addresses), the kernel's "
-                f"result differs from a call on fresh copies of the same values: {mismatch.describe()}",
+                subject, f"{path}: after the inputs were overwritten in place with {what} (same addresses), the "
+                f"kernel's result differs from a call on fresh copies of the same values: {mismatch.describe()}",
                 case=case, expected=repr(mismatch.expected), got=repr(mismatch.got),
-                where=f"{path}{list(mismatch.index)}", details={"stale": False}), 1
+                where=f"{path}{list(mismatch.index)}", details={"stale": False, "overwritten_with": what}), 1
         return None, 1
 
 
@@ -930,6 +961,17 @@ def stale(subject: Subject, path: str, old: torch.Tensor, now: tuple[dict, dict]
                               atol=tol.atol))
     was, moved = judged
     return moved if was.passed and not moved.passed else None
+
+
+def _permuted(args: tuple) -> tuple | None:
+    """`args` with every tensor of more than one element reversed along its last dimension longer than 1 (the
+    memoization probe's second overwrite), or None where that changes none."""
+    def flip(t: torch.Tensor) -> torch.Tensor:
+        dims = [d for d in range(t.dim()) if t.shape[d] > 1]
+        return t.flip(dims[-1]) if dims else t.clone()
+    out = tuple(flip(a) if isinstance(a, torch.Tensor) else a for a in clone_tree(args))
+    changed = any(isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(args, out))
+    return out if changed else None
 
 
 def moved_by(moved: LeafError) -> str:
