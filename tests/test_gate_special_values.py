@@ -89,13 +89,15 @@ def test_special_values_mishandled_on_one_part_of_a_reduction_fail(kernel, refer
 def test_correct_kernels_pass_every_position(kernel, reference, make_inputs, seed):
     result = check("special_values", kernel, reference, make_inputs, seeds=[seed])
     assert result.verdict == "pass", result.message
-    assert "at the last, first and centre elements" in result.message
+    assert "at the last, first, centre, second and second-to-last elements" in result.message
 
 
 def test_positions_cover_the_ends_and_middle_of_every_dimension():
     got = positions((5, 33, 8), torch.Generator().manual_seed(0))
     named = dict((name, index) for name, index in got if name != "seeded position")
-    assert named == {"last element": (4, 32, 7), "first element": (0, 0, 0), "centre": (2, 16, 4)}
+    assert named == {"last element": (4, 32, 7), "first element": (0, 0, 0), "centre": (2, 16, 4),
+                     "second element along every dimension": (1, 1, 1),
+                     "second-to-last element along every dimension": (3, 31, 6)}
     seeded = [index for name, index in got if name == "seeded position"]
     assert 1 <= len(seeded) <= RANDOM_POSITIONS and len({i for _, i in got}) == len(got)
     assert got == positions((5, 33, 8), torch.Generator().manual_seed(0))  # seeded: the same every run
@@ -523,3 +525,29 @@ def test_a_nan_in_the_wrong_bin_is_a_finite_value_of_the_wrong_size():
     assert bad.verdict == "fail" and not bad.tolerance_free and "finite where the oracle is finite" in bad.message
     good = check("special_values", correct.binned_by_counting, correct.reference_binned, correct.make_inputs)
     assert good.verdict == "pass", good.message
+
+
+def test_an_inf_beside_an_edge_shows_an_interpolation_that_replicates_the_edge(monkeypatch):
+    from kgate.gates import special_values
+
+    # (a whole line of Inf shows it too: left out, so that the single values are what is tested)
+    monkeypatch.setattr(special_values.SpecialValues, "lines", staticmethod(lambda args, floats: iter(())))
+    result = check("special_values", sv_violating.upsample_edge_replicated, sv_correct.reference_upsample,
+                   sv_correct.make_signal)
+    assert result.verdict == "fail" and "second" in result.message, result.message
+    assert check("special_values", sv_correct.upsample_taps, sv_correct.reference_upsample,
+                 sv_correct.make_signal).verdict == "pass"
+
+    def without_neighbours(shape, gen):
+        return [(n, i) for n, i in positions(shape, gen) if not n.startswith("second")]
+
+    monkeypatch.setattr(special_values, "positions", without_neighbours)
+    monkeypatch.setattr(special_values, "RANDOM_POSITIONS", 0)
+    assert check("special_values", sv_violating.upsample_edge_replicated, sv_correct.reference_upsample,
+                 sv_correct.make_signal).verdict == "pass"
+
+
+def test_positions_include_the_edges_neighbours():
+    named = dict((n, i) for n, i in positions((4, 5, 1), torch.Generator().manual_seed(0)))
+    assert named["second element along every dimension"] == (1, 1, 0)
+    assert named["second-to-last element along every dimension"] == (2, 3, 0)

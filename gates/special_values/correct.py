@@ -166,3 +166,24 @@ def binned_by_counting(x):
     index = (x.unsqueeze(-1) > edges).sum(dim=-1)
     index = torch.where(torch.isnan(x), torch.full_like(index, edges.numel()), index)
     return BIN_VALUES.to(x.device, x.dtype)[index]
+
+
+def make_signal(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (2, 3, 16), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+def reference_upsample(x):
+    """2x linear upsampling along the last dimension (align_corners=False): at each edge the outermost output
+    takes the edge element with weight 1 and its neighbour with weight 0, so an Inf there gives NaN."""
+    return torch.nn.functional.interpolate(x, scale_factor=2, mode="linear", align_corners=False)
+
+
+def upsample_taps(x):
+    """The same as two gathers with per-position weights, the edge's zero-weight neighbour kept."""
+    n = x.shape[-1]
+    src = ((torch.arange(2 * n, device=x.device, dtype=torch.float64) + 0.5) * 0.5 - 0.5).clamp(min=0)
+    i0 = src.floor().long().clamp(max=n - 1)
+    i1 = i0 + (i0 < n - 1).long()
+    w1 = (src - i0).to(x.dtype)
+    return x[..., i0] * (1 - w1) + x[..., i1] * w1

@@ -89,3 +89,12 @@ def binned_nan_first(x):
     edges = torch.linspace(-2.0, 2.0, 9, device=x.device, dtype=x.dtype)
     values = (torch.arange(10, dtype=torch.float32) * 0.5 - 2.0).to(x.device, x.dtype)
     return values[(x.unsqueeze(-1) > edges).sum(dim=-1)]
+
+
+def upsample_edge_replicated(x):
+    """2x linear upsampling as the fixed 0.25/0.75 stencil with the edges replicated: each output reads its two
+    real neighbours only. Equal values everywhere, but the outermost outputs never read the edge's neighbour,
+    which the reference weights by 0: an Inf there leaves them finite where the reference gives NaN."""
+    prev = torch.cat([x[..., :1], x[..., :-1]], dim=-1)
+    nxt = torch.cat([x[..., 1:], x[..., -1:]], dim=-1)
+    return torch.stack([0.25 * prev + 0.75 * x, 0.75 * x + 0.25 * nxt], dim=-1).reshape(*x.shape[:-1], 2 * x.shape[-1])

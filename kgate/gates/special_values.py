@@ -1,10 +1,12 @@
 """special_values: where the oracle gives NaN/+Inf/-Inf the kernel gives the same, and it is finite
 where the oracle is finite. Probes: a NaN, a +Inf and a -Inf injected, one at a time, into each
-floating-point input at several positions (`positions`: its last element, its first, its centre and
-`RANDOM_POSITIONS` seeded ones), and all inputs scaled to overflow-prone magnitudes. The last, first
-and centre elements are at the end, start and middle of their row along every dimension, so a kernel
-that mishandles special values in one part of a reduction (a `nansum` over a row's tail, a clamp on
-its first block) meets one there, whichever dimension it reduces. Each probe holds a single special
+floating-point input at several positions (`positions`: its last element, its first, its centre, the
+second and the second-to-last along every dimension and `RANDOM_POSITIONS` seeded ones), and all inputs scaled
+to overflow-prone magnitudes. The last, first and centre elements are at the end, start and middle of their row
+along every dimension, so a kernel that mishandles special values in one part of a reduction (a `nansum` over a
+row's tail, a clamp on its first block) meets one there, whichever dimension it reduces; the edges' neighbours
+are what an interpolation weights by 0 at the edge (0 x Inf is NaN), which a kernel that replicates the edge
+never reads. Each probe holds a single special
 value: two in one reduction would let one hide the other's mishandling. Tolerance-free: only the
 class of each element (NaN, +Inf, -Inf, finite) is compared, against the oracle rounded to the
 output's dtype; an integer or boolean output (an argmax, a mask) must equal the oracle's, or another
@@ -131,9 +133,13 @@ def positions(shape: tuple[int, ...], gen: torch.Generator) -> list[tuple[str, t
     """Where special values are injected into a tensor of `shape` (numel > 0), as (name, index): the last
     element (the end of its row along every dimension: a reduction's tail, the last tile), the first (the
     start along every dimension), the centre (the middle along every dimension; with an even size the
-    first element of the second half) and RANDOM_POSITIONS drawn from `gen`; repeats dropped."""
+    first element of the second half), the second and the second-to-last along every dimension (an edge's
+    neighbour: a stencil or an interpolation that replicates the edge instead of weighting its neighbour by 0
+    never reads it, where 0 x Inf is NaN) and RANDOM_POSITIONS drawn from `gen`; repeats dropped."""
     named = [("last element", tuple(n - 1 for n in shape)), ("first element", tuple(0 for _ in shape)),
-             ("centre", tuple(n // 2 for n in shape))]
+             ("centre", tuple(n // 2 for n in shape)),
+             ("second element along every dimension", tuple(min(1, n - 1) for n in shape)),
+             ("second-to-last element along every dimension", tuple(max(n - 2, 0) for n in shape))]
     numel = math.prod(shape)
     named += [("seeded position", index_of(int(torch.randint(numel, (1,), generator=gen)), shape))
               for _ in range(RANDOM_POSITIONS)]
@@ -258,8 +264,8 @@ class SpecialValues(Gate):
                                     f"{', '.join(rejected[:4])}{' ...' if len(rejected) > 4 else ''}): nothing to "
                                     f"judge{stopped}")
             return self.skipped("no floating-point inputs to inject special values into")
-        message = (f"NaN/Inf pattern matched the oracle in {tried} probe(s) (NaN, +Inf and -Inf at the last, first "
-                   f"and centre elements and {RANDOM_POSITIONS} seeded positions of each floating-point input and "
+        message = (f"NaN/Inf pattern matched the oracle in {tried} probe(s) (NaN, +Inf and -Inf at the last, first, "
+                   f"centre, second and second-to-last elements and {RANDOM_POSITIONS} seeded positions of each floating-point input and "
                    f"filling its last line along each dimension and all of it (NaN; +-Inf along the last); inputs scaled to overflow-prone "
                    f"magnitudes); subnormal results kept where the reference keeps them (inputs scaled to subnormal "
                    f"magnitudes and to products in the subnormal range)")
