@@ -551,3 +551,19 @@ def test_positions_include_the_edges_neighbours():
     named = dict((n, i) for n, i in positions((4, 5, 1), torch.Generator().manual_seed(0)))
     assert named["second element along every dimension"] == (1, 1, 0)
     assert named["second-to-last element along every dimension"] == (2, 3, 0)
+
+
+def test_a_kernel_that_skips_zero_weight_groups_fails_once_the_weights_are_pruned(monkeypatch):
+    result = check("special_values", sv_violating.GroupedLinearSkipsZeroGroups(), sv_correct.GroupedLinear(),
+                   sv_correct.make_grouped)
+    assert result.verdict == "fail" and "zeroed alike in kernel and reference (pruned)" in result.message, \
+        result.message
+    correct = sv_correct.GroupedLinearBmm()
+    passed = check("special_values", correct, sv_correct.GroupedLinear(), sv_correct.make_grouped)
+    assert passed.verdict == "pass", passed.message
+    assert bool(correct.weight[:2].any())  # the weights are put back after
+    from kgate.gates import special_values
+
+    monkeypatch.setattr(special_values.SpecialValues, "pruned", lambda self, subject, *found: (None, 0))
+    assert check("special_values", sv_violating.GroupedLinearSkipsZeroGroups(), sv_correct.GroupedLinear(),
+                 sv_correct.make_grouped).verdict == "pass"

@@ -187,3 +187,35 @@ def upsample_taps(x):
     i1 = i0 + (i0 < n - 1).long()
     w1 = (src - i0).to(x.dtype)
     return x[..., i0] * (1 - w1) + x[..., i1] * w1
+
+
+def make_grouped(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (6, 16), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+class GroupedLinear(torch.nn.Module):
+    """The reference: a block-diagonal linear layer, 4 groups of 4 inputs to 3 outputs (a grouped projection):
+    weight (4, 3, 4), einsum per group."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.weight = torch.nn.Parameter(torch.randn(4, 3, 4, generator=gen) / 2)
+
+    def forward(self, x):
+        groups = x.reshape(*x.shape[:-1], 4, 4)
+        return torch.einsum("...gi,goi->...go", groups, self.weight).reshape(*x.shape[:-1], 12)
+
+
+class GroupedLinearBmm(GroupedLinear):
+    """The same as one batched matmul over the groups."""
+
+    def forward(self, x):
+        groups = x.reshape(-1, 4, 4).transpose(0, 1)  # (groups, rows, inputs)
+        out = torch.bmm(groups, self.weight.transpose(1, 2))  # (groups, rows, outputs)
+        return out.transpose(0, 1).reshape(*x.shape[:-1], 12)
+
+
+grouped_linear = GroupedLinear()
+grouped_linear_bmm = GroupedLinearBmm()

@@ -39,6 +39,11 @@ the reference keeps clearly subnormal results of the same output on the same pro
 result of the operation that makes it, so such a reference's 0s are the rounding of an intermediate (the same
 reference in float16 rounds `dy * weight` in float16's subnormal range, 117 zeros beside 88,733 kept subnormals).
 
+Pruned weights: an nn.Module kernel's weights that the reference holds equal (two or more dimensions) get the
+first half of their rows zeroed alike in both, and NaN and +Inf are injected at each input's first and second
+elements (`SpecialValues.pruned`): a kernel that skips blocks whose weights are all 0 (a pruned group, an idle
+expert) gives finite outputs where the reference's 0 x Inf is NaN.
+
 The probes run in rounds: first, for every case, the last element of each input, the overflow probe and
 the two subnormal probes; then the whole lines and the other positions. A spent search budget (`Subject.out_of_time`) ends the later rounds
 only, and the pass message names the probe it stopped before.
@@ -93,7 +98,7 @@ from kgate.gates.base import Gate, GateResult
 from kgate.gates.distributions import oracle_moves
 from kgate.inputs import Case
 from kgate.oracle import BROKEN_FACTOR, measure
-from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
+from kgate.subject import ModuleState, Subject, rejected_note, unless_rejected, within_domain
 
 _NAMES = {0: "finite", 1: "NaN", 2: "+Inf", 3: "-Inf"}
 _NONFINITE_NAMES = {0: "finite", 1: "non-finite"}
@@ -198,6 +203,60 @@ class SpecialValues(Gate):
                         probe[i].copy_(t.double() / float(top) * peak(t.dtype))
                 yield label, probe, None, None
 
+    def pruned(self, subject: Subject, spread: list, structural: list, devices: list,
+               rounded: list) -> tuple[GateResult | None, int]:
+        """An nn.Module kernel's weights (parameters of two or more dimensions that the reference holds equal,
+        isolation's `ParameterClass`) with the first half of their rows zeroed alike in kernel and reference (a
+        pruned layer, a group or an expert whose weights are all 0), then NaN and +Inf injected at each input's
+        first element and the second along every dimension (`PRUNED_POSITIONS`), in the first case: a kernel
+        that skips the zero blocks (a block-sparse or pruned-group fast path) gives finite outputs where the
+        reference's 0 x Inf is NaN. Everything put back after. Returns (a failure or None, the probes judged)."""
+        from kgate.gates.isolation import parameter_classes  # (isolation imports this gate's neighbours)
+
+        modules = subject.modules()
+        cases = subject.first_seed_cases()
+        if modules is None or not cases or subject.out_of_time():
+            return None, 0
+        try:
+            classes = [c for c in parameter_classes(*modules) if c.kind == "parameter"
+                       and c.reference[0][1].dim() >= 2 and c.reference[0][1].shape[0] >= 2]
+        except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise: not probed
+            return None, 0
+        if not classes:
+            return None, 0
+        case = cases[0]
+        base = subject.baseline(case)
+        state = ModuleState(subject, modules)
+        judged = 0
+        try:
+            with torch.no_grad():
+                for c in classes:
+                    for t in c.tensors():
+                        t[: t.shape[0] // 2] = 0
+            subject.adopt_state()
+            subject.drop_converted_references()
+            args = clone_tree(base.args)
+            for i in self.floats(args):
+                shape = tuple(args[i].shape)
+                for name, index in (("first element", (0,) * len(shape)),
+                                    ("second element along every dimension", tuple(min(1, n - 1) for n in shape))):
+                    for value, label in _INJECTED[:2]:
+                        probe = clone_tree(args)
+                        probe[i][index] = value
+                        oracle = unless_rejected(lambda probe=probe: subject.oracle(probe))
+                        if oracle is None:
+                            continue
+                        judged += 1
+                        where = (f"{label} injected into argument {i} at {list(index)} ({name}), with the first half "
+                                 "of the rows of every weight zeroed alike in kernel and reference (pruned)")
+                        result = self.judge(subject, case, where, probe, oracle, label, spread=spread,
+                                            structural=structural, devices=devices, rounded=rounded)
+                        if result is not None:
+                            return result, judged
+        finally:
+            state.close()
+        return None, judged
+
     @staticmethod
     def lines(args: tuple, floats: list[int]) -> Iterator[tuple[str, tuple, str, tuple]]:
         """Special values filling a whole line of each input: NaN along each dimension, the line through its
@@ -256,6 +315,11 @@ class SpecialValues(Gate):
                                         reference, devices, rounded)
                     if result is not None:
                         return result
+        if cut is None and tried:
+            result, pruned = self.pruned(subject, spread, structural, devices, rounded)
+            if result is not None:
+                return result
+            tried += pruned
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before the probe "
                    f"{cut}: not every position was tried") if cut is not None else ""
         if tried == 0:
