@@ -12,7 +12,15 @@ import torch
 
 from kgate import gates as registry
 from kgate import search
-from kgate.gates.distributions import DISTRIBUTIONS, FRESH_SEEDS, transform
+from kgate.gates.distributions import (
+    BOOLEAN_FAMILIES,
+    DISTRIBUTIONS,
+    FLOATING_FAMILIES,
+    FRESH_SEEDS,
+    INTEGER_FAMILIES,
+    argument_probes,
+    transform,
+)
 from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
 from tests.gate_harness import check, subject_for
 
@@ -102,12 +110,14 @@ def test_distribution_rejected_on_all_arguments_is_judged_one_argument_at_a_time
     result = check("distributions", decayed_keys, decayed_keys_reference, keys_and_gates)
     assert result.verdict == "pass", result.message
     # every probe is counted once: judged (the factory's inputs, fresh seeds, one-argument families the
-    # reference accepts, search transforms inside the domain) or skipped
+    # reference accepts, search transforms inside the domain, permuted copies of each argument) or skipped
     counts = re.search(r"oracle bound held on (\d+) probe.*affine search: (\d+) transform\(s\) \((\d+) outside the "
-                       r"reference domain\).*skipped (\d+) the reference rejects", result.message)
+                       r"reference domain\).*; (\d+) permuted-copies probe.*skipped (\d+) the reference rejects",
+                       result.message)
     assert counts, result.message
-    judged, tries, outside, skipped = map(int, counts.groups())
-    assert judged == 1 + len(FRESH_SEEDS) + (2 * len(DISTRIBUTIONS) - skipped) + (tries - outside)
+    judged, tries, outside, copies, skipped = map(int, counts.groups())
+    assert copies == 2  # permuted copies of normalised keys, and of gates <= 0, stay in the domain
+    assert judged == 1 + len(FRESH_SEEDS) + (2 * len(DISTRIBUTIONS) - skipped) + (tries - outside) + copies
     assert "one argument at a time where the reference rejects all at once: zeros, constant" in result.message
     assert "zeros on argument 0 (" in result.message and "zeros on argument 1 (" not in result.message
 
@@ -375,3 +385,163 @@ def test_signed_zeros_tell_an_angle_that_ignores_the_sign_of_zero():
     bad = check("distributions", _angle_by_octant, _angle_ref, _two_rows)
     assert bad.verdict == "fail" and "'signed zeros'" in bad.message, bad.message
     assert check("distributions", torch.atan2, _angle_ref, _two_rows).verdict == "pass"
+
+
+# --- integer magnitudes and sentinels ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("kernel", "family"), [(violating.hashed_embedding_float_bucket, "past float32's integers"),
+                                                (violating.hashed_embedding_int32, "past int32"),
+                                                (violating.hashed_embedding_fmod, "negated")])
+def test_integer_magnitudes_catch_a_hashed_embedding_bucketed_wrong(kernel, family):
+    """Ids below 50000 are exact in float32 and int32 and never negative: each wrong bucket agrees with the
+    reference's torch.remainder on the factory's ids, and fails on the family that reaches past its range."""
+    assert check("oracle", kernel, correct.hashed_embedding_reference, correct.make_ids).verdict == "pass"
+    result = check("distributions", kernel, correct.hashed_embedding_reference, correct.make_ids)
+    assert result.verdict == "fail" and result.details["argument"] == 1, result.message
+    assert result.message.startswith(f"integer argument 1 as {family!r}"), result.message
+    if family == "negated":  # index_select raises on a negative bucket, where the reference gives a row
+        assert "kernel raised IndexError" in result.message
+
+
+def test_a_remainder_bucket_passes_every_integer_family():
+    result = check("distributions", correct.hashed_embedding, correct.hashed_embedding_reference, correct.make_ids)
+    assert result.verdict == "pass" and "rejects" not in result.message, result.message
+    assert f"{len(INTEGER_FAMILIES)} integer- or boolean-input probe(s)" in result.message
+
+
+def test_positions_through_float16_fail_past_2048_and_float32_positions_pass_past_int32():
+    """Rotary embedding: positions below 2048 are exact in float16. Past 2^24 and 2^31 the float32 reference
+    rounds the positions itself; the bound takes its error, so a kernel that converts them as it does passes."""
+    result = check("distributions", violating.rotary_float16_positions, correct.rotary_reference, correct.make_rotary)
+    assert result.verdict == "fail" and "as \"past float16's integers\"" in result.message, result.message
+    good = check("distributions", correct.rotary, correct.rotary_reference, correct.make_rotary)
+    assert good.verdict == "pass" and "rejects" not in good.message, good.message
+    assert f"{len(INTEGER_FAMILIES)} integer- or boolean-input probe(s)" in good.message
+
+
+def test_ignored_targets_catch_smoothing_summed_over_ignored_rows():
+    """cross_entropy(ignore_index=-100, label_smoothing=0.1): the factory ignores no target; the sentinel -100
+    does, and -1 and the targets past the classes are outside the reference's domain (skipped)."""
+    result = check("distributions", violating.smoothed_cross_entropy_unmasked,
+                   correct.smoothed_cross_entropy_reference, correct.make_logits)
+    assert result.verdict == "fail" and "as 'sentinel -100'" in result.message, result.message
+    good = check("distributions", correct.smoothed_cross_entropy, correct.smoothed_cross_entropy_reference,
+                 correct.make_logits)
+    assert good.verdict == "pass", good.message
+    # judged: repeats, one value, -100; skipped: the five families that leave [0, 10) other than for -100
+    assert "3 integer- or boolean-input probe(s)" in good.message and "skipped 5 the reference rejects" in good.message
+    assert "past float16's integers on argument 1" in good.message, good.message
+
+
+def test_a_divisor_cached_per_shape_is_caught_at_the_same_shape():
+    """The count of non-ignored targets kept from the first call (the factory's inputs) is wrong once the same
+    kernel instance is called, at the same shape, with targets set to -100."""
+    result = check("distributions", violating.SmoothedCrossEntropyCachedCount(),
+                   correct.smoothed_cross_entropy_reference, correct.make_logits)
+    assert result.verdict == "fail" and "as 'sentinel -100'" in result.message, result.message
+
+
+@pytest.mark.parametrize(("dtype", "absent"), [(torch.int64, set()),
+                                               (torch.int32, {"past int32"}),
+                                               (torch.int16, {"past float32's integers", "past int32"}),
+                                               (torch.uint8, set(INTEGER_FAMILIES) - {"integer repeats",
+                                                                                      "integer one value"})])
+def test_integer_families_apply_where_the_dtype_holds_their_values(dtype, absent):
+    ids = torch.randint(0, 200, (4, 16), generator=torch.Generator().manual_seed(1)).to(dtype)
+    probes = {name: probe[0] for name, _, probe in argument_probes((ids,), seed=0)}
+    assert set(probes) == set(INTEGER_FAMILIES) - absent
+    for values in probes.values():
+        assert values.dtype == dtype and values.shape == ids.shape and not torch.equal(values, ids)
+    if "past int32" in probes:
+        assert int(probes["past int32"].min()) > 2**31 and int(probes["past int32"].max()) <= 2**31 + 200
+    if "negated" in probes:
+        assert torch.equal(probes["negated"], -ids.long() - 1)
+    for sentinel in (-1, -100):
+        if f"sentinel {sentinel}" in probes:
+            hit = probes[f"sentinel {sentinel}"] == sentinel
+            assert 0 < hit.sum() < ids.numel() and torch.equal(probes[f"sentinel {sentinel}"][~hit], ids[~hit])
+
+
+def test_on_a_device_values_past_the_arguments_range_reach_the_reference_only_inside_its_host_domain(monkeypatch):
+    """Off the CPU an index out of range is a device-side assert that loses the CUDA context: there a family that
+    leaves the argument's own range is first asked of the float64 oracle on the host, and one it rejects never
+    reaches the reference."""
+    from kgate.gates import distributions
+
+    seen = []
+
+    def plain_embedding(table, ids):  # ids must lie in [0, 1000)
+        if table.dtype == torch.float32:
+            seen.append((int(ids.min()), int(ids.max())))
+        return torch.nn.functional.embedding(ids, table)
+
+    def ids_in_range(seed, shape=None, dtype=torch.float32, device="cpu"):
+        table, ids = correct.make_ids(seed, shape, dtype, device)
+        return table, ids.remainder(1000)
+
+    monkeypatch.setattr(distributions, "_asserts_on_device", lambda subject: True)
+    result = check("distributions", plain_embedding, plain_embedding, ids_in_range)
+    assert result.verdict == "pass" and "negated on argument 1" in result.message, result.message
+    assert seen and all(0 <= lo and hi < 1000 for lo, hi in seen)
+    monkeypatch.setattr(distributions, "_asserts_on_device", lambda subject: False)
+    seen.clear()
+    assert check("distributions", plain_embedding, plain_embedding, ids_in_range).verdict == "pass"
+    assert any(lo < 0 for lo, hi in seen)  # on the CPU the reference itself raises on them
+
+
+# --- permuted copies ------------------------------------------------------------------------------------------
+
+def test_permuted_copies_catch_a_gram_deduped_by_a_permutation_invariant_checksum():
+    result = check("distributions", violating.gram_dedup_by_checksum, correct.gram_reference, correct.make_channels)
+    assert result.verdict == "fail" and result.details["argument"] == 0, result.message
+    assert result.message.startswith("floating argument 0 as 'permuted copies'"), result.message
+    good = check("distributions", correct.gram, correct.gram_reference, correct.make_channels)
+    assert good.verdict == "pass" and "1 permuted-copies probe(s)" in good.message, good.message
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 64), (3, 1, 5, 2), (2, 7)])
+def test_permuted_copies_are_entry_zero_reordered_along_the_next_dimension_of_more_than_one(shape):
+    x = torch.randn(shape)
+    y = FLOATING_FAMILIES["permuted copies"][1](x, torch.Generator().manual_seed(0))
+    dim = next(d for d in range(1, len(shape)) if shape[d] > 1)
+    assert y.shape == x.shape and torch.equal(y[0], x[0])
+    for entry in y[1:]:
+        assert not torch.equal(entry, x[0])
+        assert torch.equal(entry.sort(dim - 1).values, x[0].sort(dim - 1).values)  # the same slices, reordered
+    assert FLOATING_FAMILIES["permuted copies"][1](torch.randn(1, 8), torch.Generator()) is None
+    assert FLOATING_FAMILIES["permuted copies"][1](torch.randn(8), torch.Generator()) is None
+
+
+# --- mask structures -----------------------------------------------------------------------------------------
+
+def test_left_padded_masks_catch_a_kernel_that_assumes_right_padding():
+    """The factory's masks are right-padded; a kernel that skips the mask where every row's last key is valid is
+    right on them and on 'mask all true', and wrong on left padding and on holes."""
+    result = check("distributions", violating.masked_softmax_assumes_right_padding, correct.masked_softmax_reference,
+                   correct.make_attention)
+    assert result.verdict == "fail" and "boolean argument 1 as 'left padding'" in result.message, result.message
+    good = check("distributions", correct.masked_softmax, correct.masked_softmax_reference, correct.make_attention)
+    assert good.verdict == "pass" and f"{len(BOOLEAN_FAMILIES)} integer- or boolean-input" in good.message, \
+        good.message
+
+
+def test_holes_alone_catch_a_kernel_that_assumes_right_padding(monkeypatch):
+    from kgate.gates import distributions
+
+    monkeypatch.setattr(distributions, "BOOLEAN_FAMILIES", {"holes": BOOLEAN_FAMILIES["holes"]})
+    result = check("distributions", violating.masked_softmax_assumes_right_padding, correct.masked_softmax_reference,
+                   correct.make_attention)
+    assert result.verdict == "fail" and "boolean argument 1 as 'holes'" in result.message, result.message
+
+
+def test_mask_structures_along_the_last_dimension():
+    mask = torch.ones(64, 2, 12, dtype=torch.bool)
+    left, right, holes = (BOOLEAN_FAMILIES[name][1](mask, torch.Generator().manual_seed(0))
+                          for name in ("left padding", "right padding", "holes"))
+    for m in (left, right, holes):
+        assert m.shape == mask.shape and m.any(-1).all() and not m.all()
+    count = left.sum(-1, keepdim=True)
+    assert torch.equal(left, torch.arange(12) >= 12 - count)  # leading False, then True
+    assert torch.equal(right, torch.arange(12) < right.sum(-1, keepdim=True))  # True, then trailing False
+    assert holes[..., 0].all() and holes[..., -1].all() and not holes.all()
+    assert BOOLEAN_FAMILIES["holes"][1](torch.ones(4, 2, dtype=torch.bool), torch.Generator()) is None

@@ -457,14 +457,14 @@ def test_special_values_skips_probes_the_reference_rejects_and_still_judges_the_
     result = check("special_values", decayed_keys, decayed_keys_reference, keys_and_gates)
     assert result.verdict == "pass", result.message
     # +-Inf keys and a +Inf gate are outside the domain; so are scaled keys (the overflow probe is
-    # then retried one argument at a time: the gate alone is inside). The keys get 5 positions, the gates 4
-    # (their two seeded draws coincide): NaN keys and NaN and -Inf gates are judged, 5 + 4 + 4 probes, and
+    # then retried one argument at a time: the gate alone is inside). The keys get 7 positions, the gates 6
+    # (their two seeded draws coincide): NaN keys and NaN and -Inf gates are judged, 7 + 6 + 6 probes, and
     # the gate scaled alone. The whole lines: the keys' NaN lines along each of 3 dimensions and NaN in all
     # of them are judged (4), their +-Inf lines rejected (2); the gates' NaN lines (2), all NaN and the -Inf
     # line judged (4), the +Inf line rejected. The two subnormal probes, like the overflow probe, judge the
-    # gate scaled alone and skip the keys scaled: 14 + 8 + 2 judged, 15 + 3 + 2 skipped.
-    assert "NaN/Inf pattern matched the oracle in 24 probe(s)" in result.message
-    assert "skipped 20 the reference rejects: +Inf injected into argument 0 at [3, 15, 7] (last element)" \
+    # gate scaled alone and skip the keys scaled: 20 + 8 + 2 judged, 21 + 3 + 2 skipped.
+    assert "NaN/Inf pattern matched the oracle in 30 probe(s)" in result.message
+    assert "skipped 26 the reference rejects: +Inf injected into argument 0 at [3, 15, 7] (last element)" \
         in result.message
     assert "argument 0 scaled to overflow-prone magnitudes" in result.message
 
@@ -494,9 +494,9 @@ def test_special_values_skipped_when_the_reference_rejects_every_probe():
         return torch.softmax(x, -1)
 
     result = check("special_values", good_softmax, bounded, rows)
-    # 4 positions (the first seeded draw is the last element) x NaN, +Inf, -Inf, the overflow probe, the
+    # 6 positions (the first seeded draw is the last element) x NaN, +Inf, -Inf, the overflow probe, the
     # whole lines (NaN along both dimensions, +-Inf along the last, NaN in all: 5) and the two subnormal probes
-    assert result.verdict == "skip" and "the reference rejects every probe (20:" in result.message
+    assert result.verdict == "skip" and "the reference rejects every probe (26:" in result.message
 
 
 # --- special_values_match: spread ----------------------------------------------------------------------

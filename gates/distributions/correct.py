@@ -160,3 +160,107 @@ def angle(y, x):
     vertical = torch.where(negative_y, -torch.pi / 2, torch.pi / 2)
     out = torch.where(y == 0, on_axis.to(out.dtype), out)
     return torch.where((x == 0) & (y != 0), vertical.to(out.dtype), out)
+
+
+# --- integer magnitudes and sentinels, permuted copies, mask structures -------------------------------------
+
+def make_ids(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """A hashed embedding's table (1000 buckets of 8; 1000 is no power of two, so 2^32 is no multiple of it) and
+    (4, 16) int64 ids below 50000."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(1000, 8, generator=g).to(dtype=dtype, device=device)
+    return table, torch.randint(0, 50000, (4, 16), generator=g).to(device)
+
+
+def hashed_embedding_reference(table, ids):
+    return F.embedding(torch.remainder(ids, table.shape[0]), table)
+
+
+def hashed_embedding(table, ids):
+    """The bucket by torch.remainder on the int64 ids (floored: a row for every id, negative ones too)."""
+    bucket = torch.remainder(ids, table.shape[0])
+    return table.index_select(0, bucket.reshape(-1)).reshape(*ids.shape, table.shape[1])
+
+
+def make_rotary(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Queries (2 sequences of 16 positions, 2 heads of 32) and their int64 positions, consecutive from a random
+    start below 1024 (exact in float16)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 16, 2, 32, generator=g).to(dtype=dtype, device=device)
+    return x, (torch.randint(0, 1024, (2, 1), generator=g) + torch.arange(16)).to(device)
+
+
+def rotary_reference(x, positions):
+    d = x.shape[-1]
+    inv_freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d)
+    angle = (positions.to(x.dtype).unsqueeze(-1) * inv_freq).unsqueeze(-2)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], dim=-1)
+
+
+def rotary(x, positions):
+    """Rotary embedding as a rotation of (x1, x2) pairs; the int64 positions converted to x's dtype as the
+    reference converts them (float32 rounds them past 2^24, and the reference with it)."""
+    d = x.shape[-1]
+    inv_freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d)
+    angle = positions.to(x.dtype)[..., None, None] * inv_freq
+    cos, sin = angle.cos(), angle.sin()
+    x1, x2 = x.unflatten(-1, (2, d // 2)).unbind(-2)
+    return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-2).flatten(-2)
+
+
+def make_logits(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Logits (64 rows of 10 classes) and int64 targets, none of them ignored (-100)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(64, 10, generator=g) * 2).to(dtype=dtype, device=device)
+    return logits, torch.randint(0, 10, (64,), generator=g).to(device)
+
+
+def smoothed_cross_entropy_reference(logits, targets):
+    return F.cross_entropy(logits, targets, ignore_index=-100, label_smoothing=0.1)
+
+
+def smoothed_cross_entropy(logits, targets, smoothing=0.1):
+    """Label-smoothed cross-entropy, mean over the rows whose target is not -100: those rows are out of both
+    terms and of the count (0/0 = NaN where every row is ignored, as the reference)."""
+    logp = torch.log_softmax(logits, dim=-1)
+    valid = targets != -100
+    nll = -logp.gather(-1, torch.where(valid, targets, 0).unsqueeze(-1)).squeeze(-1)
+    per_row = (1 - smoothing) * nll - smoothing * logp.mean(dim=-1)
+    return torch.where(valid, per_row, 0.0).sum() / valid.sum()
+
+
+def make_channels(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """A batch of 4 images of 3 channels x 64 pixels, flattened: (4, 3, 64)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(4, 3, 64, generator=g).to(dtype=dtype, device=device),)
+
+
+def gram_reference(x):
+    return x @ x.transpose(1, 2)
+
+
+def gram(x):
+    """The channels' Gram matrix of every batch entry."""
+    return torch.bmm(x, x.transpose(1, 2))
+
+
+def make_attention(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Attention scores (8 sequences, 4 queries, 16 keys) and a key mask (8, 16): a valid prefix of 1 to 15 keys
+    per sequence (every sequence right-padded)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = (torch.randn(8, 4, 16, generator=g) * 2).to(dtype=dtype, device=device)
+    lengths = torch.randint(1, 16, (8, 1), generator=g)
+    return scores, (torch.arange(16) < lengths).to(device)
+
+
+def masked_softmax_reference(scores, mask):
+    return scores.masked_fill(~mask.unsqueeze(1), float("-inf")).softmax(dim=-1)
+
+
+def masked_softmax(scores, mask):
+    """-inf at every masked key, always, then a softmax from the row's maximum (NaN where no key is valid, as the
+    reference)."""
+    z = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
+    e = torch.exp(z - z.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)

@@ -80,3 +80,88 @@ def angle_by_comparisons(y, x):
     out = torch.where(x < 0, base + turn, base)
     vertical = torch.where(y < 0, -torch.pi / 2, torch.where(y > 0, torch.pi / 2, 0.0))
     return torch.where(x == 0, vertical.to(out.dtype), out)
+
+
+def hashed_embedding_float_bucket(table, ids):
+    """A hashed embedding's bucket as id - floor(id / n) * n in float32: exact for ids below 2^24, the wrong row
+    for odd ids past it, which float32 rounds (the integer family 'past float32's integers')."""
+    n, f = table.shape[0], ids.float()
+    bucket = (f - torch.floor(f / n) * n).long()
+    return table.index_select(0, bucket.reshape(-1)).reshape(*ids.shape, table.shape[1])
+
+
+def hashed_embedding_int32(table, ids):
+    """The ids narrowed to int32 before the remainder: they wrap past 2^31 (the integer family 'past int32')."""
+    bucket = torch.remainder(ids.to(torch.int32), table.shape[0]).long()
+    return table.index_select(0, bucket.reshape(-1)).reshape(*ids.shape, table.shape[1])
+
+
+def hashed_embedding_fmod(table, ids):
+    """The bucket by torch.fmod (truncated: negative for a negative id), fed to index_select, which raises where
+    the reference's floored remainder gives a row (the integer family 'negated')."""
+    bucket = torch.fmod(ids, table.shape[0])
+    return table.index_select(0, bucket.reshape(-1)).reshape(*ids.shape, table.shape[1])
+
+
+def rotary_float16_positions(x, positions):
+    """Rotary embedding whose positions go through float16 before they meet inv_freq: exact up to 2048, every odd
+    position rounded past it (the integer family 'past float16's integers')."""
+    d = x.shape[-1]
+    inv_freq = 10000.0 ** (-torch.arange(0, d, 2, dtype=x.dtype, device=x.device) / d)
+    angle = (positions.to(torch.float16).to(x.dtype).unsqueeze(-1) * inv_freq).unsqueeze(-2)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], dim=-1)
+
+
+def smoothed_cross_entropy_unmasked(logits, targets, smoothing=0.1):
+    """Label-smoothed cross-entropy whose smoothing term is summed over every row, ignored ones (target -100)
+    too: right while no target is ignored (the integer family 'sentinel -100')."""
+    logp = torch.log_softmax(logits, dim=-1)
+    valid = targets != -100
+    nll = -logp.gather(-1, torch.where(valid, targets, 0).unsqueeze(-1)).squeeze(-1)
+    return ((1 - smoothing) * torch.where(valid, nll, 0.0).sum() - smoothing * logp.mean(dim=-1).sum()) / valid.sum()
+
+
+class SmoothedCrossEntropyCachedCount:
+    """Label-smoothed cross-entropy, masked right, whose divisor (the number of targets not -100) is counted on the
+    first call at each shape and kept: right on the factory's inputs, wrong once other targets are ignored at the
+    same shape (the integer family 'sentinel -100', judged after the factory's inputs on the same instance)."""
+
+    def __init__(self):
+        self.counts = {}
+
+    def __call__(self, logits, targets, smoothing=0.1):
+        logp = torch.log_softmax(logits, dim=-1)
+        valid = targets != -100
+        count = self.counts.setdefault(tuple(targets.shape), valid.sum())
+        nll = -logp.gather(-1, torch.where(valid, targets, 0).unsqueeze(-1)).squeeze(-1)
+        per_row = (1 - smoothing) * nll - smoothing * logp.mean(dim=-1)
+        return torch.where(valid, per_row, 0.0).sum() / count
+
+
+smoothed_cross_entropy_cached_count = SmoothedCrossEntropyCachedCount()
+
+
+def gram_dedup_by_checksum(x):
+    """Batched Gram matrices x @ x^T, one per distinct (sum, sum of squares) of a batch entry (of its values sorted:
+    the same for any order of the same values), shared among the entries whose checksums are equal: a permuted
+    copy (a channel-permuted image) gets the original's (the floating family 'permuted copies')."""
+    out = torch.empty(x.shape[0], x.shape[1], x.shape[1], dtype=x.dtype, device=x.device)
+    grams = {}
+    for b in range(x.shape[0]):
+        values = x[b].double().reshape(-1).sort().values
+        key = (float(values.sum()), float((values * values).sum()))
+        if key not in grams:
+            grams[key] = x[b] @ x[b].T
+        out[b] = grams[key]
+    return out
+
+
+def masked_softmax_assumes_right_padding(scores, mask):
+    """Masked softmax that skips the mask when every row's last key is valid, taking that for "nothing padded"
+    (right padding assumed): wrong on left-padded masks and masks with holes (the boolean family 'left padding')."""
+    if bool(mask[:, -1].all()):
+        return torch.softmax(scores, dim=-1)
+    z = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
+    e = torch.exp(z - z.amax(dim=-1, keepdim=True))
+    return e / e.sum(dim=-1, keepdim=True)

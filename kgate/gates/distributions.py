@@ -13,31 +13,53 @@ affine transforms of the factory's inputs
 (scale and offset, per argument and jointly: `kgate.search`), time-boxed (`SEARCH_SECONDS`, at most
 `SEARCH_SHARE` of the gate's time limit, and the worker's search deadline). Before them, the factory's inputs at
 fresh seeds that the manifest does not list (the factory's own inputs are judged first: a kernel that
-fails there is not failing because of a distribution). Integer inputs, one at a time, are drawn from their
-own values with replacement (repeated values: a scatter that stores where it must add) and set to one value
-(`INTEGER_FAMILIES`); boolean ones (masks) select nothing, everything, or their own values drawn with
-replacement (`BOOLEAN_FAMILIES`: a mask that selects nothing makes an empty selection's 0/0); the
-distributions leave them alone. Where the oracle and the reference both give NaN, the kernel must not be
-finite (`kgate.shrink.nan_lost`, tolerance-free). Judged like the
+fails there is not failing because of a distribution). Where the oracle and the reference both give NaN, the
+kernel must not be finite (`kgate.shrink.nan_lost`, tolerance-free). Judged like the
 oracle gate (bound calibrated from the reference's own error on the same inputs); a kernel that
 raises where the reference accepts the inputs fails.
+
+Between the distributions and the search, families of one argument at a time, the others as the factory
+made them (the distributions leave integer and boolean inputs alone). They run on the kernel instance that
+the factory's inputs ran on, at the same shapes: a value cached per shape on the first call (a mean's
+divisor) meets values it does not fit.
+- Integer inputs (`INTEGER_FAMILIES`): their own values drawn with replacement (repeated values: a scatter
+  that stores where it must add) and set to one value; and values past their own range, each only where the
+  argument's dtype holds them: x + 2049 (odd integers above 2048, which float16 rounds), x + 2^24 + 1 (above
+  float32's exact integers), x + 2^31 + 1 (past int32: ids narrowed to int32 wrap), -x - 1 (negative ids: a
+  floored remainder and a truncated fmod differ; an index that goes negative), and about a quarter of the
+  values set to -1 or to -100 (padding ids; cross_entropy's ignore_index). A kernel that converts its ids or
+  positions to a narrower type, or computes a bucket in floating point, is exact on small ids only.
+- Boolean inputs (masks, `BOOLEAN_FAMILIES`): nothing selected (an empty selection's 0/0), everything
+  selected, their own values drawn with replacement, and along the last dimension left padding (leading
+  False), right padding (trailing False) and holes (False runs inside rows, the ends True): a kernel that
+  infers the padding side from the mask (skips it where every row's last key is valid) is right on one.
+- Floating-point inputs of at least 2 dimensions and 2 entries along the first (`FLOATING_FAMILIES`):
+  permuted copies, every entry along dimension 0 entry 0 with its elements permuted (seeded, never the
+  identity) along the next dimension of more than one element (RGB and BGR). They are equal under every
+  permutation-invariant checksum (sum, sum of squares, a sorted hash): a cache that dedupes entries by one
+  shares one entry's result among them.
+These are not shrunk: a failure names the family and the argument.
 
 A reference declares its domain by raising on inputs outside it. Where it rejects a distribution on
 all inputs at once, the distribution is applied to one floating-point argument at a time (the others
 keep the factory's values, `kgate.subject.within_domain`), and each such probe the reference accepts
 is judged; the probes it rejects are skipped and listed in the pass message. Ordinary kernels pay
-nothing for this: the all-at-once probe comes first.
+nothing for this: the all-at-once probe comes first. Off the CPU a reference does not raise on an index out
+of range: a device-side assert loses the CUDA context. There an integer probe whose values leave the
+argument's own range is given first to the float64 oracle on the host, and is skipped where that rejects it
+or the host cannot hold it.
 
 On the two degenerate distributions (zeros, a constant) the exact output is often exactly zero and the
 reference exact by structure (Welford's mean of equal values), so the bound would be 0 and an ulp of
 rounding in the kernel, amplified by a normalization's 1/sqrt(eps), a failure. There the bound's floor
 (ulps x eps x magnitude) takes the larger of the output's magnitude here and at the factory's inputs
 (`FLOOR_FROM_FACTORY`): an error below a few ulps of the output's usual size is not a finding; a
-non-finite output, or a wrong one, still is. On the other distributions the same floor holds for an output
-whose oracle is 0 throughout on the probe (`AtZero`: a gradient every underflowed decay makes exactly 0,
+non-finite output, or a wrong one, still is. On the other distributions and the per-argument families the
+same floor holds for an output whose oracle is 0 throughout on the probe (`AtZero`: a gradient every underflowed decay makes exactly 0,
 which a kernel may form by an identity whose terms are not 0).
 
-On the drawn distributions and the search's transforms the bound takes the input sensitivity
+On the drawn distributions, the per-argument families and the search's transforms the bound takes the
+input sensitivity
 (`input_sensitivity`: how far the oracle moves when every input moves by an ulp of its dtype) as the
 least reference error: a reference that computes wider inside (torch's CPU reductions) stays nearly exact
 on values that share a large offset, where any computation in the kernel's dtype rounds at the offset's
@@ -55,7 +77,7 @@ marginal miss of its own. A failure names the family or the transform.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -159,44 +181,148 @@ def _resampled(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return flat[picks.to(flat.device)].reshape(t.shape)
 
 
-# Integer inputs (indices, labels, lengths), one argument at a time: values from its own set, so that they stay
-# inside whatever range the problem gives them, in patterns random draws rarely make.
-INTEGER_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor]]] = {
+def _fits(dtype: torch.dtype, *values: int) -> bool:
+    info = torch.iinfo(dtype)
+    return all(info.min <= v <= info.max for v in values)
+
+
+def _shifted(by: int) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]:
+    """x + by, where every value fits the argument's dtype."""
+    return lambda t, g: t + by if _fits(t.dtype, int(t.min()) + by, int(t.max()) + by) else None
+
+
+def _negated(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+    return -t - 1 if _fits(t.dtype, -int(t.max()) - 1, -int(t.min()) - 1) else None
+
+
+def _sentinel(value: int) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]:
+    """About a quarter of the values (seeded) set to `value`, where the dtype holds it."""
+    def make(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+        if not _fits(t.dtype, value):
+            return None
+        return t.masked_fill((torch.rand(t.shape, generator=g, device=g.device) < 0.25).to(t.device), value)
+    return make
+
+
+# Integer inputs (indices, labels, positions, ids), one argument at a time: from its own value set (repeated
+# values, one value), in patterns random draws rarely make; and past it, each only where the dtype holds the
+# values: magnitudes past the integers that float16 (2048) and float32 (2^24) hold exactly and past int32 (a
+# kernel that converts them, or narrows them, rounds or wraps there), their negations (floored and truncated
+# remainders differ there), and the sentinels -1 and -100 (padding, cross_entropy's ignore_index). A family
+# that makes None is not applied.
+INTEGER_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
     "integer repeats": ("its own values drawn with replacement (repeated values: duplicate indices)", _resampled),
     "integer one value": ("every value equal to its first", lambda t, g: t.reshape(-1)[:1].expand(t.shape).clone()),
+    "past float16's integers": ("x + 2049 (odd integers above 2048, which float16 rounds)", _shifted(2049)),
+    "past float32's integers": ("x + 2^24 + 1 (odd integers above 2^24, which float32 rounds)", _shifted(2**24 + 1)),
+    "past int32": ("x + 2^31 + 1 (past int32's largest value)", _shifted(2**31 + 1)),
+    "negated": ("-x - 1 (negative values: floored and truncated remainders differ)", _negated),
+    "sentinel -1": ("about a quarter of the values set to -1 (padding)", _sentinel(-1)),
+    "sentinel -100": ("about a quarter of the values set to -100 (cross_entropy's ignore_index)", _sentinel(-100)),
 }
 
 
-# Boolean inputs (masks), one argument at a time: nothing selected, everything selected, and its own values
-# drawn with replacement. A mask that selects nothing makes an empty selection's 0/0, which random masks
-# rarely do.
-BOOLEAN_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor]]] = {
+def _padded(left: bool) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor]:
+    """Every row (last dimension) a seeded number (at least 1) of True, after the False (`left`) or before."""
+    def make(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        n = t.shape[-1]
+        valid = torch.randint(1, n + 1, (t.numel() // n, 1), generator=g, device=g.device)
+        position = torch.arange(n, device=g.device)
+        return (position >= n - valid if left else position < valid).reshape(t.shape).to(t.device)
+    return make
+
+
+def _holes(t: torch.Tensor, g: torch.Generator, runs: int = 2) -> torch.Tensor | None:
+    """Every row (last dimension) True but for `runs` seeded runs of False inside it (its ends stay True)."""
+    n = t.shape[-1]
+    if n < 3:
+        return None
+    start = torch.randint(1, n - 1, (t.numel() // n, runs, 1), generator=g, device=g.device)
+    stop = (start + torch.randint(1, n // 4 + 2, start.shape, generator=g, device=g.device)).clamp(max=n - 1)
+    position = torch.arange(n, device=g.device)
+    return ~((position >= start) & (position < stop)).any(1).reshape(t.shape).to(t.device)
+
+
+# Boolean inputs (masks), one argument at a time: nothing selected, everything selected, its own values drawn
+# with replacement, and the structures of real masks along the last dimension: left padding (leading False),
+# right padding (trailing False), holes (False runs inside rows). A mask that selects nothing makes an empty
+# selection's 0/0, which random masks rarely do; a kernel that infers the padding side (skips the mask where
+# every row's last key is valid) is right on one structure only.
+BOOLEAN_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
     "mask all false": ("every value False", lambda t, g: torch.zeros_like(t)),
     "mask all true": ("every value True", lambda t, g: torch.ones_like(t)),
     "mask repeats": ("its own values drawn with replacement", _resampled),
+    "left padding": ("every row (last dimension) a seeded number of False, then True (at least one)", _padded(True)),
+    "right padding": ("every row (last dimension) True (at least one), then a seeded number of False",
+                      _padded(False)),
+    "holes": ("every row (last dimension) True but for two seeded runs of False inside it", _holes),
 }
 
 
-ALL_DISCRETE = {**INTEGER_FAMILIES, **BOOLEAN_FAMILIES}
+def _permuted_copies(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+    """Entry 0 along dimension 0, then every other entry as entry 0 with its elements permuted along the first
+    other dimension of more than one element (a seeded permutation each, never the identity)."""
+    dims = [d for d in range(1, t.dim()) if t.shape[d] > 1]
+    if t.dim() < 2 or t.shape[0] < 2 or not dims:
+        return None
+    d, n, copies = dims[0], t.shape[dims[0]], t.shape[0] - 1
+    perms = torch.rand((copies, n), generator=g, device=g.device).argsort(-1)
+    identity = (perms == torch.arange(n, device=perms.device)).all(-1)
+    perms[identity] = perms[identity].roll(1, -1)
+    picked = t[:1].index_select(d, perms.reshape(-1).to(t.device))  # (1, ..., copies x n at d, ...)
+    return torch.cat([t[:1], picked.unflatten(d, (copies, n)).movedim(d, 0).squeeze(1)])
 
 
-def integer_probes(args: tuple, seed: int) -> list[tuple[str, int, tuple]]:
-    """(family, argument, inputs) for each integer or boolean tensor argument of more than one element and
-    each family of INTEGER_FAMILIES (BOOLEAN_FAMILIES for a boolean one) whose values differ from the
-    argument's own; the other arguments unchanged."""
-    out = []
+# Floating-point inputs of at least 2 dimensions and 2 entries along the first, one argument at a time: entries
+# that are permuted copies of one another (a channel-permuted image: RGB and BGR). They are equal under every
+# permutation-invariant checksum (sum, sum of squares, a sorted hash), and their results differ wherever the
+# computation reads the order: a cache that dedupes entries by such a checksum shares one entry's result.
+FLOATING_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
+    "permuted copies": ("every entry along dimension 0 is entry 0 with its elements permuted (seeded) along the "
+                        "next dimension of more than one element", _permuted_copies),
+}
+
+
+ARGUMENT_FAMILIES = {**INTEGER_FAMILIES, **BOOLEAN_FAMILIES, **FLOATING_FAMILIES}
+
+
+def argument_probes(args: tuple, seed: int) -> Iterator[tuple[str, int, tuple]]:
+    """(family, argument, inputs) for each tensor argument of more than one element and each family of
+    INTEGER_FAMILIES, BOOLEAN_FAMILIES or FLOATING_FAMILIES (by its dtype; complex ones have none) that applies
+    to it and whose values differ from the argument's own; the other arguments unchanged. One at a time: each
+    holds a copy of every input."""
     for i, a in enumerate(args):
-        if not isinstance(a, torch.Tensor) or a.is_floating_point() or a.is_complex() or a.numel() < 2:
+        if not isinstance(a, torch.Tensor) or a.is_complex() or a.numel() < 2:
             continue
-        families = BOOLEAN_FAMILIES if a.dtype == torch.bool else INTEGER_FAMILIES
+        families = (FLOATING_FAMILIES if a.is_floating_point() else BOOLEAN_FAMILIES if a.dtype == torch.bool
+                    else INTEGER_FAMILIES)
         for name, (_, make) in families.items():
-            values = make(a, torch.Generator(device=a.device).manual_seed(seed))
-            if torch.equal(values, a):
+            values = make(a.detach(), torch.Generator(device=a.device).manual_seed(seed))
+            if values is None or torch.equal(values, a):
                 continue
             probe = list(clone_tree(args))
             probe[i] = values
-            out.append((name, i, tuple(probe)))
-    return out
+            yield name, i, tuple(probe)
+
+
+def _leaves_range(original: torch.Tensor, values: torch.Tensor) -> bool:
+    """Whether integer `values` reach outside the range of the argument's own values."""
+    if original.is_floating_point() or original.dtype == torch.bool:
+        return False
+    return int(values.min()) < int(original.min()) or int(values.max()) > int(original.max())
+
+
+def _asserts_on_device(subject: Subject) -> bool:
+    """Whether the reference runs where an index out of range is a device-side assert, which loses the context
+    (every device but the CPU), rather than an exception."""
+    return subject.device.type != "cpu"
+
+
+def _host_rejects(subject: Subject, probe: tuple) -> bool:
+    """Whether the float64 oracle on the CPU rejects `probe`, or the host cannot hold it."""
+    if subject.oracle_device.type == "cpu":
+        return unless_rejected(lambda: subject.oracle(probe)) is None
+    return subject.oracle_on_cpu(probe) is None
 
 
 def transform(args: tuple, name: str, seed: int) -> tuple:
@@ -240,8 +366,8 @@ def _magnitudes(oracle) -> dict[str, float]:
 
 class Distributions(Gate):
     name = "distributions"
-    summary = ("oracle bound holds on zeros, constants, offsets, huge/tiny/subnormal values, heavy tails, fresh seeds and "
-               "a seeded affine search")
+    summary = ("oracle bound holds on zeros, constants, offsets, huge/tiny/subnormal values, heavy tails, fresh seeds, "
+               "integers past narrower types, sentinels, mask structures, permuted copies and a seeded affine search")
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
@@ -290,20 +416,25 @@ class Distributions(Gate):
                     if outcome is not False:
                         return self._fail(subject, case, _family(name, argument), base.args, inputs, outcome,
                                           evidence, argument, scales)
-        integers = 0
+        counts = {"integer": 0, "boolean": 0, "floating": 0}
         for case in cases:
             base = subject.baseline(case)
-            for name, argument, probe in integer_probes(base.args, case.seed):
-                outcome = self._judge(subject, subject.conform(base.args, probe), case, evidence)
+            at_zero = AtZero(_magnitudes(base.oracle))
+            for name, argument, probe in argument_probes(base.args, case.seed):
+                probe = subject.conform(base.args, probe)
+                outside = _leaves_range(base.args[argument], probe[argument]) and _asserts_on_device(subject) \
+                    and _host_rejects(subject, probe)
+                outcome = None if outside else self._judge(subject, probe, case, evidence, at_zero)
                 if outcome is None:
                     rejected.append(f"{name} on argument {argument} ({case.label()})")
                     continue
+                kind = "boolean" if name in BOOLEAN_FAMILIES else "integer" if name in INTEGER_FAMILIES \
+                    else "floating"
                 probes += 1
-                integers += 1
+                counts[kind] += 1
                 if outcome is not False:
-                    kind = "boolean" if name in BOOLEAN_FAMILIES else "integer"
                     return self._report(subject, case, f"{kind} argument {argument} as {name!r} "
-                                        f"({ALL_DISCRETE[name][0]})", outcome, evidence, "", argument)
+                                        f"({ARGUMENT_FAMILIES[name][0]})", outcome, evidence, "", argument)
         searched: list[Searched] = []
         for case in cases:
             base = subject.baseline(case)
@@ -344,8 +475,10 @@ class Distributions(Gate):
                         f"{'' if all(f.complete for f in searched) else ' (time box spent in some case)'}")
             if worst.worst is not None:
                 message += f", the worst {worst.worst_value:.2g} x bound ({worst.worst.describe()})"
-        if integers:
-            message += f"; {integers} integer- or boolean-input probe(s)"
+        if counts["integer"] or counts["boolean"]:
+            message += f"; {counts['integer'] + counts['boolean']} integer- or boolean-input probe(s)"
+        if counts["floating"]:
+            message += f"; {counts['floating']} permuted-copies probe(s)"
         if per_argument:
             message += (f"; one argument at a time where the reference rejects all at once: "
                         f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
