@@ -545,3 +545,23 @@ def test_mask_structures_along_the_last_dimension():
     assert torch.equal(right, torch.arange(12) < right.sum(-1, keepdim=True))  # True, then trailing False
     assert holes[..., 0].all() and holes[..., -1].all() and not holes.all()
     assert BOOLEAN_FAMILIES["holes"][1](torch.ones(4, 2, dtype=torch.bool), torch.Generator()) is None
+
+
+def test_rounding_ties_catch_halves_rounded_away_from_zero_judged_without_the_input_sensitivity(monkeypatch):
+    result = check("distributions", violating.fake_quant_round_half_away, correct.fake_quant_reference,
+                   correct.make_activations)
+    assert result.verdict == "fail" and "'rounding ties'" in result.message, result.message
+    passed = check("distributions", correct.fake_quant_codes, correct.fake_quant_reference, correct.make_activations)
+    assert passed.verdict == "pass", passed.message
+    from kgate.gates import distributions
+
+    # with the input sensitivity as the least reference error, a tie's step (an ulp flips it) excuses any rule
+    monkeypatch.setattr(distributions, "EXACT_INPUTS", ())
+    assert check("distributions", violating.fake_quant_round_half_away, correct.fake_quant_reference,
+                 correct.make_activations).verdict == "pass"
+
+
+def test_rounding_ties_are_exact_halves_with_each_rows_absmax_127():
+    ties = transform((torch.randn(4, 9),), "rounding ties", 3)[0]
+    assert torch.equal(ties.abs().amax(-1), torch.full((4,), 127.0))
+    assert torch.equal(ties[:, 1:] - ties[:, 1:].floor(), torch.full((4, 8), 0.5))

@@ -264,3 +264,22 @@ def masked_softmax(scores, mask):
     z = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
     e = torch.exp(z - z.amax(dim=-1, keepdim=True))
     return e / e.sum(dim=-1, keepdim=True)
+
+
+def make_activations(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (8, 64), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+def fake_quant_reference(x):
+    """Per-row symmetric int8 quantise-dequantise: scale = absmax / 127, torch.round (half to even)."""
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+    return torch.round(x / scale).clamp(-127, 127) * scale
+
+
+def fake_quant_codes(x):
+    """The same through int8 codes, the quotient as a product by the reciprocal scale (exact where the scale
+    is a power of two, as on the ties)."""
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+    codes = torch.round(x * (1 / scale)).clamp(-127, 127).to(torch.int8)
+    return codes.to(x.dtype) * scale

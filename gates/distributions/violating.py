@@ -165,3 +165,11 @@ def masked_softmax_assumes_right_padding(scores, mask):
     z = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
     e = torch.exp(z - z.amax(dim=-1, keepdim=True))
     return e / e.sum(dim=-1, keepdim=True)
+
+
+def fake_quant_round_half_away(x):
+    """Per-row int8 fake quantisation that rounds as C's roundf, copysign(floor(|v| + 0.5), v): halves away from
+    zero where torch.round goes to even, one step off on every exact tie (values on the int8 grid's midpoints)."""
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
+    v = x / scale
+    return torch.copysign(torch.floor(v.abs() + 0.5), v).clamp(-127, 127) * scale

@@ -8,7 +8,9 @@ sqrt of the smallest normal); subnormals (every magnitude below the smallest nor
 `OFFSET` spreads above zero (where a one-pass variance cancels) and below it (rows that lie entirely far
 below zero: a running maximum started at 0 underflows there); constant rows; mixed signs over 8
 decades; near-overflow (a sixteenth of the dtype's largest value) and near-underflow (8 x its smallest
-normal) magnitudes; signed zeros (half the values +0.0 or -0.0). After them, a short seeded search over
+normal) magnitudes; signed zeros (half the values +0.0 or -0.0); rounding ties (half-integers, each row's first
+value +-127: the int8 grid at scale 1, where rounding half to even and half away from zero differ; judged
+without the input sensitivity below, as its values are exact). After them, a short seeded search over
 affine transforms of the factory's inputs
 (scale and offset, per argument and jointly: `kgate.search`), time-boxed (`SEARCH_SECONDS`, at most
 `SEARCH_SHARE` of the gate's time limit, and the worker's search deadline). Before them, the factory's inputs at
@@ -91,6 +93,9 @@ from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
 
 FRESH_SEEDS = (104729, 1299709)
 FLOOR_FROM_FACTORY = ("zeros", "constant", "constant rows")
+# distributions whose values are exact by construction: judged without the input sensitivity (on ties a move of
+# an ulp moves a rounding by a whole step, which would excuse any tie rule)
+EXACT_INPUTS = ("rounding ties",)
 OFFSET = 1000.0  # a common offset this many spreads from zero is large against the spread
 SHRINK_MAX_ELEMENTS = 1 << 18
 SEARCH_SECONDS = 10.0  # the affine search's time box per case (at most SEARCH_SHARE of the gate's time limit)
@@ -164,7 +169,21 @@ DISTRIBUTIONS: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator, tor
     "near-underflow": ("magnitudes up to 8 x the smallest normal", lambda t, g, d: _peak(t, 8 * torch.finfo(d).tiny)),
     "signed zeros": ("half the values +0.0 or -0.0, the sign drawn (atan2, copysign, 1/x and sorts tell them "
                      "apart)", lambda t, g, d: _signed_zeros(t, g)),
+    "rounding ties": ("half-integers in [-127.5, 126.5] with every row's first value +-127 (an int8 grid whose "
+                      "absmax scale is 1: round-half-to-even and round-half-away-from-zero differ on every value)",
+                      lambda t, g, d: _ties(t, g)),
 }
+
+
+def _ties(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    """Values k + 0.5 (k uniform in [-128, 126]), the first of every row (last dimension) +-127: exact in every
+    floating dtype, and exactly halfway between two integers wherever a kernel rounds them at scale 1 (a row's
+    absmax over 127, the int8 quantization grid, is 1 here)."""
+    values = torch.floor(_uniform(t, g) * 255) - 128 + 0.5
+    if t.dim():
+        sign = torch.where(_uniform(t[..., :1], g) < 0.5, -1.0, 1.0)
+        values[..., :1] = 127 * sign
+    return values
 
 
 def _signed_zeros(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -401,8 +420,8 @@ class Distributions(Gate):
                 scales = usual if name in FLOOR_FROM_FACTORY else AtZero(usual)
 
                 def judge(probe: tuple, argument: int | None, case: Case = case,
-                          scales: dict[str, float] | None = scales) -> Finding | bool | None:
-                    return self._judge(subject, probe, case, evidence, scales)
+                          scales: dict[str, float] | None = scales, name: str = name) -> Finding | bool | None:
+                    return self._judge(subject, probe, case, evidence, scales, exact=name in EXACT_INPUTS)
 
                 probe = transform(base.args, name, case.seed)
                 for argument, inputs, outcome in within_domain(base.args, probe, floats, judge, subject.conform):
@@ -486,10 +505,12 @@ class Distributions(Gate):
 
     @staticmethod
     def _judge(subject: Subject, probe: tuple, case: Case, evidence: list | None,
-               scales: dict[str, float] | None = None, ratios: list[float] | None = None) -> Finding | bool | None:
+               scales: dict[str, float] | None = None, ratios: list[float] | None = None, *,
+               exact: bool = False) -> Finding | bool | None:
         """A Finding if the kernel fails on `probe`, False if it passes, None if the reference rejects it
         (`scales`: the output magnitudes each leaf's floor is at least taken of; `ratios` gets the worst
-        error / bound). Outputs the reference itself gives as NaN/Inf where the oracle is finite (it
+        error / bound; `exact`: the probe's values are exact by construction, so the input sensitivity is not
+        taken as the least reference error: the inputs carry no rounding of their own). Outputs the reference itself gives as NaN/Inf where the oracle is finite (it
         overflows in its dtype on these values) are not judged: such inputs say nothing about a kernel."""
         outputs = unless_rejected(lambda: (subject.run_reference(clone_tree(probe)), subject.oracle(probe)))
         if outputs is None:
@@ -499,7 +520,7 @@ class Distributions(Gate):
             now = _magnitudes(oracle)
             scales = {path: m for path, m in scales.items() if now.get(path) == 0.0}
         finding, leaves = judge_probe(subject, probe, reference, where_reference_finite(reference, oracle), scales,
-                                      input_sensitivity(subject, probe, oracle), truth=oracle)
+                                      None if exact else input_sensitivity(subject, probe, oracle), truth=oracle)
         if evidence is not None:
             evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
         if ratios is not None:
