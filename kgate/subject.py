@@ -147,6 +147,15 @@ FIRST_CALL_BYTES = 256 * 2**20  # a first call whose inputs and outputs hold mor
 FIRST_CALLS = 4  # the first calls kept: an autotuner that times a few configurations calls each once
 
 
+def parameter_prints(module: torch.nn.Module) -> dict[str, tuple[float, float]]:
+    """Per parameter of `module`, by name: the sum and the sum of squares of its values in float64, which a
+    change of its values moves (the contract gate tells a parameter the kernel changed in a call: a fold made
+    in place at its first call)."""
+    with torch.no_grad():
+        return {n: (float(p.detach().double().sum()), float(p.detach().double().square().sum()))
+                for n, p in module.named_parameters() if p.is_floating_point()}
+
+
 class FirstCall:
     """Copies of the inputs and the outputs of the first FIRST_CALLS calls of a kernel or reference in this
     process (those that fit in FIRST_CALL_BYTES together; none where a call raised or some leaf is not a
@@ -157,6 +166,8 @@ class FirstCall:
     first call's way again whenever that configuration wins, so only another of its first calls shows it."""
 
     def __init__(self) -> None:
+        # a module's parameters before its first call, by name (`parameter_prints`): the contract gate compares
+        self.parameters: dict[str, tuple[float, float]] | None = None
         self.calls: list[tuple[tuple, list[tuple[str, torch.Tensor]]]] = []  # (inputs, [(path, output)])
         self.seen = False  # the first calls were made (kept or not)
         self._made = 0
@@ -200,8 +211,9 @@ class FirstCall:
 
     def watch(self, module: torch.nn.Module) -> None:
         """Record `module`'s first forward calls (hooks, removed after them: a model called directly, as the
-        audit's standard test calls it, before any Subject exists)."""
+        audit's standard test calls it, before any Subject exists), and its parameters as built."""
         handles: list[Any] = []
+        self.parameters = parameter_prints(module)
 
         def pre(_module: Any, args: tuple) -> None:
             self.before(args)
@@ -262,6 +274,10 @@ class Subject:
             if isinstance(dispatch, DtypeDispatch):
                 dispatch.prepare = self._prepare_reference
         self._initial_buffers = ModuleState(self, modules, parameters=False) if modules is not None else None
+        if modules is not None:  # (the audit's worker records them before its standard test: `FirstCall.watch`)
+            for role, module in zip(("kernel", "reference"), modules):
+                if self.first_calls[role].parameters is None:
+                    self.first_calls[role].parameters = parameter_prints(module)
 
     def conform(self, original: tuple, probe: tuple) -> tuple:
         """A probing gate's changed copy of `original`, brought back inside the inputs' domain where the
@@ -591,6 +607,10 @@ class ModuleState:
         if sum(_module_bytes(m) for _, copies in self._copies for m in copies.values()) > KEEP_CONVERTED_BYTES:
             self._copies = []
         subject.drop_converted_references()
+
+    def saved(self) -> dict[int, torch.Tensor]:
+        """The saved copy of each tensor, by the tensor's id (one copy may serve several equal tensors)."""
+        return {id(t): saved for t, saved in self._saved}
 
     def restore(self) -> None:
         with torch.no_grad():

@@ -364,3 +364,28 @@ def test_module_buffers_are_compared_on_a_case_in_the_modules_own_dtype_only():
         other.message, other.message
     own = check("contract", _TotalsForgotten(), _Totals(), values, dtypes=["float32", "float64"])
     assert own.verdict == "fail" and "'total'" in own.message, own.message
+
+
+def test_an_output_that_is_a_view_of_the_modules_parameter_fails():
+    result = check("contract", _violating.PositionTableSpanView(), _correct.PositionTable(), _correct.make_ids,
+                   shapes=[[1, 6]])
+    assert result.verdict == "fail" and "shares memory with the kernel's 'table'" in result.message, result.message
+    assert check("contract", _correct.PositionTableIndexed(), _correct.PositionTable(), _correct.make_ids,
+                 shapes=[[1, 6]]).verdict == "pass"
+
+
+def test_a_parameter_changed_by_a_call_fails_and_one_changed_before_the_first_call_is_told_apart():
+    from tests.gate_harness import subject_for
+
+    result = check("contract", _violating.ScaledLinearFoldsOnce(), _correct.ScaledLinear(), _correct.make_rows)
+    assert result.verdict == "fail" and "parameter 'weight'" in result.message, result.message
+    # the fold made before the gate's calls (the audit's standard test): the prints from before it tell
+    kernel, reference = _violating.ScaledLinearFoldsOnce(), _correct.ScaledLinear()
+    subject = subject_for(kernel, reference, _correct.make_rows)
+    subject.run_kernel(_correct.make_rows(5))  # the first call folds
+    from kgate import gates as registry
+
+    result = registry.get("contract").check(subject)
+    assert result.verdict == "fail" and "than before its first call" in result.message, result.message
+    assert check("contract", _correct.ScaledLinearFused(), _correct.ScaledLinear(), _correct.make_rows).verdict \
+        == "pass"

@@ -71,7 +71,7 @@ def test_the_reference_runs_once_per_strided_probe():
     layouts = []
 
     def counted(x, w):
-        if not x.is_contiguous() or x.storage_offset():
+        if (not x.is_contiguous() or x.storage_offset()) and 0 not in x.stride():  # (not the broadcast probe)
             layouts.append((x.stride(), x.storage_offset()))
         return softmax_ref(x, w)
 
@@ -140,3 +140,27 @@ def test_a_kernel_equal_to_its_reference_passes_whatever_the_layout_does_to_roun
 
     result = check("layouts", op, op, inputs, shapes=[[33, 64]], seeds=[0])
     assert result.verdict == "pass", result.message
+
+
+def test_one_tensor_passed_as_two_arguments_shows_a_shortcut_for_aliased_operands():
+    lc, lv = _load("correct"), _load("violating")
+    result = check("layouts", lv.matmul_gram_when_aliased, lc.matmul_reference, lc.make_pair)
+    assert result.verdict == "fail" and "one tensor passed as arguments 0 and 1" in result.message, result.message
+    passed = check("layouts", lc.matmul_blocked, lc.matmul_reference, lc.make_pair)
+    assert passed.verdict == "pass" and "share memory" in passed.message, passed.message
+
+
+def test_a_broadcast_input_shows_an_output_allocated_with_the_inputs_strides():
+    lv = _load("violating")
+    result = check("layouts", lv.softmax_out_like_input, lambda x: torch.softmax(x, -1),
+                   lambda seed, shape=None, dtype=torch.float32: (torch.randn(4, 8, generator=torch.Generator()
+                                                                             .manual_seed(seed)),))
+    assert result.verdict == "fail" and "broadcast along dimension 0" in result.message, result.message
+
+
+def test_an_input_written_in_one_layout_only_fails_tolerance_free():
+    lc, lv = _load("correct"), _load("violating")
+    result = check("layouts", lv.relu_in_place_when_strided, lc.relu_reference, lc.make_row_batch)
+    assert result.verdict == "fail" and result.tolerance_free and "was changed by the call" in result.message, \
+        result.message
+    assert check("layouts", lc.relu_fresh, lc.relu_reference, lc.make_row_batch).verdict == "pass"

@@ -96,3 +96,61 @@ class BatchNormOwnFormula(BatchNormTraining):
 
 batchnorm_reference = BatchNormTraining()
 batchnorm_own_formula = BatchNormOwnFormula()
+
+
+def make_ids(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Position ids, one row per sequence: consecutive positions from a seeded start (as decoding makes them)."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, length = shape or (1, 6)
+    start = torch.randint(0, 10, (batch, 1), generator=gen)
+    return ((start + torch.arange(length)).to(device),)
+
+
+class PositionTable(torch.nn.Module):
+    """The reference: a learned position embedding, a gather of table rows (a fresh tensor)."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.table = torch.nn.Parameter(torch.randn(32, 8, generator=gen))
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.table)
+
+
+class PositionTableIndexed(PositionTable):
+    """The same through advanced indexing (a gather: a fresh tensor too)."""
+
+    def forward(self, ids):
+        return self.table[ids]
+
+
+class ScaledLinear(torch.nn.Module):
+    """The reference: a linear layer whose outputs are multiplied by a learned per-output gain."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(4)
+        self.weight = torch.nn.Parameter(torch.randn(8, 16, generator=gen) / 4)
+        self.gain = torch.nn.Parameter(1 + 0.1 * torch.randn(8, generator=gen))
+
+    def forward(self, x):
+        return (x @ self.weight.t()) * self.gain
+
+
+class ScaledLinearFused(ScaledLinear):
+    """The gain applied to the weight on the fly (a product made per call, the parameters left alone)."""
+
+    def forward(self, x):
+        return x @ (self.weight * self.gain[:, None]).t()
+
+
+def make_rows(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (4, 16), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+position_table = PositionTable()
+position_table_indexed = PositionTableIndexed()
+scaled_linear = ScaledLinear()
+scaled_linear_fused = ScaledLinearFused()

@@ -40,3 +40,44 @@ class BatchNormBatchStatsOnly(torch.nn.Module):
 
 
 batchnorm_batch_stats_only = BatchNormBatchStatsOnly()
+
+
+def _correct():
+    """This folder's correct.py, loaded by path (a plain import would find another folder's)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("kgate_catalogue_contract_correct",
+                                                  Path(__file__).resolve().parent / "correct.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class PositionTableSpanView(_correct().PositionTable):
+    """A span fast path: a single sequence of consecutive positions p, ..., p + L - 1 is one slab of the table,
+    returned as a slice of it (a view of the parameter): a caller that writes to the output writes the table."""
+
+    def forward(self, ids):
+        row = ids[0]
+        p = int(row[0])
+        if ids.shape[0] == 1 and torch.equal(row, torch.arange(p, p + row.numel(), device=row.device)):
+            return self.table[p:p + row.numel()].unsqueeze(0)
+        return torch.nn.functional.embedding(ids, self.table)
+
+
+class ScaledLinearFoldsOnce(_correct().ScaledLinear):
+    """The gain folded into the weight in place at the first call (the weight scaled, the gain set to 1): every
+    output right, but the module's parameters are not what was loaded into it."""
+
+    def forward(self, x):
+        if not getattr(self, "_folded", False):
+            with torch.no_grad():
+                self.weight.mul_(self.gain[:, None])
+                self.gain.fill_(1.0)
+            self._folded = True
+        return (x @ self.weight.t()) * self.gain
+
+
+position_table_span_view = PositionTableSpanView()
+scaled_linear_folds_once = ScaledLinearFoldsOnce()

@@ -38,3 +38,32 @@ def _row_major(shape):
         strides.append(step)
         step *= max(size, 1)
     return tuple(reversed(strides))
+
+
+def make_pair(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    n = (shape or (24,))[0]
+    a, b = (torch.randn(n, n, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device) for _ in range(2))
+    return a, b
+
+
+def matmul_reference(a, b):
+    return a @ b
+
+
+def matmul_blocked(a, b):
+    """a @ b in column blocks of 8 (whatever memory the operands share)."""
+    return torch.cat([a @ b[:, j:j + 8] for j in range(0, b.shape[1], 8)] or [a @ b], dim=1)
+
+
+def make_row_batch(seed, shape=None, dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (4, 2, 8, 8), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+def relu_reference(x):
+    return torch.relu(x)
+
+
+def relu_fresh(x):
+    return x.clamp(min=0)

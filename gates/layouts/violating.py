@@ -20,3 +20,27 @@ def _row_major(shape):
         strides.append(step)
         step *= max(size, 1)
     return tuple(reversed(strides))
+
+
+def matmul_gram_when_aliased(a, b):
+    """a @ b with a "Gram" shortcut when both operands are one tensor: a @ a.T (symmetric, half the work), where
+    the reference computes a @ a."""
+    if a.data_ptr() == b.data_ptr() and a.stride() == b.stride():
+        return a @ a.t()
+    return a @ b
+
+
+def softmax_out_like_input(x):
+    """The output allocated with the input's strides (to keep its layout): a broadcast (stride-0) input gives an
+    output whose entries share memory."""
+    out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
+    return out.copy_(torch.softmax(x, -1))
+
+
+def relu_in_place_when_strided(x):
+    """ReLU that, on a non-contiguous input, clamps it in place first (its "view" is where the result is
+    computed) and returns a copy: right, but the caller's input is changed in that layout only."""
+    if not x.is_contiguous():
+        x.clamp_(min=0)
+        return x.clone()
+    return x.clamp(min=0)

@@ -15,7 +15,7 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, ov
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
 from kgate.oracle import own_dtype
-from kgate.subject import ModuleState, Subject
+from kgate.subject import ModuleState, Subject, parameter_prints
 
 
 def aliased_inputs(out: Any, args: tuple, skip: set[int]) -> dict[str, set[int]]:
@@ -106,6 +106,13 @@ def _change(before: torch.Tensor, after: torch.Tensor) -> Any:
         if steps.numel() == 1:
             return ("adds", int(steps.item()))
     return "changed"
+
+
+def _moved(before: dict[str, tuple[float, float]], now: dict[str, tuple[float, float]]) -> list[str]:
+    """The parameters whose prints (`parameter_prints`) differ (NaN prints equal: a NaN weight stays one)."""
+    def same(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return all(x == y or (x != x and y != y) for x, y in zip(a, b))
+    return [n for n, p in now.items() if n in before and not same(before[n], p)]
 
 
 def _first_float_dtype(args: tuple) -> torch.dtype | None:
@@ -203,11 +210,66 @@ class Contract(Gate):
             grad = ", requires_grad"
         buffers = ""
         if cases:
+            result = self.module_state_kept(subject, cases[0])
+            if result is not None:
+                return result
             result, buffers = self.buffers_written(subject, cases)
             if result is not None:
                 return result
         return self.passed(f"structure, shape, dtype, device, layout{grad} and aliasing as the reference in "
                            f"{len(cases)} case(s)" + (f"; {buffers}" if buffers else ""))
+
+    def module_state_kept(self, subject: Subject, case: Case) -> GateResult | None:
+        """An nn.Module kernel's parameters are its state, not its scratch space: one call of each on the case's
+        inputs, and a parameter the kernel's call changes (bitwise: a gain folded into the weight in place, a
+        weight transposed in place and back only on success) fails where the reference's call changes none of
+        its own; and an output must not share memory with the kernel's parameters or buffers where the
+        reference's shares none with its own (a view of an embedding table, written to by the caller, writes
+        the weights). Everything put back after."""
+        modules = subject.modules()
+        if modules is None:
+            return None
+        kernel, reference = modules
+        built = [subject.first_calls[role].parameters for role in ("kernel", "reference")]
+        if built[0] is not None and built[1] is not None:  # since before the first calls (the standard test's)
+            moved = [_moved(built[i], parameter_prints(m)) for i, m in enumerate(modules)]
+            if moved[0] and not moved[1]:
+                name = moved[0][0]
+                return self.failed(subject, f"the kernel's parameter {name!r} holds other values than before its "
+                                   "first call, where the reference's parameters hold theirs: a call changed the "
+                                   "module's state (a fold made in place at the first call?); state_dict, optimizer "
+                                   "steps and other modules sharing the weights see the change", case=case,
+                                   expected="parameters as built", got=f"{name} changed", where=name)
+        args = subject.baseline(case).args
+        state = ModuleState(subject, modules)
+        try:
+            changed, shared = [], []
+            saved = state.saved()  # (the bitwise copies it holds: no second copy of a model's weights)
+            for module, run in ((reference, subject.run_reference), (kernel, subject.run_kernel)):
+                out = run(clone_tree(args))
+                changed.append([n for n, p in module.named_parameters()
+                                if id(p) in saved and bitwise_mismatch(saved[id(p)], p.detach()) is not None])
+                held = [(n, t) for n, t in [*module.named_parameters(), *module.named_buffers()]]
+                shared.append([(path, n) for path, t in flatten(out) if isinstance(t, torch.Tensor)
+                               for n, p in held if overlaps(t, p)])
+        finally:
+            state.close()
+        (ref_changed, kernel_changed), (ref_shared, kernel_shared) = changed, shared
+        if kernel_changed and not ref_changed:
+            name = kernel_changed[0]
+            return self.failed(subject, f"the kernel's call changes its parameter {name!r} (bitwise), where the "
+                               "reference's call changes none of its parameters: the module's state is not the "
+                               "kernel's scratch space (state_dict, optimizer steps and other modules sharing the "
+                               "weights see the change)", case=case, expected="parameters unchanged by a call",
+                               got=f"{name} changed" + (f" (and {len(kernel_changed) - 1} more)"
+                                                        if len(kernel_changed) > 1 else ""), where=name)
+        if kernel_shared and not ref_shared:
+            path, name = kernel_shared[0]
+            return self.failed(subject, f"{path} shares memory with the kernel's {name!r} (a view of the module's "
+                               "state), where the reference's outputs share none with its own: a caller that writes "
+                               "to the output writes the module", case=case, expected="a fresh tensor",
+                               got=f"a view of {name}", where=path)
+        return None
 
     def buffers_written(self, subject: Subject, cases: list[Case]) -> tuple[GateResult | None, str]:
         """A module's state the call writes, as the reference writes it: of the buffers kernel and reference

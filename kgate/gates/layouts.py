@@ -7,6 +7,13 @@ larger buffer: row strides and an offset), storage offset (contiguous strides, o
 channels-last for 4-D and 5-D tensors. The buffers' unused elements hold NaN (integers: their
 maximum), so a kernel that reads the raw storage as if it were contiguous gets visibly wrong values.
 
+Then inputs that share memory, on the first case: each tensor input of two or more entries along
+dimension 0 broadcast from its first (`expand`, stride 0), and each pair of inputs of one shape, dtype
+and device passed as one tensor (`f(x, x)`), judged within the oracle bound (the oracle on dense copies)
+and laid out as the reference's output (an output that is itself a stride-0 view where the reference's is
+dense fails). A kernel that writes into an input in one layout only (a reshape that is a view there) fails
+too, tolerance-free.
+
 A layout the reference rejects (raises on) is outside the kernel's contract and skipped; one on which its
 own launches lose the CUDA context ends the gate with `skip` (kgate.faults.ContextLost). On the
 others the kernel must not raise, and its result must be bitwise equal to its result on the
@@ -25,6 +32,7 @@ import torch
 
 from kgate.compare import bitwise_mismatch, clone_tree, flatten
 from kgate.gates.base import Gate, GateResult
+from kgate.gates.contract import layout_problem
 from kgate.gates.oracle import Incomparable, measure_outputs
 from kgate.inputs import Case
 from kgate.oracle import BROKEN_FACTOR
@@ -143,18 +151,107 @@ class Layouts(Gate):
                 if finding is not None:
                     return self._fail(subject, case, base, contiguous, expected, strided, bitwise, kind, finding,
                                       evidence)
+        shared = 0
+        for case in subject.first_seed_cases()[:1]:
+            for label, make in self.shared_memory(subject, case):
+                finding = self._judge_shared(subject, make, rejected, label, case)
+                if finding is False:
+                    continue
+                shared += 1
+                probes += 1
+                if finding is not None:
+                    result = self.failed(subject, f"{label}: {finding.message}", case=case, expected=finding.expected,
+                                         got=finding.got, where=finding.where, broken=finding.broken,
+                                         evidence=evidence, details={**finding.details, "kind": finding.kind,
+                                                                     "layout": label})
+                    result.tolerance_free = finding.tolerance_free
+                    return result
         if probes == 0:
             reason = "no tensor input has a non-contiguous layout to try"
             if rejected:
                 reason = f"the reference rejects every strided layout tried: {', '.join(rejected[:4])}"
             return self.skipped(reason)
         mode = "bitwise equal required" if bitwise else "bitwise equal or within the oracle bound"
-        message = f"{probes} strided probe(s) gave the contiguous copy's result ({mode}; {equal} bitwise equal)"
+        message = (f"{probes - shared} strided probe(s) gave the contiguous copy's result ({mode}; {equal} bitwise "
+                   "equal)")
+        if shared:
+            message += f"; {shared} probe(s) of inputs that share memory (broadcast, one tensor as two arguments) " \
+                "within the oracle bound"
         if rejected:
             message += f"; skipped {len(rejected)} the reference rejects"
         result = self.passed(message, evidence=evidence)
         result.tolerance_free = bitwise
         return result
+
+    @staticmethod
+    def shared_memory(subject: Subject, case: Case) -> list[tuple[str, Callable[[], tuple]]]:
+        """(label, a maker of fresh inputs) for the probes whose inputs share memory: each tensor input of two
+        or more entries along dimension 0 broadcast from its first (`expand`: stride 0, every entry the same
+        memory), and each pair of inputs of one shape, dtype and device passed as one tensor (`f(x, x)`: a
+        Gram matrix, self-attention's q = k = v). Arguments the kernel writes in place are left out."""
+        args = subject.baseline(case).args
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and a.dim()
+                   and i not in subject.inplace]
+        found: list[tuple[str, Callable[[], tuple]]] = []
+
+        def replaced(i: int, value: Callable[[tuple], torch.Tensor]) -> Callable[[], tuple]:
+            def make() -> tuple:
+                fresh = list(clone_tree(args))
+                fresh[i] = value(fresh)
+                return tuple(fresh)
+            return make
+
+        for i in tensors:
+            if args[i].shape[0] >= 2:
+                found.append((f"argument {i} broadcast along dimension 0 (stride 0: every entry is the first)",
+                              replaced(i, lambda fresh, i=i: fresh[i][:1].expand(fresh[i].shape))))
+        for n, i in enumerate(tensors):
+            for j in tensors[n + 1:]:
+                a, b = args[i], args[j]
+                if a.shape == b.shape and a.dtype == b.dtype and a.device == b.device:
+                    found.append((f"one tensor passed as arguments {i} and {j}",
+                                  replaced(j, lambda fresh, i=i: fresh[i])))
+        return found
+
+    @staticmethod
+    def _judge_shared(subject: Subject, make: Callable[[], tuple], rejected: list, label: str,
+                      case: Case) -> Finding | None | bool:
+        """The kernel on inputs that share memory, against the reference on the same and the float64 oracle
+        on dense copies: a Finding, None (within the bound, laid out as the reference's) or False (the
+        reference rejects them: skipped)."""
+        try:
+            reference = subject.run_reference(make())
+            oracle = subject.oracle(tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in make()))
+        except UserCodeError as exc:
+            if not exc.role.startswith("reference"):
+                raise
+            rejected.append(f"{label} ({case.label()})")
+            return False
+        try:
+            out = subject.run_kernel(make())
+        except UserCodeError as exc:
+            if exc.role != "kernel":
+                raise
+            return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc} (the reference accepts "
+                           "these inputs)", details={"traceback": exc.trace})
+        leaves = measure_outputs(out, reference, oracle, subject.tolerance)
+        if isinstance(leaves, Incomparable):
+            return Finding(CONTRACT, leaves.message, expected=leaves.expected, got=leaves.got)
+        refs = dict(flatten(reference))
+        for path, got in flatten(out):
+            want = refs.get(path)
+            if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+                problem = layout_problem(got, want)
+                if problem:
+                    message, expected, found = problem
+                    return Finding(CONTRACT, f"{path} {message}", where=path, expected=expected, got=found,
+                                   tolerance_free=True)
+        for leaf in leaves:
+            if not leaf.passed:
+                return Finding(ORACLE, leaf.describe(), where=leaf.where, expected=f"{leaf.expected!r} (float64 "
+                               "oracle)", got=repr(leaf.got), broken=leaf.ratio > BROKEN_FACTOR,
+                               tolerance_free=False, details={"ratio": leaf.ratio})
+        return None
 
     @staticmethod
     def _apply(args: tuple, strided: dict[int, torch.Tensor]) -> tuple:
@@ -179,13 +276,20 @@ class Layouts(Gate):
                reference: Any = None) -> tuple[Finding | None, bool]:
         """(why this probe fails or None, whether its result was bitwise equal to the contiguous one).
         `reference`: the reference's output on these strided arguments, when already run."""
+        given = self._apply(contiguous, strided)
         try:
-            got = self._outputs(subject, self._apply(contiguous, strided))
+            got = self._outputs(subject, given)
         except UserCodeError as exc:
             if exc.role != "kernel":
                 raise
             return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc}",
                            details={"traceback": exc.trace}), False
+        for i in sorted(strided):  # an input the kernel writes only in this layout (a reshape that is a view)
+            changed = bitwise_mismatch(strided[i], given[i]) if i not in subject.inplace else None
+            if changed is not None:
+                return Finding(CONTRACT, f"argument {i} was changed by the call ({changed.describe()}): the "
+                               "kernel writes into its input in this layout", where=f"argument {i}",
+                               expected="the input unchanged", got="changed", tolerance_free=True), False
         got_leaves = [(p, t) for p, t in flatten(got) if isinstance(t, torch.Tensor)]
         want_leaves = [(p, t) for p, t in flatten(expected) if isinstance(t, torch.Tensor)]
         if [p for p, _ in got_leaves] != [p for p, _ in want_leaves]:
