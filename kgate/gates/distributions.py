@@ -37,7 +37,8 @@ divisor) meets values it does not fit.
   infers the padding side from the mask (skips it where every row's last key is valid) is right on one.
 - Floating-point inputs of at least 2 dimensions and 2 entries along the first (`FLOATING_FAMILIES`):
   permuted copies, every entry along dimension 0 entry 0 with its elements permuted (seeded, never the
-  identity) along the next dimension of more than one element (RGB and BGR). They are equal under every
+  identity) along the next dimension of more than one element (RGB and BGR), on a grid of 1/16 so that
+  their sums come out exactly equal in any order. They are equal under every
   permutation-invariant checksum (sum, sum of squares, a sorted hash): a cache that dedupes entries by one
   shares one entry's result among them.
 These are not shrunk: a failure names the family and the argument.
@@ -280,11 +281,15 @@ BOOLEAN_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator],
 
 def _permuted_copies(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
     """Entry 0 along dimension 0, then every other entry as entry 0 with its elements permuted along the first
-    other dimension of more than one element (a seeded permutation each, never the identity)."""
+    other dimension of more than one element (a seeded permutation each, never the identity). The values are
+    rounded to multiples of 1/16 first, so that the entries' sums and sums of squares come out exactly equal in
+    any order of summation, as a checksum a dedupe compares."""
     dims = [d for d in range(1, t.dim()) if t.shape[d] > 1]
     if t.dim() < 2 or t.shape[0] < 2 or not dims:
         return None
     d, n, copies = dims[0], t.shape[dims[0]], t.shape[0] - 1
+    if t.is_floating_point():  # on a grid of 1/16: sums and sums of squares exact in any order, so equal
+        t = torch.round(t * 16) / 16
     perms = torch.rand((copies, n), generator=g, device=g.device).argsort(-1)
     identity = (perms == torch.arange(n, device=perms.device)).all(-1)
     perms[identity] = perms[identity].roll(1, -1)
