@@ -249,3 +249,231 @@ def test_a_fast_path_for_a_1x1_image_is_met_by_two_dims_of_size_1_at_once():
     bad = check("shapes", _shuffle_fast_1x1, _shuffle, _images, shapes=[[2, 8, 6, 6]])
     assert bad.verdict == "fail" and "alias" in bad.message, bad.message
     assert check("shapes", _shuffle, _shuffle, _images, shapes=[[2, 8, 6, 6]]).verdict == "pass"
+
+
+# -- runs of -inf / +inf across block boundaries (shapes of 4097) -----------------------------------------
+
+def test_a_masked_prefix_across_block_boundaries_is_seen_on_the_long_shape():
+    """A log-cumsum-exp scanned in blocks of 1024 whose carries are joined by max(a, b) + log1p(exp(-|a - b|)):
+    exact on the declared rows of one block (special_values passes there) and on random rows of 4097; a NaN
+    in the first or last element is still NaN; -inf filling the first 2049 elements gives NaN where
+    torch.logcumsumexp gives -inf."""
+    bad = check("shapes", violating.logcumsumexp_blocked_max_join, correct.logcumsumexp_reference,
+                correct.make_inputs, shapes=DECLARED)
+    assert bad.verdict == "fail" and bad.tolerance_free and bad.broken, bad.message
+    assert bad.details["kind"] == "class" and bad.details["value"] == "-inf" and bad.case["shape"] == [1, 4097]
+    assert "with -inf filling the first 2049 of 4097 along dim 1 of argument 0" in bad.message
+    assert "give -inf, the kernel nan" in bad.message, bad.message
+    assert check("special_values", violating.logcumsumexp_blocked_max_join, correct.logcumsumexp_reference,
+                 correct.make_inputs, shapes=DECLARED).verdict == "pass"
+    good = check("shapes", correct.logcumsumexp_blocked, correct.logcumsumexp_reference, correct.make_inputs,
+                 shapes=DECLARED)
+    assert good.verdict == "pass", good.message
+
+
+def _online_softmax(x, guard=False, block=1024):
+    """Softmax in one pass over blocks of 1024 (running maximum m, running sum l rescaled by exp(m_old - m_new)).
+    Unguarded, a block whose every logit is -inf (a masked prefix) makes exp(-inf - -inf) = NaN."""
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype)
+    total = torch.zeros(x.shape[:-1], dtype=x.dtype)
+    for j in range(0, x.shape[-1], block):
+        part = x[..., j:j + block]
+        new = torch.maximum(m, part.amax(-1))
+        safe = torch.where(torch.isneginf(new), torch.zeros_like(new), new) if guard else new
+        total = total * torch.exp(m - safe) + torch.exp(part - safe.unsqueeze(-1)).sum(-1)
+        m = new
+    return torch.exp(x - m.unsqueeze(-1)) / total.unsqueeze(-1)
+
+
+def test_an_online_softmax_whose_fully_masked_block_gives_nan_fails_on_the_long_shape():
+    bad = run(_online_softmax)
+    assert bad.verdict == "fail" and bad.details["kind"] == "class", bad.message
+    assert "-inf filling" in bad.message and "give finite, the kernel nan" in bad.message, bad.message
+    good = run(lambda x: _online_softmax(x, guard=True))
+    assert good.verdict == "pass", good.message
+
+
+def test_a_run_mishandled_at_the_declared_shapes_too_is_left_to_special_values(monkeypatch):
+    """Blocks of 64: the declared rows of 256 and 1024 span several blocks, so the -inf prefix gives NaN there too:
+    the special_values gate's finding (a row of -inf), not one of shapes that only long rows show."""
+    monkeypatch.setattr(violating, "SCAN_BLOCK", 64)
+    args = (violating.logcumsumexp_blocked_max_join, correct.logcumsumexp_reference, correct.make_inputs)
+    assert check("special_values", *args, shapes=DECLARED).verdict == "fail"
+    result = check("shapes", *args, shapes=DECLARED)
+    assert result.verdict == "pass", result.message
+
+
+def _scan_with_bias(x, bias):
+    return violating.logcumsumexp_blocked_max_join(x + bias)
+
+
+def _finite_bias_reference(x, bias):
+    if not torch.isfinite(bias).all():
+        raise ValueError("bias must be finite")
+    return torch.logcumsumexp(x + bias, dim=-1)
+
+
+def _rows_and_bias(seed, shape=(4, 64), dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g).to(dtype), (torch.randn(shape[-1], generator=g) / 10).to(dtype)
+
+
+def test_runs_are_retried_one_input_at_a_time_where_the_reference_rejects_them_all():
+    result = check("shapes", _scan_with_bias, _finite_bias_reference, _rows_and_bias, shapes=[[4, 64]])
+    assert result.verdict == "fail" and result.details["arguments"] == [0], result.message
+    assert "along dim 1 of argument 0 (a masked prefix)" in result.message
+
+
+def test_class_changed_judges_only_where_the_oracle_and_the_reference_agree():
+    from kgate.gates.shapes import class_changed
+
+    inf, nan = float("inf"), float("nan")
+    oracle = torch.tensor([1e39, -inf, 2.0, inf], dtype=torch.float64)
+    reference = torch.tensor([inf, -inf, 2.0, nan])  # float32: 1e39 overflows; the last is another order's NaN
+    assert class_changed(torch.tensor([5.0, -inf, 3.0, 1.0]), reference, oracle) is None
+    path, index, got, expected, count = class_changed(torch.tensor([5.0, nan, 3.0, 1.0]), reference, oracle)
+    assert (path, index, expected, count) == ("out", (1,), "-inf", 1) and got != got  # NaN
+    assert class_changed(torch.tensor([5.0, inf, 3.0, 1.0]), reference, oracle, mode="nonfinite") is None
+    assert class_changed(torch.tensor([5.0, 1.0, 3.0, 1.0]), reference, oracle, mode="nonfinite")[3] == "non-finite"
+    assert class_changed(torch.tensor([5.0, -inf, nan, 1.0]), reference, oracle)[3] == "finite"
+    assert class_changed(torch.tensor([5.0, -inf, nan, 1.0]), reference, oracle, mode="spread") is None
+
+
+# -- past 8192 (shapes of 16384) --------------------------------------------------------------------------
+
+def test_edge_shapes_past_8192_keep_the_other_dimensions_within_the_cap():
+    from kgate.gates.shapes import MAX_GENERATED, MAX_PAST_8192
+
+    shapes = edge_shapes([(4, 256), (16, 1024)], cap=65536)
+    past = [s for s, why in shapes if why.startswith("dim ") and "past 8192 (16384)" in why]
+    assert past == [(16384, 1), (1, 16384), (4, 16384)]  # (16, 16384) is past the cap: its other dimension 1
+    kinds = [why for _, why in shapes]
+    first_past = kinds.index("dim 0 past 8192 (16384)")
+    assert all("past 8192" in k or k.startswith("empty") for k in kinds[first_past:])  # after the others
+    # the long dimension alone fits a cap below it; at most MAX_PAST_8192 of them, MAX_GENERATED in all
+    assert ((1, 16384), "dim 1 past 8192 (16384)") in edge_shapes([(4, 64)], cap=8192)
+    many = edge_shapes([(2, 8, 6, 6), (3, 5, 7, 9, 11)], cap=1 << 13)
+    assert sum("past 8192" in why for _, why in many) == MAX_PAST_8192 and len(many) <= MAX_GENERATED
+
+
+def test_a_sampled_absmax_past_8192_fails_on_the_16384_shape():
+    """Int8 fake quantisation per row whose absmax comes from x[..., ::4] on rows longer than 8192: right on
+    every shape up to 8192 (the declared ones, 4097), clipped on rows of 16384."""
+    assert check("oracle", violating.fake_quant_sampled_absmax, correct.fake_quant_reference, correct.make_inputs,
+                 shapes=DECLARED).verdict == "pass"
+    bad = check("shapes", violating.fake_quant_sampled_absmax, correct.fake_quant_reference, correct.make_inputs,
+                shapes=DECLARED)
+    assert bad.verdict == "fail" and "past 8192" in bad.details["why"], bad.message
+    assert 16384 in bad.details["found_at"] and bad.case["shape"][-1] > 8192, bad.message
+    good = check("shapes", correct.fake_quant_rows, correct.fake_quant_reference, correct.make_inputs,
+                 shapes=DECLARED)
+    assert good.verdict == "pass", good.message
+
+
+def test_a_split_k_that_drops_a_full_last_slab_fails_at_16384():
+    """a @ b over slabs of 8192 whose tail epilogue runs only when K % 8192 != 0: right at K = 4097, 8193 or
+    12288, it loses half the sum at K = 16384."""
+    declared = [[8, 512, 8], [16, 1024, 16]]
+    bad = check("shapes", violating.matmul_split_k_drops_full_tail, correct.matmul_reference,
+                correct.make_matmul_inputs, shapes=declared)
+    assert bad.verdict == "fail" and bad.broken and bad.case["shape"][1] == 16384, bad.message
+    assert "dim 1 past 8192 (16384)" in bad.message
+    good = check("shapes", correct.matmul_split_k, correct.matmul_reference, correct.make_matmul_inputs,
+                 shapes=declared)
+    assert good.verdict == "pass", good.message
+
+
+def _doubled(x):
+    return x * 2
+
+
+def _doubled_off_past_8192(ulps):
+    """x * 2 (exact: the reference's error is 0), every result `ulps` ulps larger in magnitude on rows longer
+    than 8192 (float32 bits + ulps)."""
+    def kernel(x):
+        out = x * 2
+        return (out.view(torch.int32) + ulps).view(torch.float32) if x.shape[-1] > 8192 else out
+    return kernel
+
+
+def test_past_8192_an_oracle_miss_counts_only_when_broken():
+    """30 ulps off misses the plain bound (4 ulps) by 7.5 times, a long float32 sum's order can do as much: not a
+    finding past 8192; 4000 ulps off is broken."""
+    marginal = check("shapes", _doubled_off_past_8192(30), _doubled, correct.make_inputs, shapes=DECLARED)
+    assert marginal.verdict == "pass", marginal.message
+    gross = check("shapes", _doubled_off_past_8192(4000), _doubled, correct.make_inputs, shapes=DECLARED)
+    assert gross.verdict == "fail" and gross.broken and "past 8192" in gross.details["why"], gross.message
+    assert gross.case["shape"][-1] > 8192, gross.message  # shrunk within the long path
+
+
+def test_outputs_too_large_past_8192_are_skipped_before_the_oracle_runs(monkeypatch):
+    """Sizes that must be powers of two: 4097 is rejected, so nothing predicts 16384, whose outputs (16 features
+    per input element, the cap lowered to 2^16 elements: the test stays cheap) are counted after the reference
+    and before the float64 oracle, which never runs on them (a Gram matrix at 16384^2, with the real cap)."""
+    import kgate.gates.shapes as shapes
+
+    monkeypatch.setattr(shapes, "MIN_OUTPUT_CAP", 1 << 16)
+    seen = []
+
+    def features(x):
+        seen.append((x.shape[0], x.dtype))
+        return x.unsqueeze(-1) * torch.linspace(-1, 1, 16, dtype=x.dtype)
+
+    def make_points(seed, shape=(8,), dtype=torch.float32):
+        if shape[0] & (shape[0] - 1):
+            raise ValueError("the number of points must be a power of two")
+        return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype),)
+
+    result = check("shapes", features, features, make_points, shapes=[[8]])
+    assert result.verdict == "pass", result.message
+    assert result.details["outputs_too_large"] == ["(16384,)"], result.message
+    assert "reference outputs are too large" in result.message and "(4097,) (inputs factory raised" in result.message
+    assert (16384, torch.float32) in seen and (16384, torch.float64) not in seen
+
+
+def test_a_shape_at_least_as_large_as_one_too_large_is_not_built():
+    """Rows of 2000 per element of a free size parameter: at 4097 the inputs are past the cap (built, then
+    skipped); at 16384 they are not even built."""
+    asked = []
+
+    def make_rows(seed, shape=(10,), dtype=torch.float32):
+        asked.append(shape[0])
+        return (torch.randn(shape[0], 2000, generator=torch.Generator().manual_seed(seed)).to(dtype),)
+
+    result = check("shapes", lambda x: x * 2, lambda x: x * 2, make_rows, shapes=[[10]])
+    assert result.verdict == "pass", result.message
+    assert {"(4097,)", "(16384,)"} <= set(result.details["too_large"])
+    assert 4097 in asked and 16384 not in asked
+
+
+def _ranks(x):
+    return x.argsort(-1).argsort(-1)
+
+
+def _ranks_pairwise(x):
+    """Each element's rank as the count of smaller elements: an n x n comparison."""
+    return (x.unsqueeze(-1) > x.unsqueeze(-2)).sum(-1)
+
+
+def test_a_shape_past_8192_whose_4097_shape_made_a_quadratic_tensor_is_not_built(monkeypatch):
+    """Ranks by pairwise comparison hold 4097^2 booleans at 4097, 2049^2 at 2049: grown alike to 16384 (268
+    million comparisons) they pass the cap, so 16384 is skipped before its inputs are built. A kernel that makes
+    two values per element (the cap lowered to 2^16: 16 x its 8194 would pass it) grows linearly from 2049, to
+    4 x 8194 at 16384, and runs it; ranks by sorting run it."""
+    import kgate.gates.shapes as shapes
+
+    monkeypatch.setattr(shapes, "MIN_OUTPUT_CAP", 1 << 16)
+    asked = []
+
+    def make_row(seed, shape=(64,), dtype=torch.float32):
+        asked.append(shape[0])
+        return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype),)
+
+    costly = check("shapes", _ranks_pairwise, _ranks, make_row, shapes=[[64]])
+    assert costly.verdict == "pass" and len(costly.details["too_costly"]) == 1, costly.message
+    assert costly.details["too_costly"][0].startswith("(16384,) (~2.68e+08 elements)"), costly.message
+    assert "past 8192 whose largest tensor" in costly.message and 16384 not in asked
+    for kernel, reference in ((lambda x: torch.stack([x, x], -1).sum(-1), lambda x: x * 2), (_ranks, _ranks)):
+        asked.clear()
+        cheap = check("shapes", kernel, reference, make_row, shapes=[[64]])
+        assert cheap.verdict == "pass" and not cheap.details["too_costly"] and 16384 in asked, cheap.message

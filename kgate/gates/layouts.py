@@ -9,10 +9,11 @@ maximum), so a kernel that reads the raw storage as if it were contiguous gets v
 
 Then inputs that share memory, on the first case: each tensor input of two or more entries along
 dimension 0 broadcast from its first (`expand`, stride 0), and each pair of inputs of one shape, dtype
-and device passed as one tensor (`f(x, x)`), judged within the oracle bound (the oracle on dense copies)
-and laid out as the reference's output (an output that is itself a stride-0 view where the reference's is
-dense fails). A kernel that writes into an input in one layout only (a reshape that is a view there) fails
-too, tolerance-free.
+and device passed as one tensor (`f(x, x)`), judged like the strided layouts against the kernel's own result
+on dense copies of the same values (the oracle on the dense copies), and laid out as the reference's output
+where that result is (an output that is itself a stride-0 view where the reference's is dense fails). A kernel
+that writes into an input in one layout only (a reshape that is a view there; one that writes its contiguous
+input too is the input_integrity gate's finding) fails too, tolerance-free.
 
 A layout the reference rejects (raises on) is outside the kernel's contract and skipped; one on which its
 own launches lose the CUDA context ends the gate with `skip` (kgate.faults.ContextLost). On the
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from kgate.compare import bitwise_mismatch, clone_tree, flatten
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, structure
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.contract import layout_problem
 from kgate.gates.oracle import Incomparable, measure_outputs
@@ -127,10 +128,16 @@ class Layouts(Gate):
         bitwise = bool(getattr(subject.entry.entry, "bitwise_layouts", False))
         probes, equal, rejected = 0, 0, []
         evidence: list[dict] = []
+        writes_any = False
         for case in subject.first_seed_cases():
             base = subject.baseline(case)
             contiguous = tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in base.args)
-            expected = self._outputs(subject, clone_tree(contiguous))
+            given = clone_tree(contiguous)
+            expected = self._outputs(subject, given)
+            # a kernel that writes into its contiguous input too is the input_integrity gate's finding
+            writes = any(isinstance(a, torch.Tensor) and i not in subject.inplace and bitwise_mismatch(a, b)
+                         for i, (a, b) in enumerate(zip(contiguous, given)))
+            writes_any = writes_any or writes
             for kind in LAYOUTS:
                 strided = {i: v for i, a in enumerate(contiguous) if isinstance(a, torch.Tensor)
                            and (v := relayout(a, kind)) is not None}
@@ -145,14 +152,14 @@ class Layouts(Gate):
                     continue
                 probes += 1
                 finding, same = self._judge(subject, base, contiguous, expected, strided, bitwise, evidence, case,
-                                            reference)
+                                            reference, writes)
                 del reference
                 equal += same
                 if finding is not None:
                     return self._fail(subject, case, base, contiguous, expected, strided, bitwise, kind, finding,
                                       evidence)
         shared = 0
-        for case in subject.first_seed_cases()[:1]:
+        for case in subject.first_seed_cases()[:1] if not writes_any else []:  # (no stride-0 input to write into)
             for label, make in self.shared_memory(subject, case):
                 finding = self._judge_shared(subject, make, rejected, label, case)
                 if finding is False:
@@ -216,16 +223,26 @@ class Layouts(Gate):
     @staticmethod
     def _judge_shared(subject: Subject, make: Callable[[], tuple], rejected: list, label: str,
                       case: Case) -> Finding | None | bool:
-        """The kernel on inputs that share memory, against the reference on the same and the float64 oracle
-        on dense copies: a Finding, None (within the bound, laid out as the reference's) or False (the
-        reference rejects them: skipped)."""
+        """The kernel on inputs that share memory against its own result on dense copies of the same values, as
+        the strided probes are judged: bitwise equal, or within the oracle bound and no worse than the dense
+        result; and laid out as the reference's output where the dense result is. A Finding, None, or False
+        (the reference rejects the inputs, or the kernel raises on the dense copies: other gates' business)."""
+        def dense() -> tuple:  # (copies: `.contiguous()` of a contiguous tensor would keep the sharing)
+            return tuple(a.clone(memory_format=torch.contiguous_format) if isinstance(a, torch.Tensor) else a
+                         for a in make())
         try:
             reference = subject.run_reference(make())
-            oracle = subject.oracle(tuple(a.contiguous() if isinstance(a, torch.Tensor) else a for a in make()))
+            oracle = subject.oracle(dense())
         except UserCodeError as exc:
             if not exc.role.startswith("reference"):
                 raise
             rejected.append(f"{label} ({case.label()})")
+            return False
+        try:
+            plain = subject.run_kernel(dense())
+        except UserCodeError as exc:
+            if exc.role != "kernel":
+                raise
             return False
         try:
             out = subject.run_kernel(make())
@@ -233,24 +250,34 @@ class Layouts(Gate):
             if exc.role != "kernel":
                 raise
             return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc} (the reference accepts "
-                           "these inputs)", details={"traceback": exc.trace})
-        leaves = measure_outputs(out, reference, oracle, subject.tolerance)
-        if isinstance(leaves, Incomparable):
-            return Finding(CONTRACT, leaves.message, expected=leaves.expected, got=leaves.got)
+                           "these inputs, and the kernel their dense copies)", details={"traceback": exc.trace})
+        if structure(out) != structure(plain):
+            return Finding(CONTRACT, "output structure differs from the dense copies' result")
+        pairs = [(p, g, w) for (p, g), (_, w) in zip(flatten(out), flatten(plain))
+                 if isinstance(g, torch.Tensor) and isinstance(w, torch.Tensor)]
+        if all(g.shape == w.shape and g.dtype == w.dtype and bitwise_mismatch(w, g) is None for _, g, w in pairs):
+            return None
         refs = dict(flatten(reference))
-        for path, got in flatten(out):
+        for path, got, was in pairs:
             want = refs.get(path)
-            if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+            if isinstance(want, torch.Tensor):
                 problem = layout_problem(got, want)
-                if problem:
+                if problem and layout_problem(was, want) is None:
                     message, expected, found = problem
                     return Finding(CONTRACT, f"{path} {message}", where=path, expected=expected, got=found,
                                    tolerance_free=True)
-        for leaf in leaves:
-            if not leaf.passed:
-                return Finding(ORACLE, leaf.describe(), where=leaf.where, expected=f"{leaf.expected!r} (float64 "
-                               "oracle)", got=repr(leaf.got), broken=leaf.ratio > BROKEN_FACTOR,
-                               tolerance_free=False, details={"ratio": leaf.ratio})
+        leaves = measure_outputs(out, reference, oracle, subject.tolerance)
+        dense_leaves = measure_outputs(plain, reference, oracle, subject.tolerance)
+        if isinstance(leaves, Incomparable) or isinstance(dense_leaves, Incomparable):
+            return Finding(CONTRACT, "output cannot be compared with the oracle")
+        for leaf, was in zip(leaves, dense_leaves):
+            allowed = max(leaf.bound, was.err)
+            if leaf.err > allowed:
+                ratio = leaf.err / allowed if allowed > 0 else float("inf")
+                return Finding(ORACLE, f"differs from the dense copies' result beyond the oracle bound: "
+                               f"{leaf.describe()}", where=leaf.where, expected=f"{leaf.expected!r} (float64 oracle)",
+                               got=repr(leaf.got), broken=ratio > BROKEN_FACTOR, tolerance_free=False,
+                               details={"ratio": ratio})
         return None
 
     @staticmethod
@@ -273,7 +300,7 @@ class Layouts(Gate):
 
     def _judge(self, subject: Subject, base, contiguous: tuple, expected: list, strided: dict[int, torch.Tensor],
                bitwise: bool, evidence: list | None, case: Case,
-               reference: Any = None) -> tuple[Finding | None, bool]:
+               reference: Any = None, writes: bool = False) -> tuple[Finding | None, bool]:
         """(why this probe fails or None, whether its result was bitwise equal to the contiguous one).
         `reference`: the reference's output on these strided arguments, when already run."""
         given = self._apply(contiguous, strided)
@@ -285,7 +312,7 @@ class Layouts(Gate):
             return Finding(CRASH, f"kernel raised {type(exc.exc).__name__}: {exc.exc}",
                            details={"traceback": exc.trace}), False
         for i in sorted(strided):  # an input the kernel writes only in this layout (a reshape that is a view)
-            changed = bitwise_mismatch(strided[i], given[i]) if i not in subject.inplace else None
+            changed = bitwise_mismatch(strided[i], given[i]) if i not in subject.inplace and not writes else None
             if changed is not None:
                 return Finding(CONTRACT, f"argument {i} was changed by the call ({changed.describe()}): the "
                                "kernel writes into its input in this layout", where=f"argument {i}",

@@ -3,10 +3,16 @@
 Generated from each declared shape: every size 1, size 1 in one dimension, size 1 in two dimensions at once
 (shapes of three or more dimensions, the others kept), every size the largest
 prime not above it, one dimension larger than a block of 4096 (4097), sizes 3, 17 and 131 (odd,
-non-multiples of 8/16/32/64/128) and declared size +-1 in one dimension, and, last, an empty batch
-(size 0 in dimension 0). At most `MAX_GENERATED` shapes, each of at most `CAP_FACTOR` x the largest
-declared shape's elements (at least `MIN_CAP`), and whose inputs hold at most `INPUT_FACTOR` x the
-declared inputs' elements: the sweep stays cheap on a CPU. A kernel that fails only on the empty
+non-multiples of 8/16/32/64/128) and declared size +-1 in one dimension, then one dimension past 8192
+(16384, a power of two: a multiple of every block size up to it), and, last, an empty batch
+(size 0 in dimension 0). The 4097 and 16384 shapes keep the other dimensions where the shape stays within
+the cap, else make them 1.
+
+At most `MAX_GENERATED` shapes, `MAX_PAST_8192` of them past 8192, each of at most `CAP_FACTOR` x the largest
+declared shape's elements (at least `MIN_CAP`; past 8192 at least 16384, so the long dimension alone always
+fits), and whose inputs hold at most `INPUT_FACTOR` x the declared inputs' elements (at least
+`MIN_INPUT_CAP`); a shape at least as large in every dimension as one whose inputs were too large is skipped
+without building its inputs. The sweep stays cheap on a CPU. A kernel that fails only on the empty
 batch gets `details.empty_only` (the audit report counts those apart), and a failure on real data is
 never shrunk to an empty shape.
 
@@ -18,36 +24,97 @@ rejects (raises on) is skipped: making the factory raise on shapes outside the k
 a manifest declares that domain. A failing shape is shrunk to the failing shape with the fewest
 elements (kgate.shrink) before it is reported, with its `kgate run ... --shape` reproducer.
 
-On the shapes longer than one block (4097 in one dimension) a NaN is also written into the first, then the
-last, element of every floating-point input: where the float64 oracle and the reference then give NaN, the
-kernel must not give a finite value (`kgate.shrink.nan_lost`, tolerance-free), where it keeps those NaNs at
-every declared shape (else the special_values gate's finding). A NaN that stops at a block
-boundary, in a kernel that carries a running value from one block to the next (a scan, a running maximum),
-shows only on rows longer than one block, which the special_values gate, at the declared shapes, never meets.
+Past 8192: kernels switch paths at a size (split-K slabs of 8192 whose epilogue runs only for a ragged
+tail, statistics of long rows taken from a strided sample), which neither the declared shapes nor 4097
+reach. There an oracle miss counts only where it is broken (beyond `BROKEN_FACTOR` bounds), with the input
+sensitivity as the least reference error (`kgate.gates.distributions.input_sensitivity`), also while it is
+shrunk: a correct sum of 16384 float32 terms in another order than the reference's wider CPU accumulation can
+miss the plain bound many times over (a masked mean as a GEMM: 18 times; 2.3 times this one), a path that
+drops or clips data misses it by orders of magnitude. Crashes, contract and NaN findings count as anywhere.
+What a shape past 8192 costs is bounded before the float64 oracle runs on it: its reference outputs may hold
+at most `INPUT_FACTOR` x the declared outputs' elements (at least `MIN_OUTPUT_CAP`, about a Gram matrix at
+4097), and it is not even built where the largest tensor the reference or the kernel would make there passes
+that cap, predicted from the largest they made at the 4097 shape of the same dimension (`largest_made`: a
+dispatch mode over one more call of each) grown as from a shape of 2049 to 4097 (run only where a quadratic
+growth, `PAST_COST`, would pass the cap): attention over the sequence and pairwise comparisons hold 16384^2
+elements there, a linear kernel 4 times what it made at 4097.
+
+On the shapes longer than one block (4097 in one dimension) special values are written into every
+floating-point input too, one probe at a time, and judged tolerance-free:
+
+- a NaN in the first, then the last, element: where the float64 oracle and the reference then give NaN, the
+  kernel must not give a finite value (`kgate.shrink.nan_lost`);
+- runs (`runs`): the first half plus one of the long dimension (the inputs' dimension of size 4097) filled
+  with -inf (a masked prefix, which attention and scan masks make), then with +inf; where the reference
+  rejects that, each input alone. Where the oracle and the reference agree on an element's class (NaN, +inf,
+  -inf, finite), the kernel must give that class (`class_changed`; under `special_values_match: nonfinite`
+  or `spread` as the special_values gate reads it).
+
+Each counts only where the kernel handles the same probe at every declared shape (else it is the
+special_values gate's finding), and is not shrunk (smaller shapes are within one block). A kernel that
+carries a running value from one block to the next (a scan, a running maximum, an online softmax) can drop a
+NaN at a block boundary, or join two -inf (two +inf) carries into a NaN (max(a, b) + log1p(exp(-|a - b|)),
+exp(m_old - m_new) with both -inf): that shows only on rows longer than one block, which the special_values
+gate, at the declared shapes, never meets, and a run needs a whole block of it.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import time
+from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-from kgate.compare import clone_tree
+from kgate.compare import clone_tree, flatten, index_of
 from kgate.gates.base import Gate, GateResult
+from kgate.gates.distributions import input_sensitivity
+from kgate.gates.special_values import classify
 from kgate.inputs import Case
-from kgate.shrink import NAN, SHRINK_SECONDS, Finding, judge_probe, nan_finding, nan_lost, numel, shrink_shape
-from kgate.subject import InputsTooLarge, Subject, UserCodeError, input_elements, unless_rejected
+from kgate.shrink import (
+    ORACLE,
+    SHRINK_SECONDS,
+    Finding,
+    judge_probe,
+    nan_finding,
+    nan_lost,
+    numel,
+    shrink_shape,
+)
+from kgate.subject import (
+    Baseline,
+    InputsTooLarge,
+    Subject,
+    UserCodeError,
+    input_elements,
+    unless_rejected,
+    within_domain,
+)
 
-MAX_GENERATED = 26
+MAX_GENERATED = 32  # at most MAX_PAST_8192 of them past 8192
+MAX_PAST_8192 = 6
 MIN_CAP = 1 << 13
 CAP_FACTOR = 4
 INPUT_FACTOR = 8
 MIN_INPUT_CAP = 1 << 20
+MIN_OUTPUT_CAP = 1 << 24  # past 8192: about what a Gram matrix holds at 4097 (4097^2), which the sweep runs
 BLOCK_PLUS_ONE = 4097
 ODD_SIZES = (3, 17, 131)
 EMPTY = "empty (size 0 in dim 0)"
-LONG = "larger than one block"  # the generated shapes on which NaN probes run too (`nan_at_ends`)
+LONG = "larger than one block"  # the generated shapes on which NaN and run probes run too (`nan_at_ends`, `runs`)
+PAST_8192 = 16384  # a power of two: a multiple of every block size up to it
+PAST_COST = round((PAST_8192 / BLOCK_PLUS_ONE) ** 2)  # 16: a quadratic growth (attention, pairwise) from 4097
+PAST = "past 8192"  # the generated shapes whose reference outputs are sized before the oracle runs
+CLASS = "class"  # a finding's kind: an element of another class than the one the oracle and the reference agree on
+RUNS = ((-math.inf, "-inf"), (math.inf, "+inf"))
+CLASS_NAMES = {0: "finite", 1: "NaN", 2: "+inf", 3: "-inf"}
+
+
+class OutputsTooLarge(Exception):
+    """The reference's outputs on a generated shape hold more elements than the sweep's cap."""
 
 
 def largest_prime_at_most(n: int) -> int:
@@ -100,10 +167,24 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
         for dim in range(len(shape)):
             for value in ODD_SIZES:
                 add(_with(shape, dim, value), f"odd size {value} in dim {dim}")
+    # Past 8192, after the others (the costliest shapes: a sweep cut short by its time limit drops them first),
+    # each dimension in turn across the declared shapes; within max(cap, PAST_8192) elements, so the shape of
+    # the long dimension alone, the others 1, always fits.
+    past: list[tuple[tuple[int, ...], str]] = []
+    for dim in range(max((len(s) for s in ranked), default=0)):
+        for shape in ranked:
+            if dim < len(shape):
+                big = _with(shape, dim, PAST_8192)
+                if numel(big) > cap:
+                    big = tuple(PAST_8192 if d == dim else min(s, 1) for d, s in enumerate(shape))
+                if big not in seen and numel(big) <= max(cap, PAST_8192):
+                    seen.add(big)
+                    past.append((big, f"dim {dim} {PAST} ({PAST_8192})"))
+    past = past[:MAX_PAST_8192]
     # Empty inputs last, and always: a kernel that fails only there is told apart from one that fails on
     # real data (`empty_only` in the verdict's details).
     empty = list(dict.fromkeys((0,) + shape[1:] for shape in ranked if shape[0] != 0 and (0,) + shape[1:] not in seen))
-    return chosen[:MAX_GENERATED - len(empty)] + [(shape, EMPTY) for shape in empty]
+    return chosen[:MAX_GENERATED - MAX_PAST_8192 - len(empty)] + past + [(shape, EMPTY) for shape in empty]
 
 
 def _with(shape: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:
@@ -126,7 +207,7 @@ def takes_shape(subject: Subject) -> bool:
 
 class Shapes(Gate):
     name = "shapes"
-    summary = "contract and oracle bound hold on declared plus generated edge shapes (1, primes, odd, 4097, empty)"
+    summary = "contract and oracle bound hold on declared plus generated edge shapes (1, primes, odd, 4097, 16384, empty)"
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
@@ -148,19 +229,25 @@ class Shapes(Gate):
                                     "shape produced them; declare `shapes:` to sweep shapes")
             declared = [derived]
         evidence: list[dict] = []
-        sizes = []
+        sizes, out_sizes = [], []
         for shape in declared:  # the declared shapes must work: factory or reference errors are errors
             for dtype in dtypes:
                 case = Case(shape, dtype, seed)
                 base = subject.baseline(case)
                 sizes.append(input_elements(base.args))
+                out_sizes.append(_elements(base.reference))
                 finding = self._judge(subject, case, base, evidence)
                 if finding is not None:
                     return self._fail(subject, case, "a declared shape", finding, evidence)
         input_cap = max(INPUT_FACTOR * max(sizes), MIN_INPUT_CAP)
+        output_cap = max(INPUT_FACTOR * max(out_sizes), MIN_OUTPUT_CAP)  # past 8192 only
         generated = edge_shapes(declared, max(CAP_FACTOR * max(numel(s) for s in declared), MIN_CAP))
         rejected: list[str] = []
         too_big: list[str] = []
+        too_big_out: list[str] = []
+        oversized: list[tuple[int, ...]] = []  # shapes whose inputs were too large
+        long_made: dict[int, tuple[tuple[int, ...], int]] = {}  # per dimension: its 4097 shape, `largest_made` there
+        too_costly: list[str] = []
         # Half the gate's time limit for the generated sweep, a quarter for shrinking: a slow kernel gets
         # a shorter sweep (said in the message), not a timeout that loses the verdict.
         timeout = subject.entry.limits.timeout
@@ -170,31 +257,38 @@ class Shapes(Gate):
             if time.monotonic() > deadline:
                 break
             swept += 1
+            if any(_covers(shape, small) for small in oversized):  # not even built
+                too_big.append(_fmt(shape))
+                continue
+            if PAST in why and _dim_of(why) in long_made:
+                predicted = _predicted_made(subject, Case(shape, dtypes[0], seed), _dim_of(why),
+                                            *long_made[_dim_of(why)], output_cap)
+                if predicted > output_cap:
+                    too_costly.append(f"{_fmt(shape)} (~{predicted:.3g} elements)")
+                    continue
             for dtype in dtypes:
                 case = Case(shape, dtype, seed)
                 try:  # inputs past the cap are not run (the reference and the oracle neither)
-                    base = subject.baseline(case, max_elements=input_cap)
+                    if PAST in why:
+                        base = _sized_baseline(subject, case, input_cap, output_cap)
+                    else:
+                        base = subject.baseline(case, max_elements=input_cap)
                 except UserCodeError as exc:
                     rejected.append(f"{_fmt(shape)} ({exc.role} raised {type(exc.exc).__name__})")
                     break
                 except InputsTooLarge:
                     too_big.append(_fmt(shape))
+                    oversized.append(shape)
                     break
-                finding = self._judge(subject, case, base, evidence)
+                except OutputsTooLarge:
+                    too_big_out.append(_fmt(shape))
+                    break
+                finding = self._judge(subject, case, base, evidence, past=PAST in why)
+                if finding is None and LONG in why and _dim_of(why) not in long_made:
+                    long_made[_dim_of(why)] = (shape, largest_made(subject, base.args))
                 if finding is None and LONG in why:
-                    finding = nan_at_ends(subject, base.args)
-                    # shape-dependent only where the same NaNs are kept at every declared shape: a kernel that
-                    # drops them there too is the special_values gate's finding, not this one's
-                    if finding is not None and any(nan_at_ends(subject, subject.baseline(Case(d, dtype, seed)).args)
-                                                   for d in declared):
-                        finding = None
-                    if finding is not None:  # not shrunk: smaller shapes are within one block
-                        result = self.failed(subject, f"shape {_fmt(shape)} ({why}): {finding.message}", case=case,
-                                             expected=finding.expected, got=finding.got, where=finding.where,
-                                             broken=True, evidence=evidence,
-                                             details={**finding.details, "kind": NAN, "found_at": list(shape),
-                                                      "why": why, "empty_only": False})
-                        result.tolerance_free = True
+                    result = self._special_runs(subject, case, why, base.args, declared, evidence)
+                    if result is not None:
                         return result
                 if finding is not None:
                     return self._fail(subject, case, why, finding, evidence)
@@ -203,18 +297,54 @@ class Shapes(Gate):
             notes.append(f"skipped {len(rejected)} the reference or factory rejects: {', '.join(rejected[:6])}")
         if too_big:
             notes.append(f"skipped {len(too_big)} whose inputs are too large for the sweep: {', '.join(too_big)}")
+        if too_costly:
+            notes.append(f"skipped {len(too_costly)} past 8192 whose largest tensor, grown from 4097 as from 2049 "
+                         f"to 4097, would be too large for the sweep: {', '.join(too_costly)}")
+        if too_big_out:
+            notes.append(f"skipped {len(too_big_out)} whose reference outputs are too large for the sweep: "
+                         f"{', '.join(too_big_out)}")
         if swept < len(generated):
             notes.append(f"stopped after {swept} of {len(generated)} generated shapes (half the gate's "
                          f"{timeout:g} s time limit)")
         message = (f"contract and oracle bound held on {len(declared)} declared and "
-                   f"{swept - len(rejected) - len(too_big)} generated shape(s) x {len(dtypes)} dtype(s)")
+                   f"{swept - len(rejected) - len(too_big) - len(too_big_out) - len(too_costly)} generated shape(s) x "
+                   f"{len(dtypes)} dtype(s)")
         return self.passed(message + ("; " + "; ".join(notes) if notes else ""), evidence=evidence,
                            details={"generated": [list(s) for s, _ in generated], "rejected": rejected,
-                                    "too_large": too_big})
+                                    "too_large": too_big, "outputs_too_large": too_big_out,
+                                    "too_costly": too_costly})
+
+    def _special_runs(self, subject: Subject, case: Case, why: str, args: tuple, declared: list[tuple[int, ...]],
+                      evidence: list) -> GateResult | None:
+        """On a shape longer than one block: the NaN probes (`nan_at_ends`), then the runs (`runs`). A finding
+        counts only where the kernel handles the same probe at every declared shape (else it is the
+        special_values gate's); it is not shrunk (smaller shapes are within one block)."""
+        def at_declared() -> list[tuple]:
+            return [subject.baseline(Case(d, case.dtype, case.seed)).args for d in declared]
+
+        finding = nan_at_ends(subject, args)
+        if finding is not None and any(nan_at_ends(subject, a) for a in at_declared()):
+            finding = None
+        if finding is None:
+            dims = long_dims(args, BLOCK_PLUS_ONE)
+            finding = runs(subject, args, dims)
+            if finding is not None:
+                value = [r for r in RUNS if r[1] == finding.details["value"]]
+                if any(runs(subject, a, same_dims(a, args, dims), value) for a in at_declared()):
+                    finding = None
+        if finding is None:
+            return None
+        result = self.failed(subject, f"shape {_fmt(case.shape)} ({why}): {finding.message}", case=case,
+                             expected=finding.expected, got=finding.got, where=finding.where, broken=True,
+                             evidence=evidence,
+                             details={**finding.details, "kind": finding.kind, "found_at": list(case.shape),
+                                      "why": why, "empty_only": False})
+        result.tolerance_free = True
+        return result
 
     @staticmethod
-    def _judge(subject: Subject, case: Case, base, evidence: list) -> Finding | None:
-        finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle, layout=True)
+    def _judge(subject: Subject, case: Case, base, evidence: list, past: bool = False) -> Finding | None:
+        finding, leaves = _judged(subject, base, past)
         evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
         return finding
 
@@ -234,6 +364,7 @@ class Shapes(Gate):
 
     def _fail(self, subject: Subject, case: Case, why: str, finding: Finding, evidence: list) -> GateResult:
         found: dict[tuple[int, ...], Finding] = {case.shape: finding}
+        past = PAST in why  # smaller shapes are judged as the one found: a gross miss shrinks to a gross miss
 
         empty_only = numel(case.shape) == 0
 
@@ -245,7 +376,7 @@ class Shapes(Gate):
                 base = subject.baseline(probe)
             except UserCodeError:
                 return False  # the reference or the factory rejects this shape: not a counterexample
-            result, _ = judge_probe(subject, base.args, base.reference, base.oracle, layout=True)
+            result, _ = _judged(subject, base, past)
             if result is not None and result.kind == finding.kind:
                 found[shape] = result
                 return True
@@ -295,6 +426,196 @@ def nan_at_ends(subject: Subject, args: tuple) -> Finding | None:
         if lost is not None:
             return nan_finding(lost, f"with a NaN in the {where} element of every floating-point input, ")
     return None
+
+
+def long_dims(args: tuple, size: int) -> dict[int, int]:
+    """Per non-empty floating-point input of `args` that has a dimension of `size`, its last such dimension."""
+    found = {}
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel() and size in a.shape:
+            found[i] = len(a.shape) - 1 - tuple(reversed(a.shape)).index(size)
+    return found
+
+
+def same_dims(args: tuple, long_args: tuple, dims: dict[int, int]) -> dict[int, int]:
+    """`dims` (found on `long_args`) for the inputs of `args` (another shape) that are non-empty floating-point
+    tensors of the same number of dimensions."""
+    return {i: d for i, d in dims.items() if i < len(args) and isinstance(a := args[i], torch.Tensor)
+            and a.is_floating_point() and a.numel() and a.dim() == long_args[i].dim()}
+
+
+def runs(subject: Subject, args: tuple, dims: dict[int, int], values=RUNS) -> Finding | None:
+    """For each of `values` in turn (-inf, then +inf), the first half plus one of dimension `dims[i]` of every
+    input i filled with it (a masked prefix, which attention and scan masks make, across the block boundaries
+    in it); where the reference rejects that, each input alone (`within_domain`). The first probe on which
+    the kernel gives an element a class (`class_changed`) other than the one the float64 oracle and the
+    reference agree on, or None. Probes the reference rejects, and a kernel that raises on them (the
+    special_values gate's business), are passed over."""
+    if not dims:
+        return None
+    mode = subject.entry.entry.special_values_match
+
+    def judge(inputs: tuple, _: int | None) -> tuple | None:
+        outputs = unless_rejected(lambda: (subject.run_reference(clone_tree(inputs)), subject.oracle(inputs)))
+        if outputs is None:
+            return None
+        try:
+            out = subject.run_kernel(clone_tree(inputs))
+        except UserCodeError as exc:
+            if exc.role != "kernel":
+                raise
+            return (None,)
+        return (class_changed(out, *outputs, mode=mode),)
+
+    for value, name in values:
+        probe = list(clone_tree(args))
+        prefix = {}
+        for i, d in dims.items():
+            prefix[i] = (probe[i].shape[d] // 2 + 1, probe[i].shape[d], d)
+            probe[i][(slice(None),) * d + (slice(0, prefix[i][0]),)] = value
+        for alone, _, outcome in within_domain(args, tuple(probe), list(dims), judge, subject.conform):
+            changed = outcome[0] if outcome is not None else None
+            if changed is None:
+                continue
+            path, index, got, expected, count = changed
+            which = sorted(dims) if alone is None else [alone]
+            filled = ", ".join(f"{prefix[i][0]} of {prefix[i][1]} along dim {prefix[i][2]} of argument {i}"
+                               for i in which)
+            where = f"{path}{list(index)}"
+            return Finding(CLASS, f"{where}: with {name} filling the first {filled} (a masked prefix), the float64 "
+                           f"oracle and the reference give {expected}, the kernel {got!r} ({count} element(s) of "
+                           f"another class where both agree)", where=where,
+                           expected=f"{expected} (float64 oracle and reference)", got=repr(got),
+                           details={"value": name, "arguments": which})
+    return None
+
+
+def class_changed(out: Any, reference: Any, oracle: Any, mode: str = "exact"
+                  ) -> tuple[str, tuple[int, ...], float, str, int] | None:
+    """The first floating-point output element whose class (NaN, +inf, -inf, finite) differs from the one the
+    float64 oracle and the reference (in the kernel's dtype) agree on: (path, index, the kernel's value, the
+    class, how many such elements), or None. Elements on whose class the two disagree (an overflow of the dtype
+    alone, an inf - inf that one order makes NaN) are not judged. `mode` is the manifest's
+    `special_values_match`: `nonfinite` counts NaN and +-inf as one class; `spread` as well, and a kernel
+    may also give a non-finite value where the two agree on finite (a tile poisoned by 0 * inf)."""
+    refs, truths = dict(flatten(reference)), dict(flatten(oracle))
+    for path, got in flatten(out):
+        want, truth = refs.get(path), truths.get(path)
+        if not all(isinstance(t, torch.Tensor) and (t.is_floating_point() or t.is_complex()) for t in (got, want, truth)) \
+                or not got.shape == want.shape == truth.shape or got.numel() == 0:
+            continue
+        expected = classify(truth.detach().to(got.device))
+        agreed = expected == classify(want.detach().to(got.device))
+        actual = classify(got.detach())
+        if mode != "exact":
+            expected, actual = expected.clamp(max=1), actual.clamp(max=1)
+        differs = agreed & (expected != actual)
+        if mode == "spread":
+            differs &= ~((expected == 0) & (actual != 0))
+        if bool(differs.any()):
+            flat = int(differs.reshape(-1).nonzero()[0])
+            cls = int(expected.reshape(-1)[flat])
+            name = CLASS_NAMES[cls] if mode == "exact" else ("finite", "non-finite")[cls]
+            value = got.detach().reshape(-1)[flat]
+            return (path, index_of(flat, tuple(got.shape)), complex(value) if value.is_complex() else float(value),
+                    name, int(differs.sum()))
+    return None
+
+
+def _judged(subject: Subject, base: Baseline, past: bool) -> tuple[Finding | None, list]:
+    """`judge_probe` on a baseline, with the layout. `past` (a shape past 8192): an oracle miss counts only where
+    it is broken (beyond BROKEN_FACTOR bounds) with the input sensitivity as the least reference error (the
+    distributions gate's `input_sensitivity`): a sum of 16384 float32 terms in another order than the
+    reference's wider accumulation misses the bound by a few times, a path that drops or clips data by far."""
+    finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle, layout=True)
+    if past and finding is not None and finding.kind == ORACLE:
+        finding, leaves = judge_probe(subject, base.args, base.reference, base.oracle,
+                                      sensitivity=input_sensitivity(subject, base.args, base.oracle), layout=True)
+        if finding is not None and finding.kind == ORACLE and not finding.broken:
+            finding = None
+    return finding, leaves
+
+
+class _LargestMade(TorchDispatchMode):
+    """While active, the most elements a tensor result of any op holds in its storage (a view of an input counts
+    as that input; an expanded view as what it is a view of)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # as kgate.gates.initialization.AllocationHook: no import of torch._dynamo
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and not t.is_meta:
+                try:
+                    self.largest = max(self.largest, t.untyped_storage().nbytes() // max(t.element_size(), 1))
+                except (RuntimeError, NotImplementedError):  # a tensor subclass without a storage
+                    pass
+        return out
+
+
+def largest_made(subject: Subject, args: tuple) -> int:
+    """The most elements a tensor that one call of the reference, then one of the kernel, on `args` made held: what
+    a shape's work grows with (an attention's scores, a pairwise matrix). 0 where either raises."""
+    recorder = _LargestMade()
+    try:
+        with recorder:
+            subject.run_reference(clone_tree(args))
+            subject.run_kernel(clone_tree(args))
+    except UserCodeError:
+        return 0
+    return recorder.largest
+
+
+def _predicted_made(subject: Subject, case: Case, dim: int, long_shape: tuple[int, ...], made: int,
+                    cap: int) -> float:
+    """The largest tensor the reference or the kernel would make at `case` (a shape past 8192 in `dim`), from
+    `made` at `long_shape` (its 4097 shape): grown by the square of the growth from 2049 to 4097 (two doublings
+    to 16384; 4 for a linear cost, 16 for a quadratic one), times the ratio of the other dimensions' sizes.
+    The shape of 2049 is run only where a quadratic growth would pass `cap` (where it raises, the growth is
+    taken as quadratic)."""
+    others = (numel(case.shape) / case.shape[dim]) / max(numel(long_shape) / long_shape[dim], 1)
+    if made * PAST_COST * others <= cap:
+        return made * PAST_COST * others
+    half = Case(_with(long_shape, dim, BLOCK_PLUS_ONE // 2 + 1), case.dtype, case.seed)
+    try:
+        smaller = largest_made(subject, subject.inputs(half))
+    except UserCodeError:
+        smaller = 0
+    growth = made / smaller if smaller else PAST_COST ** 0.5
+    return made * min(growth, PAST_COST ** 0.5) ** 2 * others
+
+
+def _dim_of(why: str) -> int:
+    """The dimension a 4097 or past-8192 shape was made long in (its `why` begins "dim N")."""
+    return int(why.split()[1])
+
+
+def _covers(shape: tuple[int, ...], small: tuple[int, ...]) -> bool:
+    """Whether `shape` is at least `small` in every dimension (its inputs, then, at least as large)."""
+    return len(shape) == len(small) and all(a >= b for a, b in zip(shape, small))
+
+
+def _elements(obj: Any) -> int:
+    return sum(t.numel() for _, t in flatten(obj) if isinstance(t, torch.Tensor))
+
+
+def _sized_baseline(subject: Subject, case: Case, input_cap: int, output_cap: int) -> Baseline:
+    """`Subject.baseline` for a shape past 8192 (not cached), whose reference outputs are counted before the
+    float64 oracle runs: an output quadratic in the long dimension (a Gram matrix, pairwise distances) holds
+    16384^2 elements there."""
+    args = subject.inputs(case)
+    if (held := input_elements(args)) > input_cap:
+        raise InputsTooLarge(held)
+    reference = subject.run_reference(clone_tree(args))
+    if _elements(reference) > output_cap:
+        raise OutputsTooLarge()
+    return Baseline(args, reference, subject.oracle(args))
 
 
 def _fmt(shape: tuple[int, ...] | None) -> str:
