@@ -141,12 +141,15 @@ class BatchNormEvalFoldVersioned(BatchNormBothModes):
     op's schema does not declare them written): the key holds the version of the call counter too, which every
     training-mode call advances."""
 
+    def held(self):
+        bn = self.bn
+        return bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked
+
     def forward(self, x):
         bn = self.bn
         if self.training:
             return super().forward(x)
-        held = (bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked)
-        key = tuple((t.data_ptr(), t._version) for t in held)
+        key = tuple((t.data_ptr(), t._version) for t in self.held())
         if getattr(self, "_fold", (None,))[0] != key:
             with torch.no_grad():
                 scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)

@@ -24,7 +24,7 @@ from kgate.gates.isolation import parameter_classes
 from kgate.inputs import Case
 from kgate.manifest import Tolerance
 from kgate.oracle import BROKEN_FACTOR, LeafError, Terms, measure
-from kgate.subject import ModuleState, Subject, UserCodeError
+from kgate.subject import ModuleState, Subject, UserCodeError, unless_rejected
 
 EVAL_SEED = 7727  # seeds the steps of the parameters and buffers before the eval-mode rounds
 EVAL_ROUNDS = 2  # eval-mode rounds where the state is stepped: the second finds a fold kept from the first
@@ -253,13 +253,10 @@ class Oracle(Gate):
         """One call of the sequence: a failure, True (judged) or None (the reference rejects the inputs)."""
         lock = subject.lockstep
         assert lock is not None
-        try:
-            reference = subject.run_reference(clone_tree(args))
-            oracle = subject.oracle(args)
-        except UserCodeError as exc:
-            if not exc.role.startswith("reference"):
-                raise
+        outputs = unless_rejected(lambda: (subject.run_reference(clone_tree(args)), subject.oracle(args)))
+        if outputs is None:
             return None
+        reference, oracle = outputs
         expected_buffers = _buffers(lock.reference, lock.kernel_names)
         oracle_buffers = _buffers(subject.oracle_module(), lock.kernel_names)
         out = subject.run_kernel(clone_tree(args))
