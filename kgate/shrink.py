@@ -145,13 +145,13 @@ def shrink_subset(items: Sequence[T], fails: Callable[[list[T]], bool], *,
 
 # -- judging one probe ------------------------------------------------------------------------------------
 
-CRASH, CONTRACT, ORACLE, NAN = "crash", "contract", "oracle", "nan"
+CRASH, CONTRACT, ORACLE, NAN, INF = "crash", "contract", "oracle", "nan", "inf"
 
 
 @dataclass
 class Finding:
     """Why one probe failed. `kind` is crash, contract (structure/shape/dtype), nan (finite where the oracle
-    and the reference are NaN) or oracle (bound missed)."""
+    and the reference are NaN), inf (finite where both are the same infinity) or oracle (bound missed)."""
 
     kind: str
     message: str
@@ -181,6 +181,37 @@ def nan_lost(out: Any, reference: Any, oracle: Any) -> tuple[str, tuple[int, ...
             flat = int(lost.reshape(-1).nonzero()[0])
             return path, index_of(flat, tuple(got.shape)), float(got.detach().reshape(-1)[flat]), int(lost.sum())
     return None
+
+
+def inf_lost(out: Any, reference: Any, oracle: Any) -> tuple[str, tuple[int, ...], float, int, float] | None:
+    """The first output element that is finite where the float64 oracle and the reference (in the kernel's dtype)
+    give the same infinity: (path, index, the kernel's value, how many such elements, the infinity), or None.
+    log 0, the log-sum-exp of nothing, a maximum over masked-out values: where both agree that the result is
+    infinite, a finite value (a clamp to the dtype's range, an empty reduction started at 0) is a wrong result
+    that no bound measures (the bound judges the elements where the oracle is finite). A NaN or the other
+    infinity there is the special_values gate's business (`special_values_match` says how they count)."""
+    refs, truths = dict(flatten(reference)), dict(flatten(oracle))
+    for path, got in flatten(out):
+        want, truth = refs.get(path), truths.get(path)
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (got, want, truth)) \
+                or not got.shape == want.shape == truth.shape or got.numel() == 0:
+            continue
+        want, truth = want.detach().to(got.device), truth.detach().to(got.device)
+        lost = torch.isinf(truth) & (want.double() == truth.double()) & torch.isfinite(got.detach())
+        if bool(lost.any()):
+            flat = int(lost.reshape(-1).nonzero()[0])
+            return (path, index_of(flat, tuple(got.shape)), float(got.detach().reshape(-1)[flat]), int(lost.sum()),
+                    float(truth.reshape(-1)[flat]))
+    return None
+
+
+def inf_finding(lost: tuple[str, tuple[int, ...], float, int, float]) -> Finding:
+    """The Finding of `inf_lost`'s element."""
+    path, index, got, count, infinity = lost
+    where = f"{path}{list(index)}"
+    return Finding(INF, f"{where}: the float64 oracle and the reference give {infinity}, the kernel {got!r} "
+                   f"({count} element(s) finite where both are that infinity)", where=where,
+                   expected=f"{infinity} (float64 oracle and reference)", got=repr(got))
 
 
 def nan_finding(lost: tuple[str, tuple[int, ...], float, int], inputs: str = "") -> Finding:
@@ -242,6 +273,9 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
     lost = nan_lost(out, reference, oracle if truth is None else truth)
     if lost is not None:
         return nan_finding(lost), leaves
+    infinite = inf_lost(out, reference, oracle if truth is None else truth)
+    if infinite is not None:
+        return inf_finding(infinite), leaves
     worst = max(leaves, key=lambda leaf: leaf.ratio, default=None)
     if worst is None or worst.passed:
         return None, leaves

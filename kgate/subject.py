@@ -285,6 +285,12 @@ class Subject:
         triangular or symmetric matrices: `kgate.kernelbench.conform`). Here: unchanged."""
         return probe
 
+    def predicted_input_elements(self, case: Case) -> int | None:
+        """Elements the inputs of `case` would hold, counted without making them (a KernelBench problem's
+        get_inputs() on the meta device), or None where unknown: a generated shape's inputs can be too large
+        to make at all. Here: unknown."""
+        return None
+
     def structural_zeros(self, args: tuple) -> bool:
         """Whether some input has zeros its domain declares (a KernelBench problem's triangular or
         diagonal matrices), which a kernel may skip rather than multiply: then 0 * NaN need not be NaN
@@ -615,7 +621,10 @@ class ModuleState:
     def restore(self) -> None:
         with torch.no_grad():
             for t, saved in self._saved:
-                t.copy_(saved)
+                if t.shape == saved.shape and t.dtype == saved.dtype and t.device == saved.device:
+                    t.copy_(saved)
+                else:  # a call replaced the tensor's data (`p.data = p.data.t()`) with another shape or dtype
+                    t.data = saved.clone()
         if self._lockstep is not None and self.subject.lockstep is not None:
             self.subject.lockstep.state = dict(self._lockstep)
         self.subject.drop_converted_references()

@@ -110,8 +110,9 @@ def test_default_shape_is_derived_when_the_factory_takes_shape_but_none_is_decla
 
 def test_edge_shapes_are_capped_deduplicated_and_derived():
     shapes = edge_shapes([(7, 1000)], cap=65536)
-    assert len(shapes) == len({s for s, _ in shapes}) <= 20
-    assert all(s[0] * s[1] <= 65536 for s, _ in shapes)
+    assert len(shapes) == len({s for s, _ in shapes}) <= 24
+    assert all(s[0] * s[1] <= 65536 for s, why in shapes if "past 65535" not in why)
+    assert all(s[0] * s[1] <= 16 * 65537 for s, why in shapes if "past 65535" in why)
     kinds = {why for _, why in shapes}
     assert "every size 1" in kinds and "every size prime" in kinds and "empty (size 0 in dim 0)" in kinds
     assert ((7, 997), "every size prime") in shapes and largest_prime_at_most(1000) == 997
@@ -165,8 +166,8 @@ def test_empty_shapes_come_last_in_the_sweep():
     shapes = edge_shapes([(7, 1000), (3, 50)], cap=65536)
     kinds = [why for _, why in shapes]
     first_empty = kinds.index("empty (size 0 in dim 0)")
-    assert all(k == "empty (size 0 in dim 0)" for k in kinds[first_empty:])
-    assert {s for s, why in shapes if why.startswith("empty")} == {(0, 1000), (0, 50)}
+    assert all(k.startswith("empty (size 0 in dim ") for k in kinds[first_empty:])
+    assert [s for s, why in shapes if why.startswith("empty")] == [(0, 1000), (0, 50), (7, 0), (3, 0)]
 
 
 def test_a_generated_shape_whose_inputs_are_too_large_is_skipped_before_anything_runs_on_them():
@@ -349,7 +350,7 @@ def test_edge_shapes_past_8192_keep_the_other_dimensions_within_the_cap():
     assert past == [(16384, 1), (1, 16384), (4, 16384)]  # (16, 16384) is past the cap: its other dimension 1
     kinds = [why for _, why in shapes]
     first_past = kinds.index("dim 0 past 8192 (16384)")
-    assert all("past 8192" in k or k.startswith("empty") for k in kinds[first_past:])  # after the others
+    assert all(" past " in k or k.startswith("empty") for k in kinds[first_past:])  # after the others
     # the long dimension alone fits a cap below it; at most MAX_PAST_8192 of them, MAX_GENERATED in all
     assert ((1, 16384), "dim 1 past 8192 (16384)") in edge_shapes([(4, 64)], cap=8192)
     many = edge_shapes([(2, 8, 6, 6), (3, 5, 7, 9, 11)], cap=1 << 13)
@@ -470,10 +471,107 @@ def test_a_shape_past_8192_whose_4097_shape_made_a_quadratic_tensor_is_not_built
         return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype),)
 
     costly = check("shapes", _ranks_pairwise, _ranks, make_row, shapes=[[64]])
-    assert costly.verdict == "pass" and len(costly.details["too_costly"]) == 1, costly.message
+    assert costly.verdict == "pass" and len(costly.details["too_costly"]) == 2, costly.message
     assert costly.details["too_costly"][0].startswith("(16384,) (~2.68e+08 elements)"), costly.message
-    assert "past 8192 whose largest tensor" in costly.message and 16384 not in asked
+    assert costly.details["too_costly"][1].startswith("(65537,) (~4.29e+09 elements)"), costly.message
+    assert "past 8192 or 65535 whose largest tensor" in costly.message and 16384 not in asked and 65537 not in asked
     for kernel, reference in ((lambda x: torch.stack([x, x], -1).sum(-1), lambda x: x * 2), (_ranks, _ranks)):
         asked.clear()
         cheap = check("shapes", kernel, reference, make_row, shapes=[[64]])
-        assert cheap.verdict == "pass" and not cheap.details["too_costly"] and 16384 in asked, cheap.message
+        assert cheap.verdict == "pass" and 16384 in asked, cheap.message
+        assert all(s.startswith("(65537,)") for s in cheap.details["too_costly"]), cheap.message  # 2^4 x 8194
+
+
+# -- untied sizes, past 65535, empty dimensions past the first, the same elements split otherwise ------------
+
+ATTENTION = dict(shapes=[[2, 2]])
+
+
+def test_untied_sizes_catch_keys_left_out_where_the_queries_are_fewer():
+    ok = check("shapes", correct.attention_online, correct.attention_reference, correct.make_attention_inputs,
+               **ATTENTION)
+    assert ok.verdict == "pass" and "untied-size probe(s) the reference accepts" in ok.message, ok.message
+    assert check("oracle", violating.attention_key_blocks_from_queries, correct.attention_reference,
+                 correct.make_attention_inputs, **ATTENTION).verdict == "pass"  # as many keys as queries
+    bad = check("shapes", violating.attention_key_blocks_from_queries, correct.attention_reference,
+                correct.make_attention_inputs, **ATTENTION)
+    assert bad.verdict == "fail" and bad.details["kind"] == "oracle", bad.message
+    assert bad.details["untied"] == "size 48 halved to 24 in argument 0 dim 2 only (the other arguments' 48 kept)"
+
+
+def test_untied_sizes_catch_an_output_as_wide_as_the_queries():
+    def out_like_queries(q, k, v):
+        out = torch.empty_like(q)  # a buffer shaped like the queries, written as wide as the values
+        out[..., :v.shape[-1]] = correct.attention_online(q, k, v)
+        return out
+
+    bad = check("shapes", out_like_queries, correct.attention_reference, correct.make_attention_inputs, **ATTENTION)
+    assert bad.verdict == "fail" and bad.details["kind"] == "contract", bad.message
+    assert "size 16 halved to 8 in argument 2 dim 3 only" in bad.details["untied"]
+
+
+def test_a_kernel_that_raises_on_untied_sizes_is_passed_over():
+    def self_attention_only(q, k, v):
+        if not q.shape == k.shape == v.shape:
+            raise ValueError("q, k and v must have one shape")
+        return correct.attention_online(q, k, v)
+
+    result = check("shapes", self_attention_only, correct.attention_reference, correct.make_attention_inputs,
+                   **ATTENTION)
+    assert result.verdict == "pass" and "of which the kernel raises on (passed over)" in result.message, result.message
+
+
+def test_untied_probes_halve_a_shared_size_in_one_argument_then_in_all_but_one():
+    from kgate.gates.shapes import untied_probes
+
+    a, b, c = torch.randn(4, 6), torch.randn(6, 6), torch.randn(6)
+    probes = list(untied_probes((a, b, c, 3)))
+    shapes = [tuple(tuple(t.shape) for t in probe[:3]) for _, probe in probes]
+    assert shapes[:3] == [((4, 3), (6, 6), (6,)), ((4, 6), (3, 3), (6,)), ((4, 6), (6, 6), (3,))]
+    assert ((4, 6), (3, 3), (3,)) in shapes and all(probe[3] == 3 for _, probe in probes)
+    assert torch.equal(probes[0][1][0], a[:, :3]) and probes[0][1][0].is_contiguous()  # the first half, copied
+    assert list(untied_probes((torch.randn(4, 6),))) == []  # one tensor: nothing ties
+
+
+def test_rows_past_65535_catch_a_grid_clamped_to_65535_rows():
+    ok = check("shapes", correct.row_norm, correct.row_norm_reference, correct.make_rows, shapes=[[256, 8]])
+    assert ok.verdict == "pass", ok.message
+    bad = check("shapes", violating.row_norm_grid_rows, correct.row_norm_reference, correct.make_rows,
+                shapes=[[256, 8]])
+    assert bad.verdict == "fail" and bad.details["why"] == "dim 0 past 65535 (65537)", bad.message
+    assert bad.case["shape"][0] == 65536  # shrunk to one row past the grid
+
+
+def test_an_empty_reduction_giving_0_for_log_0_fails_and_one_that_raises_is_passed_over():
+    ok = check("shapes", correct.logsumexp_rows, correct.logsumexp_reference, correct.make_rows, shapes=[[256, 8]])
+    assert ok.verdict == "pass", ok.message
+    bad = check("shapes", violating.logsumexp_rows_empty_zero, correct.logsumexp_reference, correct.make_rows,
+                shapes=[[256, 8]])
+    assert bad.verdict == "fail" and bad.details["empty_only"] is True and bad.details["kind"] == "inf", bad.message
+    assert "give -inf, the kernel 0.0" in bad.message and bad.case["shape"][1] == 0
+
+    def amax_shift(x):
+        return (x - x.amax(dim=-1, keepdim=True)).exp().sum(dim=-1).log() + x.amax(dim=-1)  # raises on no column
+
+    raising = check("shapes", amax_shift, correct.logsumexp_reference, correct.make_rows, shapes=[[256, 8]])
+    assert raising.verdict == "pass" and "(passed over): (256, 0)" in raising.message, raising.message
+
+
+def test_a_plan_cached_by_element_count_fails_right_after_the_declared_shape():
+    ok = check("shapes", correct.row_sums_planned, correct.row_sum_reference, correct.make_rows, shapes=[[8, 64]])
+    assert ok.verdict == "pass", ok.message
+    bad = check("shapes", violating.row_sums_planned_by_count, correct.row_sum_reference, correct.make_rows,
+                shapes=[[8, 64]])
+    assert bad.verdict == "fail" and bad.case["shape"] == [16, 32], bad.message  # not shrunk: a call sequence
+    assert "right after a call at the declared (8, 64)" in bad.message
+
+
+def test_inf_lost_finds_a_finite_value_only_where_oracle_and_reference_agree_on_an_infinity():
+    from kgate.shrink import inf_lost
+
+    inf = float("inf")
+    truth = torch.tensor([-inf, -inf, inf, 1.0], dtype=torch.float64)
+    ref = torch.tensor([-inf, 3.0, inf, 1.0])
+    assert inf_lost(torch.tensor([-inf, 0.0, inf, 2.0]), ref, truth) is None  # 0.0 where the reference is finite
+    assert inf_lost(torch.tensor([float("nan"), 0.0, -inf, 2.0]), ref, truth) is None  # not finite: special_values'
+    assert inf_lost(torch.tensor([-88.5, 0.0, 3.0e38, 2.0]), ref, truth) == ("out", (0,), -88.5, 2, -inf)

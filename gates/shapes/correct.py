@@ -77,3 +77,88 @@ def matmul_split_k(a, b):
     for s in range(0, a.shape[-1], SLAB):
         out = out + a[:, s:s + SLAB] @ b[s:s + SLAB]
     return out
+
+
+# -- sizes the factory ties together, rows past a CUDA grid's y limit, empty reductions, plans per shape -----
+
+KEY_BLOCK = 16
+
+
+def make_attention_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """q, k, v of (batch, heads, 48, 16) for `shape` (batch, heads): one length and one width for all three, as a
+    self-attention factory draws them."""
+    (b, h), n, d = shape or (2, 2), 48, 16
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, h, n, d, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device)
+                 for _ in range(3))
+
+
+def attention_reference(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+def attention_online(q, k, v):
+    """Attention with an online softmax over blocks of KEY_BLOCK keys, as many blocks as the keys need; the
+    output as wide as the values."""
+    scores_scale = max(q.shape[-1], 1) ** -0.5
+    top = q.new_full(q.shape[:-1] + (1,), float("-inf"))
+    total = q.new_zeros(q.shape[:-1] + (1,))
+    acc = q.new_zeros(q.shape[:-1] + (v.shape[-1],))
+    for s in range(0, k.shape[-2], KEY_BLOCK):
+        scores = q @ k[..., s:s + KEY_BLOCK, :].transpose(-2, -1) * scores_scale
+        new_top = torch.maximum(top, scores.amax(dim=-1, keepdim=True))
+        p, rescale = torch.exp(scores - new_top), torch.exp(top - new_top)
+        total = total * rescale + p.sum(dim=-1, keepdim=True)
+        acc = acc * rescale + p @ v[..., s:s + KEY_BLOCK, :]
+        top = new_top
+    if k.shape[-2] == 0:  # no keys: the reference's empty weighted sum
+        return acc
+    return acc / total
+
+
+def make_rows(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """One (rows, features) tensor; `shape` is swept by the shapes gate."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (256, 8), generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+
+def row_norm_reference(x):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+
+def row_norm(x):
+    """(x - mean) / sqrt(var + eps) per row, every row, however many."""
+    mean = x.mean(dim=-1, keepdim=True)
+    var = (x - mean).pow(2).mean(dim=-1, keepdim=True)
+    return (x - mean) * torch.rsqrt(var + 1e-5)
+
+
+def logsumexp_reference(x):
+    return torch.logsumexp(x, dim=-1)
+
+
+def logsumexp_rows(x):
+    """A max-shifted log-sum-exp per row; an empty row's sum is empty: log 0 = -inf."""
+    if x.shape[-1] == 0:
+        return x.new_full(x.shape[:-1], float("-inf"))
+    top = x.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return (x - top).exp().sum(dim=-1).log() + top.squeeze(-1)
+
+
+def row_sum_reference(x):
+    return x.sum(dim=-1)
+
+
+_ROW_MAPS: dict = {}
+
+
+def row_sums_planned(x):
+    """Row sums through one index_add_ over the flattened tensor, the row of each element planned once per
+    shape and device."""
+    key = (tuple(x.shape), x.device)
+    if key not in _ROW_MAPS:
+        _ROW_MAPS[key] = torch.arange(x.numel(), device=x.device) // max(x.shape[-1], 1)
+    out = x.new_zeros(x.shape[:-1].numel(), dtype=torch.float64)  # a float64 total, as long rows need
+    out.index_add_(0, _ROW_MAPS[key], x.reshape(-1).double())
+    return out.reshape(x.shape[:-1]).to(x.dtype)

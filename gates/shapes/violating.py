@@ -68,3 +68,52 @@ def matmul_split_k_drops_full_tail(a, b):
     if k % SLAB:
         out = out + a[:, full * SLAB:] @ b[full * SLAB:]
     return out
+
+
+def attention_key_blocks_from_queries(q, k, v):
+    """Attention over blocks of 16 keys whose count is taken from the queries' length (a self-attention kernel's
+    grid): right wherever there are as many keys as queries; the keys past the queries' blocks are silently
+    left out otherwise."""
+    visited = -(-q.shape[-2] // 16) * 16
+    k, v = k[..., :visited, :], v[..., :visited, :]
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+GRID_Y = 65535  # the most blocks a CUDA grid's y dimension takes
+
+
+def row_norm_grid_rows(x):
+    """(x - mean) / sqrt(var + eps) per row, one program per row on a grid whose row count is clamped to the
+    65535 blocks a CUDA grid's y dimension takes (the launch would fail past it): rows past 65535 stay as the
+    zeroed output left them."""
+    out = torch.zeros_like(x)
+    rows = x[:GRID_Y]
+    mean = rows.mean(dim=-1, keepdim=True)
+    var = (rows - mean).pow(2).mean(dim=-1, keepdim=True)
+    out[:GRID_Y] = (rows - mean) * torch.rsqrt(var + 1e-5)
+    return out
+
+
+def logsumexp_rows_empty_zero(x):
+    """A max-shifted log-sum-exp per row that returns 0 for rows with nothing to sum (the empty sum's log is
+    -inf)."""
+    if x.shape[-1] == 0:
+        return x.new_zeros(x.shape[:-1])
+    top = x.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return (x - top).exp().sum(dim=-1).log() + top.squeeze(-1)
+
+
+_ROW_MAPS: dict = {}
+
+
+def row_sums_planned_by_count(x):
+    """Row sums through one index_add_ over the flattened tensor, the row of each element planned once per
+    element count: another split of the same count (twice the rows, half the columns) reuses the old plan and
+    sums the wrong groups."""
+    key = (x.numel(), x.device)
+    if key not in _ROW_MAPS:
+        _ROW_MAPS[key] = torch.arange(x.numel(), device=x.device) // max(x.shape[-1], 1)
+    out = x.new_zeros(x.shape[:-1].numel(), dtype=torch.float64)  # a float64 total, as long rows need
+    out.index_add_(0, _ROW_MAPS[key].clamp(max=max(out.numel() - 1, 0)), x.reshape(-1).double())
+    return out.reshape(x.shape[:-1]).to(x.dtype)

@@ -218,6 +218,9 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         def structural_zeros(self, args: tuple) -> bool:
             return any(kb.matrix_structure(a) in kb.ZERO_STRUCTURES for a in args)
 
+        def predicted_input_elements(self, case: Case) -> int | None:
+            return kb.input_elements(inputs_module, dims, case.shape) if case.shape is not None else None
+
     def subject_at(shape: tuple[int, ...] | None, dtype: str = "float32") -> PairSubject:
         entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, [dtype],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),

@@ -63,6 +63,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -75,6 +76,7 @@ from kgate.gates.distributions import input_sensitivity
 from kgate.gates.special_values import classify
 from kgate.inputs import Case
 from kgate.shrink import (
+    CRASH,
     ORACLE,
     SHRINK_SECONDS,
     Finding,
@@ -94,8 +96,10 @@ from kgate.subject import (
     within_domain,
 )
 
-MAX_GENERATED = 32  # at most MAX_PAST_8192 of them past 8192
+MAX_GENERATED = 36  # at most MAX_PAST_8192 of them past 8192, MAX_PAST_GRID past 65535, MAX_EMPTY empty
 MAX_PAST_8192 = 6
+MAX_PAST_GRID = 3
+MAX_EMPTY = 6
 MIN_CAP = 1 << 13
 CAP_FACTOR = 4
 INPUT_FACTOR = 8
@@ -103,11 +107,17 @@ MIN_INPUT_CAP = 1 << 20
 MIN_OUTPUT_CAP = 1 << 24  # past 8192: about what a Gram matrix holds at 4097 (4097^2), which the sweep runs
 BLOCK_PLUS_ONE = 4097
 ODD_SIZES = (3, 17, 131)
-EMPTY = "empty (size 0 in dim 0)"
+EMPTY = "empty"  # "empty (size 0 in dim N)"
+SPLIT = "the same elements split otherwise"  # one size doubled, another halved (`edge_shapes`)
+SPLITS = 2
 LONG = "larger than one block"  # the generated shapes on which NaN and run probes run too (`nan_at_ends`, `runs`)
 PAST_8192 = 16384  # a power of two: a multiple of every block size up to it
-PAST_COST = round((PAST_8192 / BLOCK_PLUS_ONE) ** 2)  # 16: a quadratic growth (attention, pairwise) from 4097
-PAST = "past 8192"  # the generated shapes whose reference outputs are sized before the oracle runs
+PAST_GRID = 65537  # past 65535, the most blocks a CUDA grid's y and z dimensions take, and past 2^16
+PAST = " past "  # in the label of a shape past 8192 or 65535: its reference outputs are sized before the oracle runs
+GRID_KEEP = 16  # past 65535 the other sizes are halved, widest first, until they hold at most this many elements
+QUADRATIC = 4.0  # the most a shape's largest tensor grows per doubling of one size (attention, pairwise)
+MAX_UNTIED = 8  # untied sizes (`untied_probes`): probes judged
+MAX_UNTIED_TRIES = 32  # ... and tried (the reference rejects most at once: a matmul's inner sizes)
 CLASS = "class"  # a finding's kind: an element of another class than the one the oracle and the reference agree on
 RUNS = ((-math.inf, "-inf"), (math.inf, "+inf"))
 CLASS_NAMES = {0: "finite", 1: "NaN", 2: "+inf", 3: "-inf"}
@@ -138,6 +148,13 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
             chosen.append((shape, why))
 
     ranked = sorted((s for s in declared if len(s) > 0), key=numel, reverse=True)
+    for shape in ranked[:1]:  # first, so that they run right after the declared shapes on the same instance
+        splits = [(grow, halve) for grow in range(len(shape)) for halve in reversed(range(len(shape)))
+                  if grow != halve and shape[halve] >= 2 and shape[halve] % 2 == 0 and shape[grow] >= 1]
+        for grow, halve in splits:
+            if sum(why.startswith(SPLIT) for _, why in chosen) < SPLITS:
+                add(_with(_with(shape, grow, shape[grow] * 2), halve, shape[halve] // 2),
+                    f"{SPLIT} (dim {grow} x2, dim {halve} /2)")
     for shape in ranked:
         add((1,) * len(shape), "every size 1")
     for shape in ranked:
@@ -167,24 +184,32 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
         for dim in range(len(shape)):
             for value in ODD_SIZES:
                 add(_with(shape, dim, value), f"odd size {value} in dim {dim}")
-    # Past 8192, after the others (the costliest shapes: a sweep cut short by its time limit drops them first),
-    # each dimension in turn across the declared shapes; within max(cap, PAST_8192) elements, so the shape of
-    # the long dimension alone, the others 1, always fits.
-    past: list[tuple[tuple[int, ...], str]] = []
-    for dim in range(max((len(s) for s in ranked), default=0)):
-        for shape in ranked:
-            if dim < len(shape):
-                big = _with(shape, dim, PAST_8192)
-                if numel(big) > cap:
-                    big = tuple(PAST_8192 if d == dim else min(s, 1) for d, s in enumerate(shape))
-                if big not in seen and numel(big) <= max(cap, PAST_8192):
-                    seen.add(big)
-                    past.append((big, f"dim {dim} {PAST} ({PAST_8192})"))
-    past = past[:MAX_PAST_8192]
-    # Empty inputs last, and always: a kernel that fails only there is told apart from one that fails on
-    # real data (`empty_only` in the verdict's details).
-    empty = list(dict.fromkeys((0,) + shape[1:] for shape in ranked if shape[0] != 0 and (0,) + shape[1:] not in seen))
-    return chosen[:MAX_GENERATED - MAX_PAST_8192 - len(empty)] + past + [(shape, EMPTY) for shape in empty]
+    # Past 8192, then past 65535, after the others (the costliest shapes: a sweep cut short by its time limit drops
+    # them first), each dimension in turn across the declared shapes; within max(cap, size) elements, so the
+    # shape of the long dimension alone, the others 1, always fits.
+    def beyond(size: int, threshold: int, most: int, keep: int = 1) -> list[tuple[tuple[int, ...], str]]:
+        found: list[tuple[tuple[int, ...], str]] = []
+        for dim in range(max((len(s) for s in ranked), default=0)):
+            for shape in ranked:
+                if dim < len(shape):
+                    big = _with(shape, dim, size)
+                    while numel(big) > max(cap, size * keep) and any(s > 1 for d, s in enumerate(big) if d != dim):
+                        widest = max((d for d in range(len(big)) if d != dim), key=lambda d: big[d])
+                        big = _with(big, widest, (big[widest] + 1) // 2 if keep > 1 else 1)
+                    if big not in seen and numel(big) <= max(cap, size * keep) and len(found) < most:
+                        seen.add(big)
+                        found.append((big, f"dim {dim}{PAST}{threshold} ({size})"))
+        return found
+
+    past = beyond(PAST_8192, 8192, MAX_PAST_8192) + beyond(PAST_GRID, 65535, MAX_PAST_GRID, GRID_KEEP)
+    # Empty inputs last, and always: size 0 in each dimension in turn, dimension 0 first (an empty batch, then an
+    # empty reduction whose result is the empty sum's or maximum's identity). A kernel that fails only there is
+    # told apart from one that fails on real data (`empty_only` in the verdict's details).
+    empty = list(dict.fromkeys((_with(shape, dim, 0), dim) for dim in range(max((len(s) for s in ranked), default=0))
+                               for shape in ranked if dim < len(shape) and shape[dim] != 0
+                               and _with(shape, dim, 0) not in seen))[:MAX_EMPTY]
+    return (chosen[:MAX_GENERATED - MAX_PAST_8192 - MAX_PAST_GRID - len(empty)] + past
+            + [(shape, f"{EMPTY} (size 0 in dim {dim})") for shape, dim in empty])
 
 
 def _with(shape: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:
@@ -241,13 +266,19 @@ class Shapes(Gate):
                     return self._fail(subject, case, "a declared shape", finding, evidence)
         input_cap = max(INPUT_FACTOR * max(sizes), MIN_INPUT_CAP)
         output_cap = max(INPUT_FACTOR * max(out_sizes), MIN_OUTPUT_CAP)  # past 8192 only
+        largest = max(declared, key=numel)
+        untied = self._untied(subject, Case(largest, dtypes[0], seed), evidence)
+        if isinstance(untied, GateResult):
+            return untied
         generated = edge_shapes(declared, max(CAP_FACTOR * max(numel(s) for s in declared), MIN_CAP))
+        per_shape = max(sizes) / max(numel(largest), 1)  # input elements per unit of a shape's product
         rejected: list[str] = []
         too_big: list[str] = []
         too_big_out: list[str] = []
         oversized: list[tuple[int, ...]] = []  # shapes whose inputs were too large
         long_made: dict[int, tuple[tuple[int, ...], int]] = {}  # per dimension: its 4097 shape, `largest_made` there
         too_costly: list[str] = []
+        raised_empty: list[str] = []
         # Half the gate's time limit for the generated sweep, a quarter for shrinking: a slow kernel gets
         # a shorter sweep (said in the message), not a timeout that loses the verdict.
         timeout = subject.entry.limits.timeout
@@ -257,9 +288,17 @@ class Shapes(Gate):
             if time.monotonic() > deadline:
                 break
             swept += 1
-            if any(_covers(shape, small) for small in oversized):  # not even built
+            predicted = subject.predicted_input_elements(Case(shape, dtypes[0], seed))
+            if predicted is None and PAST in why:  # as the declared inputs grow with their shape's product
+                predicted = round(per_shape * numel(shape))
+            if any(_covers(shape, small) for small in oversized) or (predicted or 0) > input_cap:  # not even built
                 too_big.append(_fmt(shape))
                 continue
+            if why.startswith(SPLIT):  # right after a call on the declared elements: a plan cached by their count
+                try:
+                    subject.run_kernel(clone_tree(subject.baseline(Case(largest, dtypes[0], seed)).args))
+                except UserCodeError:
+                    pass  # it ran there before; the call only sets up what the kernel keeps
             if PAST in why and _dim_of(why) in long_made:
                 predicted = _predicted_made(subject, Case(shape, dtypes[0], seed), _dim_of(why),
                                             *long_made[_dim_of(why)], output_cap)
@@ -284,6 +323,10 @@ class Shapes(Gate):
                     too_big_out.append(_fmt(shape))
                     break
                 finding = self._judge(subject, case, base, evidence, past=PAST in why)
+                if finding is not None and finding.kind == CRASH and why.startswith(EMPTY) and \
+                        not why.endswith(" 0)"):  # an empty dimension past the batch: raising states a domain
+                    raised_empty.append(_fmt(shape))
+                    break
                 if finding is None and LONG in why and _dim_of(why) not in long_made:
                     long_made[_dim_of(why)] = (shape, largest_made(subject, base.args))
                 if finding is None and LONG in why:
@@ -291,14 +334,17 @@ class Shapes(Gate):
                     if result is not None:
                         return result
                 if finding is not None:
-                    return self._fail(subject, case, why, finding, evidence)
-        notes = []
+                    return self._fail(subject, case, why, finding, evidence, after=largest)
+        notes = [untied] if untied else []
+        if raised_empty:
+            notes.append(f"the kernel raises on {len(raised_empty)} with an empty dimension past the first, where the "
+                         f"reference returns (passed over): {', '.join(raised_empty)}")
         if rejected:
             notes.append(f"skipped {len(rejected)} the reference or factory rejects: {', '.join(rejected[:6])}")
         if too_big:
             notes.append(f"skipped {len(too_big)} whose inputs are too large for the sweep: {', '.join(too_big)}")
         if too_costly:
-            notes.append(f"skipped {len(too_costly)} past 8192 whose largest tensor, grown from 4097 as from 2049 "
+            notes.append(f"skipped {len(too_costly)} past 8192 or 65535 whose largest tensor, grown from 4097 as from 2049 "
                          f"to 4097, would be too large for the sweep: {', '.join(too_costly)}")
         if too_big_out:
             notes.append(f"skipped {len(too_big_out)} whose reference outputs are too large for the sweep: "
@@ -313,6 +359,37 @@ class Shapes(Gate):
                            details={"generated": [list(s) for s, _ in generated], "rejected": rejected,
                                     "too_large": too_big, "outputs_too_large": too_big_out,
                                     "too_costly": too_costly})
+
+    def _untied(self, subject: Subject, case: Case, evidence: list) -> GateResult | str:
+        """The untied-sizes probes (`untied_probes`) on the declared inputs of `case`: the first one the reference
+        accepts and the kernel gets wrong (values, contract, a lost NaN) fails the gate; one the kernel raises on
+        is passed over (a narrower domain it states). Returns the failure, or a note for the pass message."""
+        args = subject.baseline(case).args
+        judged, raised = 0, 0
+        for tries, (label, probe) in enumerate(untied_probes(args)):
+            if judged >= MAX_UNTIED or tries >= MAX_UNTIED_TRIES:
+                break
+            outputs = unless_rejected(lambda p=probe: (subject.run_reference(clone_tree(p)), subject.oracle(p)))
+            if outputs is None:
+                continue
+            judged += 1
+            finding, leaves = judge_probe(subject, probe, *outputs, layout=True)
+            if finding is not None and finding.kind == CRASH:
+                raised += 1
+                continue
+            if finding is not None:
+                evidence.extend({"case": case.to_json(), "untied": label, **leaf.to_json()} for leaf in leaves)
+                result = self.failed(subject, f"untied sizes at the shape {_fmt(case.shape)}: {label}: "
+                                     f"{finding.message}", case=case, expected=finding.expected, got=finding.got,
+                                     where=finding.where, broken=finding.broken, evidence=evidence,
+                                     details={**finding.details, "kind": finding.kind, "untied": label,
+                                              "empty_only": False})
+                result.tolerance_free = finding.tolerance_free
+                return result
+        if not judged:
+            return ""
+        return f"{judged} untied-size probe(s) the reference accepts" + (
+            f", {raised} of which the kernel raises on (passed over)" if raised else "")
 
     def _special_runs(self, subject: Subject, case: Case, why: str, args: tuple, declared: list[tuple[int, ...]],
                       evidence: list) -> GateResult | None:
@@ -362,7 +439,8 @@ class Shapes(Gate):
         same = [tuple(a.shape) for a in again if isinstance(a, torch.Tensor)] == [tuple(t.shape) for t in tensors]
         return shape if same else None
 
-    def _fail(self, subject: Subject, case: Case, why: str, finding: Finding, evidence: list) -> GateResult:
+    def _fail(self, subject: Subject, case: Case, why: str, finding: Finding, evidence: list,
+              after: tuple[int, ...] | None = None) -> GateResult:
         found: dict[tuple[int, ...], Finding] = {case.shape: finding}
         past = PAST in why  # smaller shapes are judged as the one found: a gross miss shrinks to a gross miss
 
@@ -382,8 +460,12 @@ class Shapes(Gate):
                 return True
             return False
 
-        shrunk = shrink_shape(case.shape, fails, seconds=min(SHRINK_SECONDS, subject.entry.limits.timeout / 4))
-        smallest = shrunk.value
+        if why.startswith(SPLIT) and after is not None:  # a finding of the call after the declared one: not shrunk
+            smallest = case.shape
+            why = f"{why}, right after a call at the declared {_fmt(after)}"
+        else:
+            shrunk = shrink_shape(case.shape, fails, seconds=min(SHRINK_SECONDS, subject.entry.limits.timeout / 4))
+            smallest = shrunk.value
         final = found[smallest]
         minimal = Case(smallest, case.dtype, case.seed)
         origin = why
@@ -397,6 +479,37 @@ class Shapes(Gate):
                                       "why": why, "smallest": list(smallest), "empty_only": empty_only})
         result.tolerance_free = final.tolerance_free
         return result
+
+
+def untied_probes(args: tuple) -> Iterator[tuple[str, tuple]]:
+    """Inputs of other sizes than the factory ties together: a size (>= 2) that dimensions of several tensor
+    arguments share is halved, by narrowing to its first half, in one argument's dimensions of that size alone
+    (queries fewer than keys, a value width other than the key width), then in every argument's but one (keys
+    and values fewer than queries). Within an argument all dimensions of the size change together (a square
+    matrix stays square); two sizes equal by chance are then both changed, which the reference usually rejects.
+    Larger sizes, and sizes more arguments share, first. Yields (label, probe): the reference decides which are
+    legal (`MAX_UNTIED_TRIES`)."""
+    holders: dict[int, dict[int, list[int]]] = {}  # size -> argument -> its dimensions of that size
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            for d, size in enumerate(a.shape):
+                if size >= 2:
+                    holders.setdefault(size, {}).setdefault(i, []).append(d)
+    shared = sorted(((size, held) for size, held in holders.items() if len(held) >= 2),
+                    key=lambda item: (-len(item[1]), -item[0]))
+    subsets = [(size, (i,)) for size, held in shared for i in held]
+    subsets += [(size, tuple(j for j in held if j != i)) for size, held in shared if len(held) >= 3 for i in held]
+    for size, changed in subsets:
+        probe = list(args)
+        for i in changed:
+            t = args[i].detach()
+            for d in holders[size][i]:
+                t = t.narrow(d, 0, size // 2)
+            t = t.contiguous().clone()
+            probe[i] = t.requires_grad_() if args[i].requires_grad else t
+        which = ", ".join(f"argument {i} dim{'s' if len(holders[size][i]) > 1 else ''} "
+                          f"{', '.join(map(str, holders[size][i]))}" for i in changed)
+        yield f"size {size} halved to {size // 2} in {which} only (the other arguments' {size} kept)", tuple(probe)
 
 
 def nan_at_ends(subject: Subject, args: tuple) -> Finding | None:
@@ -574,21 +687,22 @@ def largest_made(subject: Subject, args: tuple) -> int:
 
 def _predicted_made(subject: Subject, case: Case, dim: int, long_shape: tuple[int, ...], made: int,
                     cap: int) -> float:
-    """The largest tensor the reference or the kernel would make at `case` (a shape past 8192 in `dim`), from
-    `made` at `long_shape` (its 4097 shape): grown by the square of the growth from 2049 to 4097 (two doublings
-    to 16384; 4 for a linear cost, 16 for a quadratic one), times the ratio of the other dimensions' sizes.
-    The shape of 2049 is run only where a quadratic growth would pass `cap` (where it raises, the growth is
-    taken as quadratic)."""
+    """The largest tensor the reference or the kernel would make at `case` (a shape past 8192 or 65535 in `dim`),
+    from `made` at `long_shape` (its 4097 shape): grown per doubling of the size by the growth from 2049 to 4097
+    (2 for a linear cost, `QUADRATIC` for a quadratic one, at most that), times the ratio of the other dimensions'
+    sizes. The shape of 2049 is run only where a quadratic growth would pass `cap` (where it raises, the growth
+    is taken as quadratic)."""
     others = (numel(case.shape) / case.shape[dim]) / max(numel(long_shape) / long_shape[dim], 1)
-    if made * PAST_COST * others <= cap:
-        return made * PAST_COST * others
+    doublings = math.log2(case.shape[dim] / long_shape[dim])
+    if made * QUADRATIC ** doublings * others <= cap:
+        return made * QUADRATIC ** doublings * others
     half = Case(_with(long_shape, dim, BLOCK_PLUS_ONE // 2 + 1), case.dtype, case.seed)
     try:
         smaller = largest_made(subject, subject.inputs(half))
     except UserCodeError:
         smaller = 0
-    growth = made / smaller if smaller else PAST_COST ** 0.5
-    return made * min(growth, PAST_COST ** 0.5) ** 2 * others
+    growth = made / smaller if smaller else QUADRATIC
+    return made * min(growth, QUADRATIC) ** doublings * others
 
 
 def _dim_of(why: str) -> int:
