@@ -1,14 +1,24 @@
 """shapes: correct across a sweep of shapes, the declared ones plus edge shapes generated from them.
 
-Generated from each declared shape: every size 1, size 1 in one dimension, size 1 in two dimensions at once
-(shapes of three or more dimensions, the others kept), every size the largest
+Generated: first, from the largest declared shape, the same elements split otherwise (`SPLIT`: one size
+doubled, another halved), each judged right after a call at the declared shape (a plan cached by its element
+count alone); then from each declared shape: every size 1, size 1 in one dimension, size 1 in two dimensions at
+once (shapes of three or more dimensions, the others kept), every size the largest
 prime not above it, one dimension larger than a block of 4096 (4097), sizes 3, 17 and 131 (odd,
 non-multiples of 8/16/32/64/128) and declared size +-1 in one dimension, then one dimension past 8192
-(16384, a power of two: a multiple of every block size up to it), and, last, an empty batch
-(size 0 in dimension 0). The 4097 and 16384 shapes keep the other dimensions where the shape stays within
-the cap, else make them 1.
+(16384, a power of two: a multiple of every block size up to it), one past 65535 (65537: past the blocks a
+CUDA grid's y and z dimensions take, and past 2^16), and, last, size 0 in each dimension (`MAX_EMPTY`: an empty
+batch, then empty reductions). The 4097 and 16384 shapes keep the other dimensions where the shape stays within
+the cap, else make them 1; the 65537 shapes halve them, widest first, to at most `GRID_KEEP` elements. A kernel
+that raises on a size 0 past dimension 0 where the reference returns is passed over (a domain it states); a
+value it returns there is judged.
 
-At most `MAX_GENERATED` shapes, `MAX_PAST_8192` of them past 8192, each of at most `CAP_FACTOR` x the largest
+Before the sweep, untied sizes (`untied_probes`): a size that several arguments share, halved in one argument
+alone, then in all but one; judged like a shape where the reference accepts it, passed over where the kernel
+raises (`MAX_UNTIED`).
+
+At most `MAX_GENERATED` shapes, `MAX_PAST_8192` of them past 8192 and `MAX_PAST_GRID` past 65535, each of at
+most `CAP_FACTOR` x the largest
 declared shape's elements (at least `MIN_CAP`; past 8192 at least 16384, so the long dimension alone always
 fits), and whose inputs hold at most `INPUT_FACTOR` x the declared inputs' elements (at least
 `MIN_INPUT_CAP`); a shape at least as large in every dimension as one whose inputs were too large is skipped
@@ -30,14 +40,16 @@ reach. There an oracle miss counts only where it is broken (beyond `BROKEN_FACTO
 sensitivity as the least reference error (`kgate.gates.distributions.input_sensitivity`), also while it is
 shrunk: a correct sum of 16384 float32 terms in another order than the reference's wider CPU accumulation can
 miss the plain bound many times over (a masked mean as a GEMM: 18 times; 2.3 times this one), a path that
-drops or clips data misses it by orders of magnitude. Crashes, contract and NaN findings count as anywhere.
+drops or clips data misses it by orders of magnitude. Crashes, contract, NaN and infinity findings count as
+anywhere (a finite value where the oracle and the reference agree on an infinity: `kgate.shrink.inf_lost`).
+Past 65535 (65537) alike.
 What a shape past 8192 costs is bounded before the float64 oracle runs on it: its reference outputs may hold
 at most `INPUT_FACTOR` x the declared outputs' elements (at least `MIN_OUTPUT_CAP`, about a Gram matrix at
 4097), and it is not even built where the largest tensor the reference or the kernel would make there passes
 that cap, predicted from the largest they made at the 4097 shape of the same dimension (`largest_made`: a
 dispatch mode over one more call of each) grown as from a shape of 2049 to 4097 (run only where a quadratic
-growth, `PAST_COST`, would pass the cap): attention over the sequence and pairwise comparisons hold 16384^2
-elements there, a linear kernel 4 times what it made at 4097.
+growth, `QUADRATIC` per doubling, would pass the cap): attention over the sequence and pairwise comparisons hold
+16384^2 elements there, a linear kernel 4 times what it made at 4097 (65537: 4 doublings).
 
 On the shapes longer than one block (4097 in one dimension) special values are written into every
 floating-point input too, one probe at a time, and judged tolerance-free:
@@ -232,7 +244,8 @@ def takes_shape(subject: Subject) -> bool:
 
 class Shapes(Gate):
     name = "shapes"
-    summary = "contract and oracle bound hold on declared plus generated edge shapes (1, primes, odd, 4097, 16384, empty)"
+    summary = ("contract and oracle bound hold on declared plus generated edge shapes (1, primes, odd, 4097, 16384, "
+               "65537, empty) and on sizes the inputs share, untied")
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
