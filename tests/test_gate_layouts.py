@@ -150,6 +150,18 @@ def test_one_tensor_passed_as_two_arguments_shows_a_shortcut_for_aliased_operand
     assert passed.verdict == "pass" and "share memory" in passed.message, passed.message
 
 
+def test_one_tensor_passed_as_all_three_arguments_shows_a_packed_qkv_shortcut():
+    spec = importlib.util.spec_from_file_location("catalogue_shapes_correct_for_layouts",
+                                                  Path(__file__).resolve().parent.parent / "gates/shapes/correct.py")
+    sc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sc)
+    lv = _load("violating")
+    result = check("layouts", lv.attention_fused_qkv_when_shared, sc.attention_reference, sc.make_attention_inputs)
+    assert result.verdict == "fail" and "one tensor passed as arguments 0, 1, 2" in result.message, result.message
+    passed = check("layouts", sc.attention_online, sc.attention_reference, sc.make_attention_inputs)
+    assert passed.verdict == "pass", passed.message
+
+
 def test_a_broadcast_input_shows_an_output_allocated_with_the_inputs_strides():
     lv = _load("violating")
     result = check("layouts", lv.softmax_out_like_input, lambda x: torch.softmax(x, -1),

@@ -44,3 +44,14 @@ def relu_in_place_when_strided(x):
         x.clamp_(min=0)
         return x.clone()
     return x.clamp(min=0)
+
+
+def attention_fused_qkv_when_shared(q, k, v):
+    """Attention that takes q, k and v sharing one storage for views of a fused projection's packed rows and
+    reads k and v one and two widths further into it (a layout the caller never promised): right for distinct
+    tensors, wrong for one tensor passed as all three (self-attention's f(x, x, x))."""
+    if q.data_ptr() == k.data_ptr() == v.data_ptr():
+        d = q.shape[-1]
+        packed = torch.cat([q.reshape(-1), q.new_zeros(2 * d)])
+        k, v = packed[d:d + q.numel()].view_as(q), packed[2 * d:2 * d + q.numel()].view_as(q)
+    return torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1) @ v

@@ -8,8 +8,8 @@ channels-last for 4-D and 5-D tensors. The buffers' unused elements hold NaN (in
 maximum), so a kernel that reads the raw storage as if it were contiguous gets visibly wrong values.
 
 Then inputs that share memory, on the first case: each tensor input of two or more entries along
-dimension 0 broadcast from its first (`expand`, stride 0), and each pair of inputs of one shape, dtype
-and device passed as one tensor (`f(x, x)`), judged like the strided layouts against the kernel's own result
+dimension 0 broadcast from its first (`expand`, stride 0), each pair of inputs of one shape, dtype
+and device passed as one tensor (`f(x, x)`), and three or more such inputs all passed as one (`f(x, x, x)`), judged like the strided layouts against the kernel's own result
 on dense copies of the same values (the oracle on the dense copies), and laid out as the reference's output
 where that result is (an output that is itself a stride-0 view where the reference's is dense fails). A kernel
 that writes into an input in one layout only (a reshape that is a view there; one that writes its contiguous
@@ -194,8 +194,9 @@ class Layouts(Gate):
     def shared_memory(subject: Subject, case: Case) -> list[tuple[str, Callable[[], tuple]]]:
         """(label, a maker of fresh inputs) for the probes whose inputs share memory: each tensor input of two
         or more entries along dimension 0 broadcast from its first (`expand`: stride 0, every entry the same
-        memory), and each pair of inputs of one shape, dtype and device passed as one tensor (`f(x, x)`: a
-        Gram matrix, self-attention's q = k = v). Arguments the kernel writes in place are left out."""
+        memory), each pair of inputs of one shape, dtype and device passed as one tensor (`f(x, x)`: a
+        Gram matrix), and three or more such inputs all passed as one (self-attention's q = k = v: `f(x, x, x)`).
+        Arguments the kernel writes in place are left out."""
         args = subject.baseline(case).args
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel() and a.dim()
                    and i not in subject.inplace]
@@ -218,6 +219,15 @@ class Layouts(Gate):
                 if a.shape == b.shape and a.dtype == b.dtype and a.device == b.device:
                     found.append((f"one tensor passed as arguments {i} and {j}",
                                   replaced(j, lambda fresh, i=i: fresh[i])))
+        groups: dict[tuple, list[int]] = {}
+        for i in tensors:
+            groups.setdefault((tuple(args[i].shape), args[i].dtype, args[i].device), []).append(i)
+        for group in (g for g in groups.values() if len(g) >= 3):  # every one of them at once: f(x, x, x)
+            def all_one(fresh: list, group: list[int] = group) -> torch.Tensor:
+                for j in group[1:-1]:
+                    fresh[j] = fresh[group[0]]
+                return fresh[group[0]]
+            found.append((f"one tensor passed as arguments {', '.join(map(str, group))}", replaced(group[-1], all_one)))
         return found
 
     @staticmethod
