@@ -22,7 +22,7 @@ declared ones only; a miss of the oracle bound), returning a
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -163,23 +163,29 @@ class Finding:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def _float_leaves(out: Any, reference: Any, oracle: Any) -> Iterator[tuple[str, torch.Tensor, torch.Tensor,
+                                                                            torch.Tensor]]:
+    """(path, kernel's, reference's, oracle's) for each non-empty floating-point output leaf that the reference
+    and the oracle hold at the same path and shape; the last two on the kernel's device."""
+    refs, truths = dict(flatten(reference)), dict(flatten(oracle))
+    for path, got in flatten(out):
+        want, truth = refs.get(path), truths.get(path)
+        if all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (got, want, truth)) \
+                and got.shape == want.shape == truth.shape and got.numel():
+            yield path, got.detach(), want.detach().to(got.device), truth.detach().to(got.device)
+
+
 def nan_lost(out: Any, reference: Any, oracle: Any) -> tuple[str, tuple[int, ...], float, int] | None:
     """The first output element that is finite where the float64 oracle and the reference (in the kernel's
     dtype) both give NaN: (path, index, the kernel's value, how many such elements), or None. Where both agree
     that the result is NaN (0/0 of an empty selection, a NaN the inputs carry), a finite value is a wrong
     result that no bound measures (the bound judges the elements where the oracle is finite); a NaN where
     either is finite is the bound's business and the special_values gate's."""
-    refs, truths = dict(flatten(reference)), dict(flatten(oracle))
-    for path, got in flatten(out):
-        want, truth = refs.get(path), truths.get(path)
-        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (got, want, truth)) \
-                or not got.shape == want.shape == truth.shape or got.numel() == 0:
-            continue
-        lost = torch.isnan(want.detach().to(got.device)) & torch.isnan(truth.detach().to(got.device)) \
-            & torch.isfinite(got.detach())
+    for path, got, want, truth in _float_leaves(out, reference, oracle):
+        lost = torch.isnan(want) & torch.isnan(truth) & torch.isfinite(got)
         if bool(lost.any()):
             flat = int(lost.reshape(-1).nonzero()[0])
-            return path, index_of(flat, tuple(got.shape)), float(got.detach().reshape(-1)[flat]), int(lost.sum())
+            return path, index_of(flat, tuple(got.shape)), float(got.reshape(-1)[flat]), int(lost.sum())
     return None
 
 
@@ -190,17 +196,11 @@ def inf_lost(out: Any, reference: Any, oracle: Any) -> tuple[str, tuple[int, ...
     infinite, a finite value (a clamp to the dtype's range, an empty reduction started at 0) is a wrong result
     that no bound measures (the bound judges the elements where the oracle is finite). A NaN or the other
     infinity there is the special_values gate's business (`special_values_match` says how they count)."""
-    refs, truths = dict(flatten(reference)), dict(flatten(oracle))
-    for path, got in flatten(out):
-        want, truth = refs.get(path), truths.get(path)
-        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (got, want, truth)) \
-                or not got.shape == want.shape == truth.shape or got.numel() == 0:
-            continue
-        want, truth = want.detach().to(got.device), truth.detach().to(got.device)
-        lost = torch.isinf(truth) & (want.double() == truth.double()) & torch.isfinite(got.detach())
+    for path, got, want, truth in _float_leaves(out, reference, oracle):
+        lost = torch.isinf(truth) & (want.double() == truth.double()) & torch.isfinite(got)
         if bool(lost.any()):
             flat = int(lost.reshape(-1).nonzero()[0])
-            return (path, index_of(flat, tuple(got.shape)), float(got.detach().reshape(-1)[flat]), int(lost.sum()),
+            return (path, index_of(flat, tuple(got.shape)), float(got.reshape(-1)[flat]), int(lost.sum()),
                     float(truth.reshape(-1)[flat]))
     return None
 
