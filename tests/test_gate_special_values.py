@@ -527,6 +527,34 @@ def test_a_nan_in_the_wrong_bin_is_a_finite_value_of_the_wrong_size():
     assert good.verdict == "pass", good.message
 
 
+def _tf32(t):
+    """`t` with a float32's mantissa cut to TF32's 10 bits (the products of cuDNN's default float32 path)."""
+    return (t.view(torch.int32) & ~0x1FFF).view(torch.float32) if t.dtype == torch.float32 else t
+
+
+def _shift_by_row_nansum(x):
+    return x + _tf32(torch.nansum(x, -1, keepdim=True))
+
+
+def _reference_spreading_nan_over_rows(x):
+    """As the kernel, but in float32 a NaN spreads over its whole row (a tile, as cuDNN's transposed convolution
+    spreads one), where the float64 oracle keeps it in its element."""
+    y = _shift_by_row_nansum(x)
+    return torch.where(torch.isnan(x).any(-1, keepdim=True), float("nan"), y) if x.dtype != torch.float64 else y
+
+
+def test_a_reference_that_spreads_a_nan_wider_than_the_oracle_keeps_its_own_error_in_the_bound():
+    """The outputs an injected NaN moves in the oracle are judged against the reference's own error where the
+    reference is finite: where its NaN covers them, the bound would be its floor alone, and a kernel with the
+    reference's own TF32 error would fail (an exactly-correct candidate did, on an H100)."""
+    def make(seed, shape=None, dtype=torch.float32, device="cpu"):
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(8, 64, generator=gen, dtype=torch.float64).to(dtype=dtype, device=device),)
+
+    result = check("special_values", _shift_by_row_nansum, _reference_spreading_nan_over_rows, make)
+    assert result.verdict == "pass", result.message
+
+
 def test_an_inf_beside_an_edge_shows_an_interpolation_that_replicates_the_edge(monkeypatch):
     from kgate.gates import special_values
 
