@@ -621,7 +621,7 @@ class ModuleState:
     def restore(self) -> None:
         with torch.no_grad():
             for t, saved in self._saved:
-                if t.shape == saved.shape and t.dtype == saved.dtype and t.device == saved.device:
+                if t.shape == saved.shape and t.dtype == saved.dtype:
                     t.copy_(saved)
                 else:  # a call replaced the tensor's data (`p.data = p.data.t()`) with another shape or dtype
                     t.data = saved.clone()

@@ -229,6 +229,8 @@ def test_thread_with_a_bounded_head_start_fails():
     assert "held 0.5 s before running" in result.message and result.details["threads"] == ["head-start"]
 
 
+# the rejected-call probe's int64 input makes the kernel's thread raise (softmax has no int64 kernel)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_thread_waited_for_without_bound_passes():
     assert run(_head_start_kernel(None)).verdict == "pass"
 
@@ -618,3 +620,124 @@ def test_a_private_generator_or_a_reference_that_draws_too_passes():
 
     assert check("isolation", rows_in_private_order, lambda x: torch.softmax(x, dim=-1), rows).verdict == "pass"
     assert check("isolation", _softmax_rows_in_random_order, drawing_reference, rows).verdict == "pass"
+
+
+# --- state after a rejected call ------------------------------------------------------------------------------
+
+def _features(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (5, 12), generator=gen, dtype=torch.float64).to(dtype),)
+
+
+class _SquareLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.weight = torch.nn.Parameter(torch.randn(12, 12, generator=gen) / 12 ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(12, generator=gen))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+class _SwappedLayout(_SquareLinear):
+    """Swaps weight.data to its transposed view for addmm and back after; with `restore`, in a finally block."""
+
+    def __init__(self, restore):
+        super().__init__()
+        self.restore = restore
+
+    def forward(self, x):
+        w = self.weight
+        w.data = w.data.t()
+        try:
+            y = torch.addmm(self.bias, x, w)
+        except Exception:
+            if self.restore:
+                w.data = w.data.t()
+            raise
+        w.data = w.data.t()
+        return y
+
+
+def test_state_left_changed_by_a_raised_call_fails():
+    """An input of the wrong width (the reference rejects it) makes addmm raise between the swaps: the weight
+    stays transposed, and the next call on the inputs of before multiplies by W, not W^T."""
+    result = check("isolation", _SwappedLayout(restore=False), _SquareLinear(), _features)
+    assert result.verdict == "fail" and result.tolerance_free, result.message
+    assert "after a call on inputs the reference rejects (argument 0: last dimension narrowed from 12 to 11" in \
+        result.message
+    assert "the kernel raised RuntimeError" in result.message and "weight (strides (12, 1) -> (1, 12); values " \
+        "changed)" in result.message and "bitwise" in result.message
+    assert result.details["rejected_variant"].startswith("argument 0: last dimension narrowed")
+    assert "--gate isolation" in result.repro
+
+
+def test_a_raised_call_that_leaves_a_parameter_of_another_shape_fails_and_the_parameter_is_put_back():
+    """Not square: the weight left transposed makes the next call on the inputs of before raise. The probe puts
+    the module's parameters back after, a tensor whose data a call replaced with another shape included."""
+
+    class Narrow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            gen = torch.Generator().manual_seed(3)
+            self.weight = torch.nn.Parameter(torch.randn(7, 12, generator=gen))
+            self.bias = torch.nn.Parameter(torch.randn(7, generator=gen))
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+
+    class NarrowSwapped(Narrow):
+        forward = _SwappedLayout.forward
+        restore = False
+
+    kernel = NarrowSwapped()
+    result = check("isolation", kernel, Narrow(), _features)
+    assert result.verdict == "fail" and result.details["raised"] is True, result.message
+    assert "weight (shape (7, 12) -> (12, 7))" in result.message
+    assert kernel.weight.shape == (7, 12) and kernel.weight.stride() == (12, 1)
+
+
+def test_state_restored_in_finally_after_a_raised_call_passes():
+    result = check("isolation", _SwappedLayout(restore=True), _SquareLinear(), _features)
+    assert result.verdict == "pass", result.message
+    assert "state unchanged after a call on inputs the reference rejects (argument 0: last dimension narrowed " \
+        "from 12 to 11 (shape (5, 11)); the kernel raised RuntimeError" in result.message
+
+
+def test_no_variant_the_reference_rejects_skips_the_rejected_call_probe_saying_so():
+    double = lambda x: x * 2  # noqa: E731 - any width, any dtype
+    result = check("isolation", double, double, rows)
+    assert result.verdict == "pass", result.message
+    assert "state after a rejected call not probed (the reference accepts each variant of the inputs tried: " \
+        "argument 0: last dimension narrowed from 33 to 32" in result.message
+
+
+class _Scaled(torch.nn.Module):
+    """x * scale, `scale` a persistent buffer the calls do not write."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.linspace(0.5, 2.0, 33))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+class _ScaledInverted(_Scaled):
+    """Inverts its buffer in place to divide by it, and inverts it back after (no try/finally): an input of
+    another width raises in between."""
+
+    def forward(self, x):
+        self.scale.reciprocal_()
+        y = x / self.scale
+        self.scale.reciprocal_()
+        return y
+
+
+def test_a_buffer_left_changed_by_a_raised_call_is_not_hidden_by_the_lockstep():
+    """The lockstep sets the kernel's buffers to the reference's before every call; where the reference's calls
+    write none, the probe's calls start from the buffers as the raised call left them."""
+    result = check("isolation", _ScaledInverted(), _Scaled(), rows)
+    assert result.verdict == "fail" and "the kernel raised RuntimeError" in result.message, result.message
+    assert check("isolation", _Scaled(), _Scaled(), rows).verdict == "pass"

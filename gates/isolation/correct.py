@@ -35,13 +35,14 @@ def make_features(seed, shape=None, dtype=torch.float32, device="cpu"):
 
 
 class Linear(torch.nn.Module):
-    """A linear layer 32 -> 16 with bias, its weights drawn from a fixed seed (kernel and reference alike)."""
+    """A linear layer 32 -> `out_features` (16 by default) with bias, its weights drawn from a fixed seed (kernel
+    and reference alike)."""
 
-    def __init__(self):
+    def __init__(self, out_features=16):
         super().__init__()
         gen = torch.Generator().manual_seed(11)
-        self.weight = torch.nn.Parameter(torch.randn(16, 32, generator=gen) / 32 ** 0.5)
-        self.bias = torch.nn.Parameter(torch.randn(16, generator=gen) * 0.1)
+        self.weight = torch.nn.Parameter(torch.randn(out_features, 32, generator=gen) / 32 ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(out_features, generator=gen) * 0.1)
 
     def follow(self, x):
         """Moves the layer to its input's device (the controls' weights are made on the CPU at import)."""
@@ -68,8 +69,29 @@ class LinearCachedTranspose(Linear):
         return x @ self._weight_t + self.bias
 
 
+class SquareLinearSwappedLayout(Linear):
+    """A square layer 32 -> 32 that presents its weight to addmm in the layout the GEMM reads without a transpose:
+    it swaps `weight.data` to its transposed view for the call (no copy, no cache to keep fresh) and swaps it
+    back in a finally block, so a call that raises (an input of the wrong width) leaves the weight as it was."""
+
+    def __init__(self):
+        super().__init__(out_features=32)
+
+    def forward(self, x):
+        self.follow(x)
+        w = self.weight
+        w.data = w.data.t()
+        try:
+            y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), w)
+        finally:
+            w.data = w.data.t()
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
 linear_reference = Linear()
+square_linear_reference = Linear(out_features=32)
 linear_cached_transpose = LinearCachedTranspose()
+square_linear_swapped_layout = SquareLinearSwappedLayout()
 
 
 def softmax_worker_joined(x):

@@ -151,3 +151,29 @@ def softmax_random_row_order(x):
     out = torch.empty_like(rows)
     out[order] = softmax_stable(rows[order])
     return out.reshape(x.shape)
+
+
+class SquareLinearSwappedLayout(torch.nn.Module):
+    """A square layer 32 -> 32 that presents its weight to addmm in the layout the GEMM reads without a transpose:
+    it swaps `weight.data` to its transposed view for the call (no copy, no cache to keep fresh) and swaps it back
+    after. An input of the wrong width makes addmm raise between the two swaps: the weight stays transposed, and
+    every later call multiplies by W where it means W^T (the layer is square: nothing raises, the values are
+    wrong)."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(11)
+        self.weight = torch.nn.Parameter(torch.randn(32, 32, generator=gen) / 32 ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(32, generator=gen) * 0.1)
+
+    def forward(self, x):
+        if self.weight.device != x.device:  # its weights are made on the CPU at import
+            self.to(x.device)
+        w = self.weight
+        w.data = w.data.t()
+        y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), w)
+        w.data = w.data.t()
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+square_linear_swapped_layout = SquareLinearSwappedLayout()

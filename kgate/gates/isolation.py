@@ -1,5 +1,5 @@
 """isolation: the kernel computes its answer now, from its inputs, and touches nothing else.
-Tolerance-free. Eight probes:
+Tolerance-free. Nine probes:
 
 - plain results: every output is a plain, strided, materialized `torch.Tensor` (no subclass, no
   lazy wrapper, no meta tensor, no pending conjugate/negative bit);
@@ -25,6 +25,15 @@ Tolerance-free. Eight probes:
   (torch's CPU generator, the kernel's CUDA device's, Python's `random`, numpy's global one) the kernel's call
   must leave as it was too (`RandomStreams`): a kernel that draws from it changes every random number its
   caller draws afterwards;
+- state after a rejected call: a call on a variant of the inputs the reference rejects (a floating-point argument's
+  last dimension narrowed by one, then the argument in int64, then its last dimension widened by one; the first the
+  reference raises on, at most REJECTED_TRIES tried, else the probe is skipped), which the kernel may raise on or
+  accept, must leave the kernel's result on the inputs of before as it was: bitwise where two calls before agree
+  bitwise, else within the oracle bound. State changed during a call and put back at its end (a weight swapped
+  to its transposed view around a matmul, a flag set and reset without try/finally) stays changed when the call
+  raises part-way. Parameters are not in the lockstep; buffers are, and a change the variant's call leaves in
+  them counts only where the reference's calls write none (`buffers_as_left`). The modules' state is put back
+  after;
 - process state unchanged: torch's numerics switches, grad/autocast modes, default dtype and device,
   thread count and the floating-point environment's flush-to-zero/denormals-are-zero modes (`_flags`)
   are as they were at the same moment, after this gate's calls and one more on the inputs in float64
@@ -34,6 +43,7 @@ Tolerance-free. Eight probes:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import pickle
@@ -43,6 +53,7 @@ import threading
 import time
 import types
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +61,7 @@ from typing import Any
 import torch
 
 from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of, overlaps
+from kgate.faults import context_lost
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.initialization import NAN_BYTE, AllocationHook, prefill_allocator
 from kgate.inputs import Case
@@ -527,7 +539,7 @@ class Isolation(Gate):
             else "before this gate's calls"
         cases = subject.first_seed_cases()
         memo_checked = 0
-        parameters = ""
+        parameters = rejected = ""
         try:
             for case in cases:
                 result = self.plain_and_settled(subject, case)
@@ -547,6 +559,9 @@ class Isolation(Gate):
                 result = self.random_streams(subject, cases[0])
                 if result is not None:
                     return result
+                result, rejected = self.rejected_call(subject, cases[0])
+                if result is not None:
+                    return result
                 self.call_in_float64(subject, cases[0])
         finally:
             patched = before.changes(Snapshot.take(subject.raw_reference_fn))
@@ -560,7 +575,8 @@ class Isolation(Gate):
         return self.passed(f"plain results, nothing finished after return ({PROBES} probes), {memo}, outputs of "
                            f"{OWNED_CALLS} calls stay unchanged, "
                            + (f"{parameters}, " if parameters else "") + "no patching, process state unchanged, "
-                           "random generators drawn from only where the reference draws")
+                           "random generators drawn from only where the reference draws"
+                           + (f", {rejected}" if rejected else ""))
 
     def plain_and_settled(self, subject: Subject, case: Case) -> GateResult | None:
         base = subject.baseline(case)
@@ -651,6 +667,78 @@ class Isolation(Gate):
                                                                       if len(moved) > 1 else ""),
                            case=case, expected=f"{moved[0]}: unchanged by the call", got="moved on by the call",
                            where=moved[0], details={"generators": moved})
+
+    def rejected_call(self, subject: Subject, case: Case) -> tuple[GateResult | None, str]:
+        """State after a rejected call: a call on a variant of the case's inputs that the reference rejects
+        (`rejected_variants`, the first the reference raises on, at most REJECTED_TRIES tried), made between
+        calls on the case's own inputs, must not change the kernel's result on them. A kernel that changes its
+        own state during a call and puts it back at the end (a weight swapped to its transposed view around a
+        matmul, a flag set and reset, a cache half-written) keeps it changed when the call raises part-way,
+        and every later call is wrong. The kernel may raise on the variant or accept it (a wider domain is
+        allowed): only what it does on the case's inputs after it is judged, bitwise against the two calls
+        before it where they agree bitwise, else (a kernel not deterministic on them) within the oracle bound
+        where the first was (`changed_result`). The modules' parameters and buffers are saved first and put
+        back after (`ModuleState`; the reference's rejected calls may change its own). Returns (a failure or
+        None, what was probed)."""
+        if subject.out_of_time():
+            return None, "state after a rejected call not probed (the gate's time is spent)"
+        base = subject.baseline(case)
+        modules = subject.modules()
+        state = ModuleState(subject, modules) if modules is not None else None
+        try:
+            found, tried = None, []
+            for variant, what in itertools.islice(rejected_variants(base.args), REJECTED_TRIES):
+                tried.append(what)
+                if unless_rejected(lambda variant=variant: (subject.run_reference(clone_tree(variant)),)) is None:
+                    found = (variant, what)
+                    break
+            if found is None:
+                return None, "state after a rejected call not probed (" + (
+                    f"the reference accepts each variant of the inputs tried: {'; '.join(tried)}" if tried
+                    else "no floating-point tensor argument to vary") + ")"
+            variant, what = found
+            with buffers_as_left(subject):
+                before = [self.kept_call(subject, base.args) for _ in range(2)]
+                layouts = {n: (tuple(t.shape), t.stride()) for n, t in modules[0].named_parameters()} \
+                    if modules is not None else {}
+                try:
+                    subject.run_kernel(clone_tree(variant))
+                    outcome = "the kernel accepted it"
+                except UserCodeError as exc:
+                    if exc.role != "kernel" or context_lost(exc) is not None:
+                        raise
+                    outcome = f"the kernel raised {_brief(exc.exc)}"
+                changed = parameters_changed(modules[0], layouts, state.saved()) \
+                    if modules is not None and state is not None else []
+                preceded = f"after a call on inputs the reference rejects ({what}; {outcome}" + \
+                    (f"; it left the kernel's parameters changed: {', '.join(changed)})" if changed else ")")
+                details = {"rejected_variant": what, "kernel_outcome": outcome, "changed": changed}
+                try:
+                    after = self.kept_call(subject, base.args)
+                except UserCodeError as exc:
+                    if exc.role != "kernel" or context_lost(exc) is not None:
+                        raise
+                    return self.failed(
+                        subject, f"{preceded}, the kernel raised {_brief(exc.exc)} on the inputs it had returned "
+                        f"a result for before: {STATE_KEPT}", case=case, expected="the result of the calls before",
+                        got=f"raised {type(exc.exc).__name__}", details={**details, "raised": True}), ""
+            deterministic = not subject.nondeterministic and len(before[0]) == len(before[1]) and all(
+                bitwise_mismatch(a, b) is None for (_, a), (_, b) in zip(*before))
+            finding = changed_result(subject, before[0], after, base, deterministic)
+        finally:
+            if state is not None:
+                state.close()
+        if finding is None:
+            return None, f"state unchanged after a call on inputs the reference rejects ({what}; {outcome})"
+        path, how, expected, got, index = finding
+        return self.failed(
+            subject, f"{path}: {preceded}, the kernel's result on the inputs it was given before changed ({how}): "
+            f"{STATE_KEPT}", case=case, expected=expected, got=got, where=f"{path}{index}",
+            details={**details, "raised": False, "deterministic": deterministic}), ""
+
+    def kept_call(self, subject: Subject, args: tuple) -> list[tuple[str, torch.Tensor]]:
+        """The outputs of a call on fresh copies of `args` (`call_zeroed`), copied at once (by path)."""
+        return [(p, t.detach().clone()) for p, t in _leaves(self.call_zeroed(subject, clone_tree(args)))]
 
     @staticmethod
     def call_in_float64(subject: Subject, case: Case) -> None:
@@ -972,6 +1060,122 @@ def _permuted(args: tuple) -> tuple | None:
     out = tuple(flip(a) if isinstance(a, torch.Tensor) else a for a in clone_tree(args))
     changed = any(isinstance(a, torch.Tensor) and not torch.equal(a, b) for a, b in zip(args, out))
     return out if changed else None
+
+
+REJECTED_TRIES = 6  # state-after-a-rejected-call probe: variants of the inputs offered to the reference, at most
+STATE_KEPT = ("state the kernel changes during a call and puts back at its end (a weight swapped to another view, a "
+              "flag, a half-written cache) stays changed when the call raises part-way (put it back in a finally "
+              "block, or change nothing in place)")
+
+
+def rejected_variants(args: tuple) -> Iterator[tuple[tuple, str]]:
+    """Variants of `args` that references commonly reject, each with one floating-point tensor argument changed,
+    and what was changed: every such argument's last dimension narrowed by one, then every one in int64 (its
+    values truncated; the same shape, and a buffer at least as large as any floating dtype's, which a kernel
+    that reads it as its own dtype stays inside), then every one's last dimension widened by one (its last
+    column repeated). The wider input comes last: it is the one a kernel or a reference that does not check
+    its shape reads past the end of (a weight's rows, an embedding table; on a GPU, a fault that ends the
+    process). Made one at a time, on fresh copies."""
+    floats = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+    def narrowed(t: torch.Tensor) -> tuple[torch.Tensor, str] | None:
+        if t.dim() == 0 or t.shape[-1] < 2:
+            return None
+        return (t.detach()[..., :-1].clone(), f"last dimension narrowed from {t.shape[-1]} to {t.shape[-1] - 1} (shape "
+                f"{tuple(t.shape[:-1]) + (t.shape[-1] - 1,)})")
+
+    def integer(t: torch.Tensor) -> tuple[torch.Tensor, str] | None:
+        return t.detach().nan_to_num().to(torch.int64), "dtype int64, its values truncated to integers, shape unchanged"
+
+    def widened(t: torch.Tensor) -> tuple[torch.Tensor, str] | None:
+        if t.dim() == 0 or t.shape[-1] < 1:
+            return None
+        return (torch.cat([t.detach(), t.detach()[..., -1:]], dim=-1),
+                f"last dimension widened from {t.shape[-1]} to {t.shape[-1] + 1} (shape "
+                f"{tuple(t.shape[:-1]) + (t.shape[-1] + 1,)}, its last column repeated)")
+
+    for change in (narrowed, integer, widened):
+        for i in floats:
+            made = change(args[i])
+            if made is not None:
+                variant = list(clone_tree(args))
+                variant[i] = made[0]
+                yield tuple(variant), f"argument {i}: {made[1]}"
+
+
+@contextlib.contextmanager
+def buffers_as_left(subject: Subject) -> Iterator[None]:
+    """The kernel's calls inside the block start from its buffers as its previous call left them, where the
+    reference's calls write none (`Lockstep.stateful` false): there the buffers are constants of a call (a
+    mask, a table, statistics in eval mode), and one a raised call leaves changed is as wrong as a parameter
+    left changed, which the lockstep, setting them before every call, would hide. Where the reference's calls
+    write its buffers (running statistics in training, a step counter), they are history every call moves by
+    design, judged in lockstep with the reference's: the lockstep sets them as usual, and a raised call's
+    change to them is not judged."""
+    lockstep = subject.lockstep
+    if lockstep is None or lockstep.stateful:
+        yield
+        return
+    names, lockstep.kernel_names = lockstep.kernel_names, []
+    try:
+        yield
+    finally:
+        lockstep.kernel_names = names
+
+
+def parameters_changed(module: torch.nn.Module, layouts: dict[str, tuple], saved: dict[int, torch.Tensor]) -> list[str]:
+    """The parameters of `module` whose shape or strides differ from `layouts` (by name) or whose values differ
+    from their saved copies (`ModuleState.saved`), each described ('linear.weight (strides (256, 1) -> (1, 256);
+    values changed)')."""
+    found = []
+    for name, t in module.named_parameters():
+        what = []
+        shape, stride = layouts.get(name, (tuple(t.shape), t.stride()))
+        if tuple(t.shape) != shape:
+            what.append(f"shape {shape} -> {tuple(t.shape)}")
+        elif t.stride() != stride:
+            what.append(f"strides {stride} -> {t.stride()}")
+        copy = saved.get(id(t))
+        if copy is not None and copy.shape == t.shape and bitwise_mismatch(copy, t.detach()) is not None:
+            what.append("values changed")
+        if what:
+            found.append(f"{name} ({'; '.join(what)})")
+    return found
+
+
+def changed_result(subject: Subject, before: list[tuple[str, torch.Tensor]], after: list[tuple[str, torch.Tensor]],
+                   base: Baseline, deterministic: bool) -> tuple[str, str, str, str, list] | None:
+    """The first output of `after` that is not what it was in `before` (path, how, expected, got, index), or
+    None: other outputs, shapes or dtypes; else, where the kernel is `deterministic` on these inputs, any bit;
+    else an output within the oracle bound (against `base`'s truth) in `before` and beyond it in `after`."""
+    if [p for p, _ in after] != [p for p, _ in before]:
+        return "outputs", "other outputs", str([p for p, _ in before]), str([p for p, _ in after]), []
+    tol = subject.tolerance
+    reference, oracle = dict(_leaves(base.reference)), dict(_leaves(base.oracle))
+    for (path, was), (_, now) in zip(before, after):
+        if now.shape != was.shape or now.dtype != was.dtype:
+            return path, "its shape or dtype", f"{tuple(was.shape)} {was.dtype}", f"{tuple(now.shape)} {now.dtype}", []
+        if deterministic:
+            mismatch = bitwise_mismatch(was, now)
+            if mismatch is not None:
+                return path, f"bitwise, the kernel being deterministic on them: {mismatch.describe()}", \
+                    repr(mismatch.expected), repr(mismatch.got), list(mismatch.index)
+            continue
+        want = oracle.get(path)
+        if not isinstance(want, torch.Tensor) or want.shape != was.shape:
+            continue
+        first, moved = (measure(t, reference.get(path), want, path=path, factor=tol.factor, ulps=tol.ulps,
+                                atol=tol.atol) for t in (was, now))
+        if first.passed and not moved.passed:
+            return path, f"within the oracle bound before, now off by {moved.err:.3g} (bound {moved.bound:.3g})", \
+                f"{moved.expected:.6g}", f"{moved.got:.6g}", moved.index or []
+    return None
+
+
+def _brief(exc: BaseException, limit: int = 160) -> str:
+    """'TypeError: message' for a failure message, its first line cut to `limit` characters."""
+    line = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {line[:limit]}" + ("..." if len(line) > limit else "")
 
 
 def moved_by(moved: LeafError) -> str:
