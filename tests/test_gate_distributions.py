@@ -18,6 +18,8 @@ from kgate.gates.distributions import (
     FLOATING_FAMILIES,
     FRESH_SEEDS,
     INTEGER_FAMILIES,
+    SORTED_FAMILIES,
+    WEIGHT_FAMILIES,
     argument_probes,
     transform,
 )
@@ -112,7 +114,7 @@ def test_distribution_rejected_on_all_arguments_is_judged_one_argument_at_a_time
     # every probe is counted once: judged (the factory's inputs, fresh seeds, one-argument families the
     # reference accepts, search transforms inside the domain, permuted copies of each argument) or skipped
     counts = re.search(r"oracle bound held on (\d+) probe.*affine search: (\d+) transform\(s\) \((\d+) outside the "
-                       r"reference domain\).*; (\d+) permuted-copies probe.*skipped (\d+) the reference rejects",
+                       r"reference domain\).*; (\d+) floating-input probe.*skipped (\d+) the reference rejects",
                        result.message)
     assert counts, result.message
     judged, tries, outside, copies, skipped = map(int, counts.groups())
@@ -393,9 +395,11 @@ def test_signed_zeros_tell_an_angle_that_ignores_the_sign_of_zero():
 
 @pytest.mark.parametrize(("kernel", "family"), [(violating.hashed_embedding_float_bucket, "past float32's integers"),
                                                 (violating.hashed_embedding_int32, "past int32"),
-                                                (violating.hashed_embedding_fmod, "negated")])
+                                                (violating.hashed_embedding_fmod, "negated"),
+                                                (violating.hashed_embedding_float64_bucket,
+                                                 "past float64's integers")])
 def test_integer_magnitudes_catch_a_hashed_embedding_bucketed_wrong(kernel, family):
-    """Ids below 50000 are exact in float32 and int32 and never negative: each wrong bucket agrees with the
+    """Ids below 50000 are exact in float32, float64 and int32 and never negative: each wrong bucket agrees with the
     reference's torch.remainder on the factory's ids, and fails on the family that reaches past its range."""
     assert check("oracle", kernel, correct.hashed_embedding_reference, correct.make_ids).verdict == "pass"
     result = check("distributions", kernel, correct.hashed_embedding_reference, correct.make_ids)
@@ -405,8 +409,9 @@ def test_integer_magnitudes_catch_a_hashed_embedding_bucketed_wrong(kernel, fami
         assert "kernel raised IndexError" in result.message
 
 
-def test_a_remainder_bucket_passes_every_integer_family():
-    result = check("distributions", correct.hashed_embedding, correct.hashed_embedding_reference, correct.make_ids)
+@pytest.mark.parametrize("kernel", [correct.hashed_embedding, correct.hashed_embedding_floor_divide])
+def test_an_int64_bucket_passes_every_integer_family(kernel):
+    result = check("distributions", kernel, correct.hashed_embedding_reference, correct.make_ids)
     assert result.verdict == "pass" and "rejects" not in result.message, result.message
     assert f"{len(INTEGER_FAMILIES)} integer- or boolean-input probe(s)" in result.message
 
@@ -418,7 +423,8 @@ def test_positions_through_float16_fail_past_2048_and_float32_positions_pass_pas
     assert result.verdict == "fail" and "as \"past float16's integers\"" in result.message, result.message
     good = check("distributions", correct.rotary, correct.rotary_reference, correct.make_rotary)
     assert good.verdict == "pass" and "rejects" not in good.message, good.message
-    assert f"{len(INTEGER_FAMILIES)} integer- or boolean-input probe(s)" in good.message
+    # consecutive positions are sorted: repeated boundaries apply (one long segment is the positions themselves)
+    assert f"{len(INTEGER_FAMILIES) + 1} integer- or boolean-input probe(s)" in good.message
 
 
 def test_ignored_targets_catch_smoothing_summed_over_ignored_rows():
@@ -430,8 +436,8 @@ def test_ignored_targets_catch_smoothing_summed_over_ignored_rows():
     good = check("distributions", correct.smoothed_cross_entropy, correct.smoothed_cross_entropy_reference,
                  correct.make_logits)
     assert good.verdict == "pass", good.message
-    # judged: repeats, one value, -100; skipped: the five families that leave [0, 10) other than for -100
-    assert "3 integer- or boolean-input probe(s)" in good.message and "skipped 5 the reference rejects" in good.message
+    # judged: repeats, one value, -100; skipped: the six families that leave [0, 10) other than for -100
+    assert "3 integer- or boolean-input probe(s)" in good.message and "skipped 6 the reference rejects" in good.message
     assert "past float16's integers on argument 1" in good.message, good.message
 
 
@@ -444,8 +450,9 @@ def test_a_divisor_cached_per_shape_is_caught_at_the_same_shape():
 
 
 @pytest.mark.parametrize(("dtype", "absent"), [(torch.int64, set()),
-                                               (torch.int32, {"past int32"}),
-                                               (torch.int16, {"past float32's integers", "past int32"}),
+                                               (torch.int32, {"past int32", "past float64's integers"}),
+                                               (torch.int16, {"past float32's integers", "past int32",
+                                                              "past float64's integers"}),
                                                (torch.uint8, set(INTEGER_FAMILIES) - {"integer repeats",
                                                                                       "integer one value"})])
 def test_integer_families_apply_where_the_dtype_holds_their_values(dtype, absent):
@@ -483,7 +490,7 @@ def test_on_a_device_values_past_the_arguments_range_reach_the_reference_only_in
 
     monkeypatch.setattr(distributions, "_asserts_on_device", lambda subject: True)
     result = check("distributions", plain_embedding, plain_embedding, ids_in_range)
-    assert result.verdict == "pass" and "negated on argument 1" in result.message, result.message
+    assert result.verdict == "pass" and "past float16's integers on argument 1" in result.message, result.message
     assert seen and all(0 <= lo and hi < 1000 for lo, hi in seen)
     monkeypatch.setattr(distributions, "_asserts_on_device", lambda subject: False)
     seen.clear()
@@ -498,7 +505,7 @@ def test_permuted_copies_catch_a_gram_deduped_by_a_permutation_invariant_checksu
     assert result.verdict == "fail" and result.details["argument"] == 0, result.message
     assert result.message.startswith("floating argument 0 as 'permuted copies'"), result.message
     good = check("distributions", correct.gram, correct.gram_reference, correct.make_channels)
-    assert good.verdict == "pass" and "1 permuted-copies probe(s)" in good.message, good.message
+    assert good.verdict == "pass" and "1 floating-input probe(s)" in good.message, good.message
 
 
 @pytest.mark.parametrize("shape", [(4, 3, 64), (3, 1, 5, 2), (2, 7)])
@@ -568,3 +575,93 @@ def test_rounding_ties_are_exact_halves_with_each_rows_absmax_127():
     ties = transform((torch.randn(4, 9),), "rounding ties", 3)[0]
     assert torch.equal(ties.abs().amax(-1), torch.full((4,), 127.0))
     assert torch.equal(ties[:, 1:] - ties[:, 1:].floor(), torch.full((4, 8), 0.5))
+
+
+# --- sorted boundaries ------------------------------------------------------------------------------------------
+
+def test_repeated_boundaries_catch_segment_markers_set_by_a_store():
+    """cu_seqlens of distinct boundaries mark every segment start once, by a store or an add alike; a repeated
+    boundary (an empty segment in the middle) is marked once by the store, and every later row lands a segment
+    early. Every other integer family leaves the reference's domain (sorted, from 0 to the row count)."""
+    assert check("oracle", violating.segment_sums_marker_store, correct.segment_sums_reference,
+                 correct.make_ragged).verdict == "pass"
+    result = check("distributions", violating.segment_sums_marker_store, correct.segment_sums_reference,
+                   correct.make_ragged)
+    assert result.verdict == "fail" and result.details["argument"] == 1, result.message
+    assert result.message.startswith("integer argument 1 as 'repeated boundaries'"), result.message
+
+
+@pytest.mark.parametrize("kernel", [correct.segment_sums_search, correct.segment_sums_marker_scan])
+def test_segments_found_by_search_or_added_markers_pass_the_sorted_families(kernel):
+    result = check("distributions", kernel, correct.segment_sums_reference, correct.make_ragged)
+    assert result.verdict == "pass", result.message
+    assert f"{len(SORTED_FAMILIES)} integer- or boolean-input probe(s)" in result.message, result.message
+
+
+@pytest.mark.parametrize("family", ["one long segment last", "one long segment first"])
+def test_one_long_segment_catches_segments_padded_to_a_multiple_of_the_mean_length(monkeypatch, family):
+    """Evenly spread segments (4 to 12 rows) fit a slab 8 times their mean length wide; the one long segment,
+    last or first, does not, and the rows past the width are dropped."""
+    from kgate.gates import distributions
+
+    assert check("oracle", violating.segment_sums_padded, correct.segment_sums_reference,
+                 correct.make_ragged).verdict == "pass"
+    monkeypatch.setattr(distributions, "SORTED_FAMILIES", {family: SORTED_FAMILIES[family]})
+    result = check("distributions", violating.segment_sums_padded, correct.segment_sums_reference,
+                   correct.make_ragged)
+    assert result.verdict == "fail" and result.message.startswith(f"integer argument 1 as {family!r}"), \
+        result.message
+
+
+def test_sorted_families_keep_the_rows_sorted_and_their_ends():
+    offsets = torch.tensor([[0, 3, 7, 12, 20, 21, 30, 40], [0, 5, 6, 8, 10, 11, 13, 14]])
+    made = {name: make(offsets, torch.Generator().manual_seed(0)) for name, (_, make) in SORTED_FAMILIES.items()}
+    for values in made.values():
+        assert values.dtype == offsets.dtype and values.shape == offsets.shape
+        assert (values.diff() >= 0).all() and not torch.equal(values, offsets)
+        assert torch.equal(values[:, [0, -1]], offsets[:, [0, -1]])
+    repeated = made["repeated boundaries"]
+    assert ((repeated[:, 1:-1].diff() == 0) & (repeated[:, 1:-2] == repeated[:, :-3])).any(-1).all()  # 2 in a row
+    assert torch.equal(made["one long segment last"][0], torch.tensor([0, 1, 2, 3, 4, 5, 6, 40]))
+    assert torch.equal(made["one long segment first"][0], torch.tensor([0, 34, 35, 36, 37, 38, 39, 40]))
+    # segments of 1 where the range allows them, else of 0
+    tight = SORTED_FAMILIES["one long segment last"][1](torch.tensor([0, 1, 2, 3, 3]), torch.Generator())
+    assert torch.equal(tight, torch.tensor([0, 0, 0, 0, 3]))
+    for name, (_, make) in SORTED_FAMILIES.items():  # unsorted, or fewer than 3 along the last dimension: none
+        assert make(torch.tensor([0, 5, 3, 9]), torch.Generator()) is None, name
+        assert make(torch.tensor([[0, 5], [1, 9]]), torch.Generator()) is None, name
+
+
+# --- fractional weights -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", list(WEIGHT_FAMILIES))
+def test_fractional_weights_catch_weights_binarized_as_a_mask(monkeypatch, family):
+    """Float weights of 0 and 1: a weighted mean that takes them for a mask (w.bool()) agrees on them, and on
+    every distribution that scales them alike; fractional weights tell it from the reference."""
+    from kgate.gates import distributions
+
+    assert check("oracle", violating.weighted_mean_binarized, correct.weighted_mean_reference,
+                 correct.make_weighted).verdict == "pass"
+    monkeypatch.setattr(distributions, "WEIGHT_FAMILIES", {family: WEIGHT_FAMILIES[family]})
+    result = check("distributions", violating.weighted_mean_binarized, correct.weighted_mean_reference,
+                   correct.make_weighted)
+    assert result.verdict == "fail" and result.details["argument"] == 1, result.message
+    assert result.message.startswith(f"floating argument 1 as {family!r}"), result.message
+
+
+def test_weights_multiplied_in_pass_the_weight_families():
+    result = check("distributions", correct.weighted_mean_bmm, correct.weighted_mean_reference, correct.make_weighted)
+    assert result.verdict == "pass", result.message
+    # the weight families on the weights, and permuted copies of both arguments
+    assert f"{len(WEIGHT_FAMILIES) + 2} floating-input probe(s)" in result.message, result.message
+
+
+def test_weight_families_apply_to_values_of_0_and_1_only():
+    w = torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]], dtype=torch.bfloat16)
+    fractional, uniform = (make(w, torch.Generator().manual_seed(0)) for _, make in WEIGHT_FAMILIES.values())
+    for values in (fractional, uniform):
+        assert values.dtype == w.dtype and values.shape == w.shape and (values >= 0).all() and (values <= 1).all()
+    assert torch.equal(fractional == 0, w == 0) and (fractional < 1).any()
+    for _, make in WEIGHT_FAMILIES.values():
+        assert make(torch.tensor([0.0, 0.5, 1.0]), torch.Generator()) is None
+        assert make(torch.zeros(4), torch.Generator()) is None

@@ -283,3 +283,76 @@ def fake_quant_codes(x):
     scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
     codes = torch.round(x * (1 / scale)).clamp(-127, 127).to(torch.int8)
     return codes.to(x.dtype) * scale
+
+
+def hashed_embedding_floor_divide(table, ids):
+    """The bucket as id - (id // n) * n in int64 (floor division: a row for every id, negative ones too, at every
+    magnitude int64 holds)."""
+    n = table.shape[0]
+    bucket = ids - torch.div(ids, n, rounding_mode="floor") * n
+    return table.index_select(0, bucket.reshape(-1)).reshape(*ids.shape, table.shape[1])
+
+
+# --- sorted boundaries, fractional weights ------------------------------------------------------------------
+
+def make_ragged(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """A ragged batch: 32 segments of 4 to 12 rows each (evenly spread), their rows of 8 values one after another,
+    and the int64 boundaries cu_seqlens (33,): 0, the running ends of the segments, the total row count."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 13, (32,), generator=g)
+    values = torch.randn(int(lengths.sum()), 8, generator=g).to(dtype=dtype, device=device)
+    return values, torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(device)
+
+
+def segment_sums_reference(values, cu_seqlens):
+    """Per segment [cu_seqlens[i], cu_seqlens[i + 1]), the sum of its rows (0 for an empty one). The boundaries
+    must be sorted, from 0 to the row count."""
+    if cu_seqlens.dim() != 1 or int(cu_seqlens[0]) != 0 or int(cu_seqlens[-1]) != values.shape[0] \
+            or bool((cu_seqlens.diff() < 0).any()):
+        raise ValueError("cu_seqlens must rise from 0 to the number of rows")
+    segments = cu_seqlens.numel() - 1
+    ids = torch.repeat_interleave(torch.arange(segments, device=values.device), cu_seqlens.diff())
+    out = torch.zeros(segments, values.shape[1], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, ids, values)
+
+
+def segment_sums_search(values, cu_seqlens):
+    """Every row's segment by a binary search of the boundaries (the last boundary at or before it: empty
+    segments skipped), then one index_add_."""
+    rows = torch.arange(values.shape[0], device=values.device)
+    ids = torch.searchsorted(cu_seqlens, rows, right=True) - 1
+    out = torch.zeros(cu_seqlens.numel() - 1, values.shape[1], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, ids, values)
+
+
+def segment_sums_marker_scan(values, cu_seqlens):
+    """Every row's segment as a running count of the boundaries at or before it: a marker added at each interior
+    boundary (a repeated boundary adds twice), then a cumulative sum and one index_add_."""
+    marker = torch.zeros(values.shape[0] + 1, dtype=torch.long, device=values.device)
+    interior = cu_seqlens[1:-1]
+    marker.index_add_(0, interior, torch.ones_like(interior))
+    out = torch.zeros(cu_seqlens.numel() - 1, values.shape[1], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, marker.cumsum(0)[:-1], values)
+
+
+def make_weighted(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Rows of values (8, 32, 16) and float weights (8, 32) of 0 and 1 (a mask as floats; every row keeps its
+    first position)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(8, 32, 16, generator=g)
+    w = (torch.rand(8, 32, generator=g) < 0.6).float()
+    w[:, 0] = 1.0
+    return x.to(dtype=dtype, device=device), w.to(dtype=dtype, device=device)
+
+
+def weighted_mean_reference(x, w):
+    """The mean over the sequence (dimension 1) weighted by `w`, which must lie in [0, 1] (soft weights): the
+    weights normalized to sum to 1 per row, then the sum of x times them."""
+    if not bool(((w >= 0) & (w <= 1)).all()):
+        raise ValueError("the weights must lie in [0, 1]")
+    return (x * (w / w.sum(dim=1, keepdim=True)).unsqueeze(-1)).sum(dim=1)
+
+
+def weighted_mean_bmm(x, w):
+    """The weights normalized per row, then applied as one batched product (1 x L) @ (L x D) per row."""
+    return torch.bmm((w / w.sum(dim=1, keepdim=True)).unsqueeze(1), x).squeeze(1)

@@ -173,3 +173,43 @@ def fake_quant_round_half_away(x):
     scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127
     v = x / scale
     return torch.copysign(torch.floor(v.abs() + 0.5), v).clamp(-127, 127) * scale
+
+
+def hashed_embedding_float64_bucket(table, ids):
+    """The bucket as id - floor(id / n) * n in float64 (a float division, cheaper than int64's on a GPU): exact for
+    ids below 2^53, the wrong row for odd ids past it, which float64 rounds (the integer family 'past float64's
+    integers')."""
+    n, f = table.shape[0], ids.double()
+    bucket = (f - torch.floor(f / n) * n).long()
+    return table.index_select(0, bucket.reshape(-1)).reshape(*ids.shape, table.shape[1])
+
+
+def segment_sums_marker_store(values, cu_seqlens):
+    """Every row's segment as a running count of the markers at or before it, the markers set by a scatter store
+    at each interior boundary: a boundary repeated (an empty segment in the middle) marks once, so every later row
+    lands one segment early (the sorted family 'repeated boundaries')."""
+    marker = torch.zeros(values.shape[0] + 1, dtype=torch.long, device=values.device)
+    marker[cu_seqlens[1:-1]] = 1
+    out = torch.zeros(cu_seqlens.numel() - 1, values.shape[1], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, marker.cumsum(0)[:-1], values)
+
+
+def segment_sums_padded(values, cu_seqlens, multiple=8):
+    """Segments gathered into a padded (segments, width, features) slab and summed along the width, the width a
+    static `multiple` of the mean segment length (from the shapes: no host sync for the longest): rows past the
+    width in a longer segment are dropped (the sorted families 'one long segment last' and 'first')."""
+    segments = cu_seqlens.numel() - 1
+    width = multiple * -(-values.shape[0] // segments)
+    position = cu_seqlens[:-1].unsqueeze(1) + torch.arange(width, device=values.device)
+    inside = position < cu_seqlens[1:].unsqueeze(1)
+    rows = values[position.clamp(max=values.shape[0] - 1)]
+    return torch.where(inside.unsqueeze(-1), rows, torch.zeros((), dtype=values.dtype)).sum(dim=1)
+
+
+def weighted_mean_binarized(x, w):
+    """A weighted mean whose weights are taken for a 0/1 mask: kept positions by w.bool(), counted as integers
+    (exact on any length) and multiplied in as 0/1: right on 0/1 weights (and any common scale of them), wrong on
+    fractional ones (the weight families 'fractional weights' and 'uniform weights')."""
+    keep = w.bool()
+    num = (x * keep.to(x.dtype).unsqueeze(-1)).sum(dim=1)
+    return num / keep.sum(dim=1, keepdim=True).to(x.dtype)

@@ -27,10 +27,19 @@ divisor) meets values it does not fit.
 - Integer inputs (`INTEGER_FAMILIES`): their own values drawn with replacement (repeated values: a scatter
   that stores where it must add) and set to one value; and values past their own range, each only where the
   argument's dtype holds them: x + 2049 (odd integers above 2048, which float16 rounds), x + 2^24 + 1 (above
-  float32's exact integers), x + 2^31 + 1 (past int32: ids narrowed to int32 wrap), -x - 1 (negative ids: a
-  floored remainder and a truncated fmod differ; an index that goes negative), and about a quarter of the
-  values set to -1 or to -100 (padding ids; cross_entropy's ignore_index). A kernel that converts its ids or
-  positions to a narrower type, or computes a bucket in floating point, is exact on small ids only.
+  float32's exact integers), x + 2^31 + 1 (past int32: ids narrowed to int32 wrap), x + 2^53 + 1 (above
+  float64's exact integers: int64 only), -x - 1 (negative ids: a floored remainder and a truncated fmod differ;
+  an index that goes negative), and about a quarter of the values set to -1 or to -100 (padding ids;
+  cross_entropy's ignore_index). A kernel that converts its ids or positions to a narrower type, or computes a
+  bucket or a hash in floating point (float64 too), is exact on small ids only.
+- Sorted integer inputs (non-decreasing along the last dimension, at least 3 elements there: offsets,
+  cu_seqlens, segment boundaries; `SORTED_FAMILIES`), each row kept sorted with its first and last value (the
+  segments cover the same data): repeated boundaries (about a quarter of the interior values, and a run of two
+  consecutive ones, set equal to their predecessor: empty segments in the middle) and one long segment, last or
+  first (the interior values packed against the first or the last value a step of 1 apart, 0 where the row's
+  range is too short: every other segment as short as the values allow). A kernel that marks segment starts
+  with a scatter that stores where it must add, or pads segments to a static multiple of the mean length, is
+  right on evenly spread boundaries only.
 - Boolean inputs (masks, `BOOLEAN_FAMILIES`): nothing selected (an empty selection's 0/0), everything
   selected, their own values drawn with replacement, and along the last dimension left padding (leading
   False), right padding (trailing False) and holes (False runs inside rows, the ends True): a kernel that
@@ -41,6 +50,12 @@ divisor) meets values it does not fit.
   their sums come out exactly equal in any order. They are equal under every
   permutation-invariant checksum (sum, sum of squares, a sorted hash): a cache that dedupes entries by one
   shares one entry's result among them.
+- Floating-point inputs whose values are all 0 or 1, some of them 1 (a float mask, weights; `WEIGHT_FAMILIES`):
+  fractional weights (uniform in (0, 1] where the factory had 1, its zeros kept) and uniform weights (uniform in
+  [0, 1] throughout). A kernel that binarizes its weights (`.bool()`) is right on 0/1 values only. The drawn
+  distributions catch it where the reference accepts weights outside [0, 1] (all-negative weights); where the
+  reference declares that domain, those it accepts (tiny, subnormal) scale the 0/1 values alike, which a mean
+  normalized by its weights does not see.
 These are not shrunk: a failure names the family and the argument.
 
 A reference declares its domain by raising on inputs outside it. Where it rejects a distribution on
@@ -226,19 +241,80 @@ def _sentinel(value: int) -> Callable[[torch.Tensor, torch.Generator], torch.Ten
 
 # Integer inputs (indices, labels, positions, ids), one argument at a time: from its own value set (repeated
 # values, one value), in patterns random draws rarely make; and past it, each only where the dtype holds the
-# values: magnitudes past the integers that float16 (2048) and float32 (2^24) hold exactly and past int32 (a
-# kernel that converts them, or narrows them, rounds or wraps there), their negations (floored and truncated
-# remainders differ there), and the sentinels -1 and -100 (padding, cross_entropy's ignore_index). A family
-# that makes None is not applied.
+# values: magnitudes past the integers that float16 (2048), float32 (2^24) and float64 (2^53) hold exactly and
+# past int32 (a kernel that converts them, or narrows them, rounds or wraps there), their negations (floored
+# and truncated remainders differ there), and the sentinels -1 and -100 (padding, cross_entropy's
+# ignore_index). A family that makes None is not applied.
 INTEGER_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
     "integer repeats": ("its own values drawn with replacement (repeated values: duplicate indices)", _resampled),
     "integer one value": ("every value equal to its first", lambda t, g: t.reshape(-1)[:1].expand(t.shape).clone()),
     "past float16's integers": ("x + 2049 (odd integers above 2048, which float16 rounds)", _shifted(2049)),
     "past float32's integers": ("x + 2^24 + 1 (odd integers above 2^24, which float32 rounds)", _shifted(2**24 + 1)),
     "past int32": ("x + 2^31 + 1 (past int32's largest value)", _shifted(2**31 + 1)),
+    "past float64's integers": ("x + 2^53 + 1 (odd integers above 2^53, which float64 rounds)", _shifted(2**53 + 1)),
     "negated": ("-x - 1 (negative values: floored and truncated remainders differ)", _negated),
     "sentinel -1": ("about a quarter of the values set to -1 (padding)", _sentinel(-1)),
     "sentinel -100": ("about a quarter of the values set to -100 (cross_entropy's ignore_index)", _sentinel(-100)),
+}
+
+
+def _sorted(t: torch.Tensor) -> bool:
+    """Whether `t` is non-decreasing along its last dimension, of at least 3 elements there (offsets, cu_seqlens,
+    segment boundaries: a first and a last value with at least one boundary between them)."""
+    return t.dim() > 0 and t.shape[-1] >= 3 and bool((t[..., 1:] >= t[..., :-1]).all())
+
+
+def _repeated_boundaries(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+    """Every row (last dimension) with about a quarter of its interior values, and a seeded run of two consecutive
+    ones (one where the row has a single interior value), set equal to their predecessor: empty segments in the
+    middle, two of them in a row. Sorted still, its first and last value kept."""
+    if not _sorted(t):
+        return None
+    n = t.shape[-1]
+    rows = t.reshape(-1, n)
+    run = min(2, n - 2)
+    position = torch.arange(n, device=g.device)
+    start = torch.randint(1, n - run, (rows.shape[0], 1), generator=g, device=g.device)
+    chosen = (torch.rand(rows.shape, generator=g, device=g.device) < 0.25) | ((position >= start)
+                                                                            & (position < start + run))
+    chosen[:, 0] = chosen[:, -1] = False
+    source = torch.where(chosen, 0, position).cummax(-1).values  # the last position not chosen, at or before
+    return rows.gather(-1, source.to(t.device)).reshape(t.shape)
+
+
+def _one_long_segment(long_last: bool) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]:
+    """Every row (last dimension) with its interior values packed against its first value (`long_last`) or its
+    last one, a step of 1 apart (0 where the row's range is shorter than its segments): every segment but the
+    last (or the first) as short as the values allow, that one holding nearly all the range. Sorted still, its
+    first and last value kept."""
+    def make(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+        if not _sorted(t):
+            return None
+        n = t.shape[-1]
+        first, last = t[..., :1].long(), t[..., -1:].long()
+        step = (last - first >= n - 1).long()
+        k = torch.arange(n, device=t.device)
+        values = first + k * step if long_last else last - (n - 1 - k) * step
+        values[..., :1], values[..., -1:] = first, last
+        return values.to(t.dtype)
+    return make
+
+
+# Sorted integer inputs (non-decreasing along the last dimension, at least 3 elements there: offsets, cu_seqlens,
+# segment boundaries), one argument at a time: boundaries that random cuts rarely make, each sorted still with
+# the first and last value kept (the segments cover the same data): repeated boundaries (empty segments in the
+# middle, consecutive ones too: a scatter that marks segment starts by a store counts a repeated boundary once)
+# and one long segment, last or first (every other as short as the values allow: a kernel that pads segments to a
+# static multiple of the mean length drops the long one's tail). A family that makes None is not applied.
+SORTED_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
+    "repeated boundaries": ("about a quarter of every row's interior values, two consecutive ones among them, set "
+                            "equal to their predecessor (empty segments in the middle)", _repeated_boundaries),
+    "one long segment last": ("every row's interior values packed against its first value, a step of 1 apart (0 "
+                              "where the range is too short): the last segment holds nearly all the range",
+                              _one_long_segment(True)),
+    "one long segment first": ("every row's interior values packed against its last value, a step of 1 apart (0 "
+                               "where the range is too short): the first segment holds nearly all the range",
+                               _one_long_segment(False)),
 }
 
 
@@ -307,19 +383,40 @@ FLOATING_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator]
 }
 
 
-ARGUMENT_FAMILIES = {**INTEGER_FAMILIES, **BOOLEAN_FAMILIES, **FLOATING_FAMILIES}
+def _weights(keep_zeros: bool) -> Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]:
+    """Where every value is 0 or 1 (some of them 1): values uniform in (0, 1] where it is 1 and its zeros kept
+    (`keep_zeros`), or uniform in [0, 1] throughout."""
+    def make(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+        if not (((t == 0) | (t == 1)).all() and (t == 1).any()):
+            return None
+        drawn = torch.rand(t.shape, generator=g, device=g.device).to(t.device)
+        return (torch.where(t == 0, t.float(), 1 - drawn) if keep_zeros else drawn).to(t.dtype)
+    return make
+
+
+# Floating-point inputs whose values are all 0 or 1 (a float mask, weights), one argument at a time: fractional
+# weights, where the factory had 1 (its zeros kept) and throughout. A kernel that binarizes its weights (`.bool()`,
+# `!= 0`: a select for a multiply, a count of the kept positions for their sum) is right on 0/1 values only.
+WEIGHT_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
+    "fractional weights": ("every 1 replaced by a value uniform in (0, 1], the zeros kept", _weights(True)),
+    "uniform weights": ("every value uniform in [0, 1]", _weights(False)),
+}
+
+
+ARGUMENT_FAMILIES = {**INTEGER_FAMILIES, **SORTED_FAMILIES, **BOOLEAN_FAMILIES, **FLOATING_FAMILIES,
+                     **WEIGHT_FAMILIES}
 
 
 def argument_probes(args: tuple, seed: int) -> Iterator[tuple[str, int, tuple]]:
     """(family, argument, inputs) for each tensor argument of more than one element and each family of
-    INTEGER_FAMILIES, BOOLEAN_FAMILIES or FLOATING_FAMILIES (by its dtype; complex ones have none) that applies
-    to it and whose values differ from the argument's own; the other arguments unchanged. One at a time: each
-    holds a copy of every input."""
+    INTEGER_FAMILIES and SORTED_FAMILIES, BOOLEAN_FAMILIES, or FLOATING_FAMILIES and WEIGHT_FAMILIES (by its
+    dtype; complex ones have none) that applies to it and whose values differ from the argument's own; the other
+    arguments unchanged. One at a time: each holds a copy of every input."""
     for i, a in enumerate(args):
         if not isinstance(a, torch.Tensor) or a.is_complex() or a.numel() < 2:
             continue
-        families = (FLOATING_FAMILIES if a.is_floating_point() else BOOLEAN_FAMILIES if a.dtype == torch.bool
-                    else INTEGER_FAMILIES)
+        families = ({**FLOATING_FAMILIES, **WEIGHT_FAMILIES} if a.is_floating_point() else BOOLEAN_FAMILIES
+                    if a.dtype == torch.bool else {**INTEGER_FAMILIES, **SORTED_FAMILIES})
         for name, (_, make) in families.items():
             values = make(a.detach(), torch.Generator(device=a.device).manual_seed(seed))
             if values is None or torch.equal(values, a):
@@ -391,7 +488,8 @@ def _magnitudes(oracle) -> dict[str, float]:
 class Distributions(Gate):
     name = "distributions"
     summary = ("oracle bound holds on zeros, constants, offsets, huge/tiny/subnormal values, heavy tails, fresh seeds, "
-               "integers past narrower types, sentinels, mask structures, permuted copies and a seeded affine search")
+               "integers past narrower types, sentinels, sorted boundaries, mask structures, permuted copies, fractional "
+               "weights and a seeded affine search")
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
@@ -452,8 +550,7 @@ class Distributions(Gate):
                 if outcome is None:
                     rejected.append(f"{name} on argument {argument} ({case.label()})")
                     continue
-                kind = "boolean" if name in BOOLEAN_FAMILIES else "integer" if name in INTEGER_FAMILIES \
-                    else "floating"
+                kind = _kind(name)
                 probes += 1
                 counts[kind] += 1
                 if outcome is not False:
@@ -502,7 +599,7 @@ class Distributions(Gate):
         if counts["integer"] or counts["boolean"]:
             message += f"; {counts['integer'] + counts['boolean']} integer- or boolean-input probe(s)"
         if counts["floating"]:
-            message += f"; {counts['floating']} permuted-copies probe(s)"
+            message += f"; {counts['floating']} floating-input probe(s)"
         if per_argument:
             message += (f"; one argument at a time where the reference rejects all at once: "
                         f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
@@ -586,6 +683,12 @@ class Distributions(Gate):
                              details=details)
         result.tolerance_free = finding.tolerance_free
         return result
+
+
+def _kind(family: str) -> str:
+    """The kind of argument a family of one argument at a time applies to: integer, boolean or floating."""
+    return "boolean" if family in BOOLEAN_FAMILIES else "floating" if family in {**FLOATING_FAMILIES,
+                                                                                   **WEIGHT_FAMILIES} else "integer"
 
 
 def _family(name: str, argument: int | None) -> str:
