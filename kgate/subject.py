@@ -144,6 +144,7 @@ def with_inplace(fn: Callable, inplace: Iterable[int]) -> Callable:
 FIRST_CALL_BYTES = 256 * 2**20  # a first call whose inputs and outputs hold more is not kept
 
 
+PRINT_PIECE = 1 << 24  # parameter_prints: elements converted to float64 at once
 FIRST_CALLS = 4  # the first calls kept: an autotuner that times a few configurations calls each once
 
 
@@ -151,9 +152,17 @@ def parameter_prints(module: torch.nn.Module) -> dict[str, tuple[float, float]]:
     """Per parameter of `module`, by name: the sum and the sum of squares of its values in float64, which a
     change of its values moves (the contract gate tells a parameter the kernel changed in a call: a fold made
     in place at its first call)."""
+    prints = {}
     with torch.no_grad():
-        return {n: (float(p.detach().double().sum()), float(p.detach().double().square().sum()))
-                for n, p in module.named_parameters() if p.is_floating_point()}
+        for name, p in module.named_parameters():
+            if p.is_floating_point():
+                flat, total, squares = p.detach().reshape(-1), 0.0, 0.0
+                for start in range(0, flat.numel(), PRINT_PIECE):  # a piece at a time: a 32768^2 weight is
+                    piece = flat[start:start + PRINT_PIECE].double()  # 8.6 GB in float64 (a GPU worker's share)
+                    total += float(piece.sum())
+                    squares += float(piece.square().sum())
+                prints[name] = (total, squares)
+    return prints
 
 
 class FirstCall:

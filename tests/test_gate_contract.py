@@ -389,3 +389,17 @@ def test_a_parameter_changed_by_a_call_fails_and_one_changed_before_the_first_ca
     assert result.verdict == "fail" and "than before its first call" in result.message, result.message
     assert check("contract", _correct.ScaledLinearFused(), _correct.ScaledLinear(), _correct.make_rows).verdict \
         == "pass"
+
+
+def test_parameter_prints_are_taken_a_piece_at_a_time_with_the_same_sums(monkeypatch):
+    """A 32768 x 32768 weight is 8.6 GB in float64: the prints convert a piece at a time (a GPU worker's share of
+    memory ran out in them, before the standard test, for every problem with such a weight)."""
+    import kgate.subject as subject_module
+
+    module = torch.nn.Linear(300, 200)
+    whole = subject_module.parameter_prints(module)
+    monkeypatch.setattr(subject_module, "PRINT_PIECE", 1000)
+    pieces = subject_module.parameter_prints(module)
+    assert whole.keys() == pieces.keys() == {"weight", "bias"}
+    for name in whole:
+        assert pieces[name] == pytest.approx(whole[name], rel=1e-12, abs=1e-12)
