@@ -13,6 +13,7 @@ is never taken for a rejection.
 
 from __future__ import annotations
 
+import copy
 import functools
 import shlex
 import time
@@ -144,6 +145,7 @@ def with_inplace(fn: Callable, inplace: Iterable[int]) -> Callable:
 FIRST_CALL_BYTES = 256 * 2**20  # a first call whose inputs and outputs hold more is not kept
 
 
+CPU_COPY_ELEMENTS = 1 << 24  # reference_on_cpu: the most parameter and buffer elements a module reference's CPU copy holds
 PRINT_PIECE = 1 << 24  # parameter_prints: elements converted to float64 at once
 FIRST_CALLS = 4  # the first calls kept: an autotuner that times a few configurations calls each once
 
@@ -273,6 +275,7 @@ class Subject:
         self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
         # elements of the reference's outputs per input shapes: what a float64 oracle on the CPU would hold
         self._output_elements: dict[tuple, int] = {}
+        self._cpu_reference: torch.nn.Module | bool | None = None  # `reference_on_cpu`'s copy of a module reference
         # the modules' buffers as built (running statistics, counters): kernel and reference are built alike,
         # so here they agree; the gates call the two unequally often, so a probe that needs them to agree again
         # (the oracle gate's eval mode) puts these back first (`initial_buffers`)
@@ -483,13 +486,28 @@ class Subject:
 
     def reference_on_cpu(self, args: tuple) -> Any | None:
         """The reference in the kernel's dtype on CPU copies of `args`, where the kernel runs on another device:
-        None on the CPU already, for a module reference (its weights live on the device), where the host cannot
-        hold it, or where the reference raises there. A reference's subnormal results may differ by device
-        (torch's CUDA bfloat16 cumsum gives 0 where its CPU path keeps the subnormal sum of subnormal inputs):
-        the special_values gate asks it before it calls a kept subnormal a departure from the reference's flush."""
+        None on the CPU already, where the host cannot hold it, or where the reference raises there. A module
+        reference runs as a CPU copy of itself made once (its parameters and buffers as they are then), where
+        they hold at most CPU_COPY_ELEMENTS elements; else None. A reference's subnormal results may differ by
+        device (torch's CUDA bfloat16 cumsum gives 0 where its CPU path keeps the subnormal sum of subnormal
+        inputs; CUDA's float atomics, behind index_add_, flush the subnormals they add): the special_values gate
+        asks it before it calls a kept subnormal a departure from the reference's flush."""
         if self.device.type == "cpu" or not host_can_hold(args, self._output_elements.get(_shapes_key(args), 0)):
             return None
-        return self._reference_on(args, lambda t: t.detach().cpu())
+        module = _unwrapped(self.raw_reference_fn)
+        if not isinstance(module, torch.nn.Module):
+            return self._reference_on(args, lambda t: t.detach().cpu())
+        if self._cpu_reference is None:
+            held = sum(t.numel() for t in (*module.parameters(), *module.buffers()))
+            self._cpu_reference = copy.deepcopy(module).cpu() if held <= CPU_COPY_ELEMENTS else False
+        if self._cpu_reference is False:
+            return None
+        try:
+            with torch.no_grad():
+                out = self._cpu_reference(*map_tensors(args, lambda t: t.detach().cpu()))
+        except Exception:  # noqa: BLE001 - a module that runs on its own device only: no evaluation
+            return None
+        return map_tensors(out, lambda t: t.detach())
 
     def reference_widened(self, args: tuple) -> Any | None:
         """The reference on `args` with its bfloat16 tensors widened to float32, on the kernel's device: None where

@@ -240,6 +240,35 @@ def test_the_reference_on_the_cpu_is_asked_only_where_the_kernel_runs_elsewhere(
     assert subject.reference_on_cpu(subject.inputs(subject.cases[0])) is None  # on the CPU already
 
 
+def test_a_module_reference_runs_on_the_cpu_as_a_copy_made_once_within_its_cap(monkeypatch):
+    """Off the CPU a module reference (a KernelBench Model) is asked on the CPU through a copy of itself: CUDA's
+    float atomics behind index_add_ flush the subnormals they add, torch's CPU path keeps them, and a kernel
+    keeping them departs from no contract (a correct segment mean failed so on an H100)."""
+    import kgate.subject as subject_module
+    from tests.gate_harness import subject_for
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((1,), 3.0))
+
+        def forward(self, x):
+            return x * self.weight
+
+    subject = subject_for(Scale(), Scale(), sv_correct.make_inputs)
+    args = subject.inputs(subject.cases[0])
+    monkeypatch.setattr(subject, "device", torch.device("meta"))  # the kernel "elsewhere": only the type is read
+    out = subject.reference_on_cpu(args)
+    assert out.device.type == "cpu" and torch.equal(out, args[0] * 3.0)
+    first = subject._cpu_reference
+    subject.reference_on_cpu(args)
+    assert subject._cpu_reference is first  # made once
+    monkeypatch.setattr(subject_module, "CPU_COPY_ELEMENTS", 0)
+    other = subject_for(Scale(), Scale(), sv_correct.make_inputs)
+    monkeypatch.setattr(other, "device", torch.device("meta"))
+    assert other.reference_on_cpu(args) is None  # past the cap: no copy
+
+
 def test_subnormal_products_are_judged_too():
     def product(x, y):
         return x * y

@@ -30,7 +30,8 @@ input by an ulp of its dtype (SENSITIVITY_DRAWS seeded sign draws, the largest m
 dtype (a float16 sum whose running sums are a thousand times its result), in the reference or the kernel alike.
 Where the kernel runs on another device than the CPU, a reference's 0 is its flush only where the same reference
 in the same dtype on the CPU gives 0 too (`Subject.reference_on_cpu`): torch's CUDA bfloat16 cumsum gives 0
-where its CPU path keeps the subnormal sum of subnormal inputs, a device's path, not the op's semantics. Nor is
+where its CPU path keeps the subnormal sum of subnormal inputs, and CUDA's float atomics (index_add_) flush what
+they add: a device's path, not the op's semantics. Nor is
 it one where the reference on its bfloat16 inputs widened to float32 keeps the subnormal
 (`Subject.reference_widened`): both dtypes have the same smallest normal, so a flush gives 0 in both, and a 0 of
 the bfloat16 evaluation alone is an intermediate rounded below bfloat16's smallest subnormal (Llama's RMSNorm
