@@ -13,6 +13,7 @@ is never taken for a rejection.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import shlex
@@ -709,6 +710,17 @@ class Lockstep:
 
     def before_kernel(self) -> None:
         self.load(self.kernel, self.kernel_names)
+
+    @contextlib.contextmanager
+    def kernel_left_alone(self) -> Iterator[None]:
+        """Inside the block the kernel's buffers are not set before its calls: each starts from them as its
+        previous call left them (the isolation gate's rejected-call probe, where they are constants of a
+        call and one left changed is a finding the lockstep would hide)."""
+        names, self.kernel_names = self.kernel_names, []
+        try:
+            yield
+        finally:
+            self.kernel_names = names
 
     def after_reference(self) -> None:
         """Note whether the reference's call wrote a buffer (the next call loads the state back)."""

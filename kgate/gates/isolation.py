@@ -1116,11 +1116,8 @@ def buffers_as_left(subject: Subject) -> Iterator[None]:
     if lockstep is None or lockstep.stateful:
         yield
         return
-    names, lockstep.kernel_names = lockstep.kernel_names, []
-    try:
+    with lockstep.kernel_left_alone():
         yield
-    finally:
-        lockstep.kernel_names = names
 
 
 def parameters_changed(module: torch.nn.Module, layouts: dict[str, tuple], saved: dict[int, torch.Tensor]) -> list[str]:
