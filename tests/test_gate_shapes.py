@@ -575,3 +575,16 @@ def test_inf_lost_finds_a_finite_value_only_where_oracle_and_reference_agree_on_
     assert inf_lost(torch.tensor([-inf, 0.0, inf, 2.0]), ref, truth) is None  # 0.0 where the reference is finite
     assert inf_lost(torch.tensor([float("nan"), 0.0, -inf, 2.0]), ref, truth) is None  # not finite: special_values'
     assert inf_lost(torch.tensor([-88.5, 0.0, 3.0e38, 2.0]), ref, truth) == ("out", (0,), -88.5, 2, -inf)
+
+
+def test_an_untied_probe_where_the_reference_and_its_float64_evaluation_disagree_is_passed_over():
+    """torch's CPU scaled_dot_product_attention takes values of another length than the keys, and its float32 and
+    float64 paths then differ by the outputs' own size: no oracle there, so the probe is passed over."""
+    def unchecked(q, k, v):  # float64 reads the values' first rows, float32 their last, where the lengths differ
+        w = torch.softmax(q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5, dim=-1)
+        n = k.shape[-2]
+        return w @ (v[..., :n, :] if q.dtype == torch.float64 else v[..., v.shape[-2] - n:, :])
+
+    result = check("shapes", unchecked, unchecked, correct.make_attention_inputs, **ATTENTION)
+    assert result.verdict == "pass", result.message
+    assert "passed over where the reference and its float64 evaluation disagree" in result.message
