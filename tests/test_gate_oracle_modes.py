@@ -27,7 +27,7 @@ def test_a_module_right_in_both_modes_passes_with_its_eval_mode_judged():
     result = check("oracle", _BothModes(), _Reference(), _correct.make_batch)
     assert result.verdict == "pass" and "and in eval mode in 1 case(s), 2 rounds" in result.message, \
         result.message
-    assert sum(e.get("mode") == "eval" for e in result.evidence) == 2
+    assert sum(e.get("mode") == "eval" for e in result.evidence) == 4  # 2 rounds x (1 case + its second draw)
 
 
 def test_unequal_calls_before_the_probe_do_not_blame_a_correct_module():
@@ -285,3 +285,14 @@ def test_kernel_reference_and_oracle_each_start_every_call_from_one_state():
 
     assert run(True).verdict == "pass"
     assert run(False).verdict == "fail"
+
+
+def test_a_state_carried_from_one_eval_mode_call_to_the_next_fails_on_the_second_draw():
+    """A module without buffers that, in eval mode, starts each call's running sum from the last call's total (a
+    streaming cache for inference over chunks): its first eval-mode call is right, the second draw at the same
+    shape is not. Without the second draw the probe passes it."""
+    bad = check("oracle", _violating.CumulativeSumStreamingInEval(), _correct.CumulativeSum(),
+                _correct.make_observations)
+    assert bad.verdict == "fail" and bad.details["mode"] == "eval", bad.message
+    good = check("oracle", _correct.CumulativeSum(), _correct.CumulativeSum(), _correct.make_observations)
+    assert good.verdict == "pass" and "and in eval mode in 1 case(s)" in good.message, good.message

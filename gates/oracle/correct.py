@@ -215,3 +215,13 @@ class RunningStandardizerWeights(RunningStandardizer):
 
 running_standardizer = RunningStandardizer()
 running_standardizer_weights = RunningStandardizerWeights()
+
+
+class CumulativeSum(torch.nn.Module):
+    """A running sum along dimension 0, each call from zero, in training and eval mode alike."""
+
+    def forward(self, x):
+        return torch.cumsum(x, dim=0)
+
+
+cumulative_sum = CumulativeSum()

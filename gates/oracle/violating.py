@@ -115,3 +115,22 @@ class BatchNormEvalFoldVersionOnly(_catalogue("oracle", "correct").BatchNormEval
 
 
 batchnorm_eval_fold_version_only = BatchNormEvalFoldVersionOnly()
+
+
+class CumulativeSumStreamingInEval(_catalogue("oracle", "correct").CumulativeSum):
+    """The running sum along dimension 0, which in eval mode continues from the last call's total: inference over
+    a stream cut into chunks, as if every eval-mode call were the next chunk of one sequence. The first eval-mode
+    call is right, every later one is off by the totals before it."""
+
+    def forward(self, x):
+        out = torch.cumsum(x, dim=0)
+        if self.training:
+            return out
+        carried = getattr(self, "_carry", None)
+        if carried is not None and carried.shape == out.shape[1:]:
+            out = out + carried
+        self._carry = out[-1].detach().clone() if out.shape[0] else carried
+        return out
+
+
+cumulative_sum_streaming_in_eval = CumulativeSumStreamingInEval()

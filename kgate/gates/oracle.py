@@ -1,7 +1,8 @@
 """oracle: agreement with the float64 oracle within the bound calibrated from the reference's own
 error in the kernel's dtype (formula in kgate/oracle.py). Judged on every case of the sweep, and where
 kernel and reference are `nn.Module`s built in training mode, again in eval mode (`module.eval()`, as
-inference calls them) on the first case of each shape and dtype: both modules' buffers as built and, where
+inference calls them) on the first case of each shape and dtype, and on a second draw of the first case's
+inputs (a state carried from one eval-mode call to the next: a streaming cache): both modules' buffers as built and, where
 they hold a normalization layer (BatchNorm, InstanceNorm), their equal parameters and buffers moved alike by
 an optimizer-style step (as built, a BatchNorm's weight is 1, its bias 0, its running mean 0 and its running
 variance 1, which hide a wrong inference formula), then moved again for a second round (an inference fold
@@ -27,6 +28,7 @@ from kgate.oracle import BROKEN_FACTOR, LeafError, Terms, measure
 from kgate.subject import ModuleState, Subject, UserCodeError, unless_rejected
 
 EVAL_SEED = 7727  # seeds the steps of the parameters and buffers before the eval-mode rounds
+EVAL_DRAW_SEED = 7741  # the eval-mode probe's second draw of the first case's inputs
 EVAL_ROUNDS = 2  # eval-mode rounds where the state is stepped: the second finds a fold kept from the first
 
 
@@ -167,10 +169,13 @@ class Oracle(Gate):
             (f", {len(judged)} rounds (parameters and buffers stepped before each)" if len(judged) > 1 else "")
 
     def _eval_round(self, subject: Subject, evidence: list, setting: str) -> GateResult | str | int:
-        """One round of the eval-mode probe on the first case of each shape and dtype: a failure, a note (the
-        reference raised: not judged in eval mode), or the number of cases judged."""
+        """One round of the eval-mode probe on the first case of each shape and dtype, then on another draw of the
+        first (`EVAL_DRAW_SEED`): a second eval-mode call at one shape, which a state carried from one eval-mode
+        call to the next (a streaming cache of the last state) gets wrong. A failure, a note (the reference raised:
+        not judged in eval mode), or the number of cases judged."""
         judged = 0
-        for case in subject.first_seed_cases():
+        cases = subject.first_seed_cases()
+        for n, case in enumerate(cases + [Case(cases[0].shape, cases[0].dtype, EVAL_DRAW_SEED)]):
             args = subject.inputs(case)
             try:
                 reference = subject.run_reference(clone_tree(args))
@@ -186,7 +191,7 @@ class Oracle(Gate):
                 return self.failed(subject, f"in eval mode (module.eval(); {setting}): {leaves.message}", case=case,
                                    expected=leaves.expected, got=leaves.got, broken=True,
                                    details={"mode": "eval", "setting": setting})
-            judged += 1
+            judged += n < len(cases)  # the second draw is judged, not counted
             for leaf in leaves:
                 evidence.append({"case": case.to_json(), "mode": "eval", **leaf.to_json()})
                 if not leaf.passed:
