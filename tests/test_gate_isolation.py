@@ -741,3 +741,16 @@ def test_a_buffer_left_changed_by_a_raised_call_is_not_hidden_by_the_lockstep():
     result = check("isolation", _ScaledInverted(), _Scaled(), rows)
     assert result.verdict == "fail" and "the kernel raised RuntimeError" in result.message, result.message
     assert check("isolation", _Scaled(), _Scaled(), rows).verdict == "pass"
+
+
+def test_boundaries_refilled_in_place_show_a_schedule_cached_by_address():
+    """Another seed's ragged batch has another row count (not written into the same tensors), and a permutation
+    leaves the boundaries unsorted (the reference rejects them): the memoization probe moves the sorted integer
+    argument's boundaries in place (same length and ends), which a schedule keyed on its address misses."""
+    from tests.gate_harness import catalogue
+
+    dc, ic, iv = catalogue("distributions", "correct"), catalogue("isolation", "correct"), catalogue("isolation", "violating")
+    bad = check("isolation", iv.segment_sums_schedule_by_address, dc.segment_sums_reference, dc.make_ragged)
+    assert bad.verdict == "fail" and "boundaries moved" in bad.message, bad.message
+    good = check("isolation", ic.segment_sums_schedule_by_value, dc.segment_sums_reference, dc.make_ragged)
+    assert good.verdict == "pass" and "memoization probed" in good.message, good.message

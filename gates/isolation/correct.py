@@ -137,3 +137,17 @@ def softmax_private_generator(x):
     out = torch.empty_like(rows)
     out[order] = softmax_stable(rows[order])
     return out.reshape(x.shape)
+
+
+_SCHEDULES: dict = {}
+
+
+def segment_sums_schedule_by_value(values, cu_seqlens):
+    """Segment sums through a schedule (every row's segment id) cached on the boundaries' values and the row
+    count: refilled boundaries get a schedule of their own."""
+    key = (tuple(cu_seqlens.tolist()), values.shape[0], str(values.device))
+    if key not in _SCHEDULES:
+        rows = torch.arange(values.shape[0], device=values.device)
+        _SCHEDULES[key] = torch.searchsorted(cu_seqlens, rows, right=True) - 1
+    out = torch.zeros(cu_seqlens.numel() - 1, values.shape[1], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, _SCHEDULES[key], values)

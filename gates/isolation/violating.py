@@ -177,3 +177,18 @@ class SquareLinearSwappedLayout(torch.nn.Module):
 
 
 square_linear_swapped_layout = SquareLinearSwappedLayout()
+
+
+_SCHEDULES: dict = {}
+
+
+def segment_sums_schedule_by_address(values, cu_seqlens):
+    """Segment sums through a schedule (every row's segment id) built once per boundaries tensor, keyed on its
+    address and length and the row count, as a varlen kernel caches its launch plan: boundaries rewritten in place
+    (a packed batch refilled in a preallocated cu_seqlens buffer) with the same length keep the old schedule."""
+    key = (cu_seqlens.data_ptr(), cu_seqlens.numel(), values.shape[0])
+    if key not in _SCHEDULES:
+        rows = torch.arange(values.shape[0], device=values.device)
+        _SCHEDULES[key] = torch.searchsorted(cu_seqlens, rows, right=True) - 1
+    out = torch.zeros(cu_seqlens.numel() - 1, values.shape[1], dtype=values.dtype, device=values.device)
+    return out.index_add_(0, _SCHEDULES[key], values)

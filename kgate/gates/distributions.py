@@ -264,7 +264,7 @@ def _sorted(t: torch.Tensor) -> bool:
     return t.dim() > 0 and t.shape[-1] >= 3 and bool((t[..., 1:] >= t[..., :-1]).all())
 
 
-def _repeated_boundaries(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+def repeated_boundaries(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
     """Every row (last dimension) with about a quarter of its interior values, and a seeded run of two consecutive
     ones (one where the row has a single interior value), set equal to their predecessor: empty segments in the
     middle, two of them in a row. Sorted still, its first and last value kept."""
@@ -308,7 +308,7 @@ def _one_long_segment(long_last: bool) -> Callable[[torch.Tensor, torch.Generato
 # static multiple of the mean length drops the long one's tail). A family that makes None is not applied.
 SORTED_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
     "repeated boundaries": ("about a quarter of every row's interior values, two consecutive ones among them, set "
-                            "equal to their predecessor (empty segments in the middle)", _repeated_boundaries),
+                            "equal to their predecessor (empty segments in the middle)", repeated_boundaries),
     "one long segment last": ("every row's interior values packed against its first value, a step of 1 apart (0 "
                               "where the range is too short): the last segment holds nearly all the range",
                               _one_long_segment(True)),

@@ -8,7 +8,9 @@ Tolerance-free. Nine probes:
   the device. Allocations are NaN-poisoned during this probe so unfinished work shows, and the first
   call's new threads are held before they run (`held_threads`: a busy machine on purpose);
 - no memoization: the inputs are overwritten in place with another seed's values (same tensors,
-  same addresses) and the kernel called again; the result must equal a call on fresh copies of
+  same addresses), then with their own values permuted, then with their sorted integer arguments' boundaries
+  moved (`_boundaries_moved`: offsets with repeated boundaries, the same length and ends), and the kernel
+  called again; the result must equal a call on fresh copies of
   the new values (for a `nondeterministic` kernel: it must not be the old result where the oracle
   changed). The first call's outputs must not change under the second call (a reused buffer);
 - outputs stay owned: the outputs of OWNED_CALLS calls on other inputs, all kept, are unchanged by the
@@ -864,18 +866,25 @@ class Isolation(Gate):
     def memoization(self, subject: Subject, case: Case) -> tuple[GateResult | None, int]:
         """The inputs overwritten in place, first with another seed's values, then with their own values
         permuted (each tensor reversed along its last dimension longer than 1: the same values, so the same
-        sums, minimum, maximum and span, which a cache keyed on checksums or a range cannot tell apart), and
-        the kernel called again on the same tensors (`overwritten`). Returns (a failure or None, whether
+        sums, minimum, maximum and span, which a cache keyed on checksums or a range cannot tell apart), then with
+        their sorted integer arguments' boundaries moved (`_boundaries_moved`), each where the reference accepts
+        it, and the kernel called again on the same tensors (`overwritten`). Returns (a failure or None, whether
         probed)."""
         base = subject.baseline(case)
         other = subject.inputs(Case(case.shape, case.dtype, case.seed + OTHER_SEED))
         probed = 0
-        permuted = _permuted(base.args)
-        if permuted is not None:
-            permuted = subject.conform(base.args, permuted)  # (a triangular input stays triangular)
-            if unless_rejected(lambda: (subject.run_reference(clone_tree(permuted)), subject.oracle(permuted))) is None:
-                permuted = None  # outside the reference's domain (offsets that must increase)
-        for values, what in ((other, "other values"), (permuted, "their own values permuted")):
+        def accepted(values: tuple | None) -> tuple | None:
+            if values is None:
+                return None
+            values = subject.conform(base.args, values)  # (a triangular input stays triangular)
+            if unless_rejected(lambda: (subject.run_reference(clone_tree(values)), subject.oracle(values))) is None:
+                return None  # outside the reference's domain (offsets that must increase)
+            return values
+
+        for values, what in ((other, "other values"), (accepted(_permuted(base.args)), "their own values permuted"),
+                             (accepted(_boundaries_moved(base.args, case.seed)),
+                              "their sorted integer arguments' boundaries moved (repeated: empty segments; the "
+                              "same length, the same ends)")):
             if values is None:
                 continue
             result, checked = self.overwritten(subject, case, base, values, what)
@@ -1049,6 +1058,23 @@ def stale(subject: Subject, path: str, old: torch.Tensor, now: tuple[dict, dict]
                               atol=tol.atol))
     was, moved = judged
     return moved if was.passed and not moved.passed else None
+
+
+def _boundaries_moved(args: tuple, seed: int) -> tuple | None:
+    """`args` with each sorted integer tensor (offsets, cu_seqlens) given repeated boundaries
+    (`distributions.repeated_boundaries`: the same shape and ends, empty segments in the middle), the
+    others as they are; None where none is sorted or none changes. Another seed's inputs often differ in shape
+    there (the indices' count follows the offsets), and a permutation leaves them unsorted: this keeps both."""
+    # (imported here: distributions imports the oracle gate, which imports this module)
+    from kgate.gates.distributions import repeated_boundaries
+
+    out, changed = list(args), False
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and not a.is_floating_point() and a.dtype != torch.bool and a.numel():
+            moved = repeated_boundaries(a.detach(), torch.Generator(device=a.device).manual_seed(seed))
+            if moved is not None and not torch.equal(moved, a):
+                out[i], changed = moved, True
+    return tuple(out) if changed else None
 
 
 def _permuted(args: tuple) -> tuple | None:
