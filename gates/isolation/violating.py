@@ -76,6 +76,13 @@ def softmax_flush_denormals(x):
     return softmax_stable(x)
 
 
+def _linear_parameters(module: torch.nn.Module, out_features: int, in_features: int) -> None:
+    """A linear layer's weight and bias on `module`, seeded (11) as correct.py's Linear draws them."""
+    gen = torch.Generator().manual_seed(11)
+    module.weight = torch.nn.Parameter(torch.randn(out_features, in_features, generator=gen) / in_features ** 0.5)
+    module.bias = torch.nn.Parameter(torch.randn(out_features, generator=gen) * 0.1)
+
+
 class LinearCachedByAddress(torch.nn.Module):
     """Keeps the weight transposed and contiguous, keyed on the weight's data_ptr, "the same weights
     again", as an inference engine might: an optimizer step, copy_ or load_state_dict changes the weights
@@ -83,9 +90,7 @@ class LinearCachedByAddress(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        gen = torch.Generator().manual_seed(11)
-        self.weight = torch.nn.Parameter(torch.randn(16, 32, generator=gen) / 32 ** 0.5)
-        self.bias = torch.nn.Parameter(torch.randn(16, generator=gen) * 0.1)
+        _linear_parameters(self, 16, 32)
 
     def forward(self, x):
         if self.weight.device != x.device:  # its weights are made on the CPU at import
@@ -162,9 +167,7 @@ class SquareLinearSwappedLayout(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        gen = torch.Generator().manual_seed(11)
-        self.weight = torch.nn.Parameter(torch.randn(32, 32, generator=gen) / 32 ** 0.5)
-        self.bias = torch.nn.Parameter(torch.randn(32, generator=gen) * 0.1)
+        _linear_parameters(self, 32, 32)
 
     def forward(self, x):
         if self.weight.device != x.device:  # its weights are made on the CPU at import
