@@ -503,12 +503,7 @@ class Subject:
             self._cpu_reference = copy.deepcopy(module).cpu() if held <= CPU_COPY_ELEMENTS else False
         if self._cpu_reference is False:
             return None
-        try:
-            with torch.no_grad():
-                out = self._cpu_reference(*map_tensors(args, lambda t: t.detach().cpu()))
-        except Exception:  # noqa: BLE001 - a module that runs on its own device only: no evaluation
-            return None
-        return map_tensors(out, lambda t: t.detach())
+        return self._reference_on(args, lambda t: t.detach().cpu(), self._cpu_reference)
 
     def reference_widened(self, args: tuple) -> Any | None:
         """The reference on `args` with its bfloat16 tensors widened to float32, on the kernel's device: None where
@@ -521,14 +516,18 @@ class Subject:
             return None
         return self._reference_on(args, lambda t: t.detach().float() if t.dtype == torch.bfloat16 else t.detach())
 
-    def _reference_on(self, args: tuple, convert: Callable[[torch.Tensor], torch.Tensor]) -> Any | None:
-        """The reference (no grad) on `args` with every tensor converted by `convert`: None for a module reference
-        (its weights keep their device and dtype) or where the reference raises on the converted arguments."""
-        if isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module):
-            return None
+    def _reference_on(self, args: tuple, convert: Callable[[torch.Tensor], torch.Tensor],
+                      run: Callable[..., Any] | None = None) -> Any | None:
+        """The reference (no grad) on `args` with every tensor converted by `convert`, or `run` (a converted copy
+        of a module reference) in its place: None for a module reference without one (its weights keep their
+        device and dtype) or where the call raises on the converted arguments."""
+        if run is None:
+            if isinstance(_unwrapped(self.raw_reference_fn), torch.nn.Module):
+                return None
+            run = self.reference_fn
         try:
             with torch.no_grad():
-                out = self.reference_fn(*map_tensors(args, convert))
+                out = run(*map_tensors(args, convert))
         except Exception:  # noqa: BLE001 - a reference that runs on its own device or dtype only: no evaluation
             return None
         return map_tensors(out, lambda t: t.detach())
