@@ -378,7 +378,8 @@ class Shapes(Gate):
         """The untied-sizes probes (`untied_probes`) on the declared inputs of `case`: the first one the reference
         accepts and the kernel gets wrong (values, contract, a lost NaN) fails the gate; one the kernel raises on
         is passed over (a narrower domain it states). Returns the failure, or a note for the pass message."""
-        args = subject.baseline(case).args
+        base = subject.baseline(case)
+        args, usual = base.args, None
         judged, raised, unreproducible = 0, 0, 0
         for tries, (label, probe) in enumerate(untied_probes(args)):
             if judged >= MAX_UNTIED or tries >= MAX_UNTIED_TRIES:
@@ -386,7 +387,9 @@ class Shapes(Gate):
             outputs = unless_rejected(lambda p=probe: (subject.run_reference(clone_tree(p)), subject.oracle(p)))
             if outputs is None:
                 continue
-            if not _agrees(subject, *outputs, base=subject.baseline(case)):
+            if usual is None:  # the reference's own agreement with the oracle on the factory's inputs, once
+                usual = _relative_errors(base.reference, base.oracle)
+            if not _agrees(*outputs, usual):
                 unreproducible += 1
                 continue
             judged += 1
@@ -502,28 +505,31 @@ class Shapes(Gate):
         return result
 
 
-def _agrees(subject: Subject, reference: Any, oracle: Any, base: Baseline) -> bool:
+def _relative_errors(out: Any, truth: Any) -> dict[str, float]:
+    """Per floating-point output of `out` (a reference's), its largest error against `truth` (its float64 oracle)
+    where both are finite, relative to the oracle's largest magnitude there."""
+    truths = dict(flatten(truth))
+    found = {}
+    for path, r in flatten(out):
+        o = truths.get(path)
+        if isinstance(r, torch.Tensor) and isinstance(o, torch.Tensor) and r.is_floating_point() \
+                and r.shape == o.shape and r.numel():
+            o64, r64 = o.detach().double(), r.detach().to(o.device).double()
+            finite = torch.isfinite(o64) & torch.isfinite(r64)
+            if bool(finite.any()):
+                scale = float(o64[finite].abs().max())
+                found[path] = float((r64 - o64)[finite].abs().max()) / scale if scale else 0.0
+    return found
+
+
+def _agrees(reference: Any, oracle: Any, usual: dict[str, float]) -> bool:
     """Whether the reference and its float64 oracle compute one function on a probe: each output's relative
-    reference error there within `DISAGREES` times its error on the factory's inputs (`base`) and at least
-    `DISAGREES_AT_LEAST`. A reference that accepts inputs it does not check (torch's CPU
+    reference error there (`_relative_errors`) within `DISAGREES` times its error on the factory's inputs
+    (`usual`) and at least `DISAGREES_AT_LEAST`. A reference that accepts inputs it does not check (torch's CPU
     scaled_dot_product_attention with values of another length than the keys: its float32 and float64 paths
     differ by the outputs' own size) is no oracle there."""
-    def relative(out: Any, truth: Any) -> dict[str, float]:
-        found = {}
-        for path, r in flatten(out):
-            o = dict(flatten(truth)).get(path)
-            if isinstance(r, torch.Tensor) and isinstance(o, torch.Tensor) and r.is_floating_point() \
-                    and r.shape == o.shape and r.numel():
-                o64, r64 = o.detach().double(), r.detach().to(o.device).double()
-                finite = torch.isfinite(o64) & torch.isfinite(r64)
-                if bool(finite.any()):
-                    scale = float(o64[finite].abs().max())
-                    found[path] = float((r64 - o64)[finite].abs().max()) / scale if scale else 0.0
-        return found
-
-    usual = relative(base.reference, base.oracle)
     return all(err <= max(DISAGREES * usual.get(path, 0.0), DISAGREES_AT_LEAST)
-               for path, err in relative(reference, oracle).items())
+               for path, err in _relative_errors(reference, oracle).items())
 
 
 def untied_probes(args: tuple) -> Iterator[tuple[str, tuple]]:
@@ -550,7 +556,7 @@ def untied_probes(args: tuple) -> Iterator[tuple[str, tuple]]:
             t = args[i].detach()
             for d in holders[size][i]:
                 t = t.narrow(d, 0, size // 2)
-            t = t.contiguous().clone()
+            t = t.clone(memory_format=torch.contiguous_format)  # dense, and no view of the factory's tensor
             probe[i] = t.requires_grad_() if args[i].requires_grad else t
         which = ", ".join(f"argument {i} dim{'s' if len(holders[size][i]) > 1 else ''} "
                           f"{', '.join(map(str, holders[size][i]))}" for i in changed)
