@@ -76,25 +76,31 @@ def softmax_flush_denormals(x):
     return softmax_stable(x)
 
 
-def _linear_parameters(module: torch.nn.Module, out_features: int, in_features: int) -> None:
-    """A linear layer's weight and bias on `module`, seeded (11) as correct.py's Linear draws them."""
-    gen = torch.Generator().manual_seed(11)
-    module.weight = torch.nn.Parameter(torch.randn(out_features, in_features, generator=gen) / in_features ** 0.5)
-    module.bias = torch.nn.Parameter(torch.randn(out_features, generator=gen) * 0.1)
+class _SeededLinear(torch.nn.Module):
+    """A linear layer's weight and bias, seeded (11) as correct.py's Linear draws them, made on the CPU at import
+    and moved to the input's device at the first call (`follow`)."""
+
+    def __init__(self, out_features: int, in_features: int):
+        super().__init__()
+        gen = torch.Generator().manual_seed(11)
+        self.weight = torch.nn.Parameter(torch.randn(out_features, in_features, generator=gen) / in_features ** 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(out_features, generator=gen) * 0.1)
+
+    def follow(self, x):
+        if self.weight.device != x.device:
+            self.to(x.device)
 
 
-class LinearCachedByAddress(torch.nn.Module):
+class LinearCachedByAddress(_SeededLinear):
     """Keeps the weight transposed and contiguous, keyed on the weight's data_ptr, "the same weights
     again", as an inference engine might: an optimizer step, copy_ or load_state_dict changes the weights
     in place, at the same address, and the layer goes on computing with the old ones."""
 
     def __init__(self):
-        super().__init__()
-        _linear_parameters(self, 16, 32)
+        super().__init__(16, 32)
 
     def forward(self, x):
-        if self.weight.device != x.device:  # its weights are made on the CPU at import
-            self.to(x.device)
+        self.follow(x)
         key = self.weight.data_ptr()
         if getattr(self, "_key", None) != key:
             self._key, self._weight_t = key, self.weight.detach().t().contiguous()
@@ -111,8 +117,7 @@ class LinearCachedByVersion(LinearCachedByAddress):
     the old weights."""
 
     def forward(self, x):
-        if self.weight.device != x.device:
-            self.to(x.device)
+        self.follow(x)
         key = (self.weight.data_ptr(), self.weight._version)
         if getattr(self, "_key", None) != key:
             self._key, self._weight_t = key, self.weight.detach().t().contiguous()
@@ -158,7 +163,7 @@ def softmax_random_row_order(x):
     return out.reshape(x.shape)
 
 
-class SquareLinearSwappedLayout(torch.nn.Module):
+class SquareLinearSwappedLayout(_SeededLinear):
     """A square layer 32 -> 32 that presents its weight to addmm in the layout the GEMM reads without a transpose:
     it swaps `weight.data` to its transposed view for the call (no copy, no cache to keep fresh) and swaps it back
     after. An input of the wrong width makes addmm raise between the two swaps: the weight stays transposed, and
@@ -166,12 +171,10 @@ class SquareLinearSwappedLayout(torch.nn.Module):
     wrong)."""
 
     def __init__(self):
-        super().__init__()
-        _linear_parameters(self, 32, 32)
+        super().__init__(32, 32)
 
     def forward(self, x):
-        if self.weight.device != x.device:  # its weights are made on the CPU at import
-            self.to(x.device)
+        self.follow(x)
         w = self.weight
         w.data = w.data.t()
         y = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), w)
