@@ -1,6 +1,10 @@
 """contract, violating controls: right values, wrong container."""
 
+from pathlib import Path
+
 import torch
+
+from kgate.loading import load_module_from_file
 
 
 def softmax_upcast_no_cast_back(x):
@@ -44,14 +48,7 @@ batchnorm_batch_stats_only = BatchNormBatchStatsOnly()
 
 def _correct():
     """This folder's correct.py, loaded by path (a plain import would find another folder's)."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("kgate_catalogue_contract_correct",
-                                                  Path(__file__).resolve().parent / "correct.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module_from_file(Path(__file__).resolve().parent / "correct.py", "catalogue")
 
 
 class PositionTableSpanView(_correct().PositionTable):

@@ -1,10 +1,11 @@
 """oracle, violating control: a formula that is close, but not the reference's."""
 
-import importlib.util
 import math
 from pathlib import Path
 
 import torch
+
+from kgate.loading import load_module_from_file
 
 
 def gelu_tanh_approx(x):
@@ -25,11 +26,7 @@ def layer_norm_half_precision_mean(x, w, b):
 
 def _catalogue(folder, name):
     """The catalogue's module gates/FOLDER/NAME.py, loaded by path (a plain import would find another folder's)."""
-    path = Path(__file__).resolve().parent.parent / folder / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"kgate_catalogue_{folder}_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module_from_file(Path(__file__).resolve().parent.parent / folder / f"{name}.py", "catalogue")
 
 
 class BatchNormBatchStatsAlways(_catalogue("contract", "correct").BatchNormOwnFormula):

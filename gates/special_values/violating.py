@@ -1,6 +1,10 @@
 """special_values, violating controls: finite numbers where the truth is NaN or Inf, or the reverse."""
 
+from pathlib import Path
+
 import torch
+
+from kgate.loading import load_module_from_file
 
 
 def softmax_nan_to_num(x):
@@ -101,14 +105,8 @@ def upsample_edge_replicated(x):
 
 
 def _correct():
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("kgate_catalogue_special_values_correct",
-                                                  Path(__file__).resolve().parent / "correct.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """This folder's correct.py, loaded by path (a plain import would find another folder's)."""
+    return load_module_from_file(Path(__file__).resolve().parent / "correct.py", "catalogue")
 
 
 class GroupedLinearSkipsZeroGroups(_correct().GroupedLinear):
