@@ -19,6 +19,7 @@ import functools
 import shlex
 import time
 import traceback
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -666,6 +667,62 @@ class ModuleState:
 LOCKSTEP_BYTES = 1 << 26  # modules whose buffers hold more than this (64 MiB) are not kept in lockstep
 
 
+def pair_buffers(kernel: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, str]:
+    """Which of the kernel's buffers stands for which of the reference's (kernel name -> reference name): the
+    same name, shape and dtype; then the reference's others, in their order, each with the kernel's next
+    unpaired buffer of its shape and dtype holding the same values (a module rewritten with other attribute
+    names, a BatchNorm wrapped in a fused layer of its own, registers its buffers in the reference's order and,
+    as built, with its values; after equal calls, with values as close as PAIR_RTOL). The order pairs only
+    where every other reference buffer finds a partner so; else those stay unpaired. A kernel's buffer of its
+    own (a cache) is skipped."""
+    def fits(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return a.shape == b.shape and a.dtype == b.dtype
+
+    partner = {n: n for n, t in reference.items() if n in kernel and fits(kernel[n], t)}
+    left = [(n, t) for n, t in kernel.items() if n not in partner]
+    rest = [(n, t) for n, t in reference.items() if n not in partner]
+    ordered: dict[str, str] = {}
+    at = 0
+    for name, t in rest:
+        while at < len(left) and not (fits(left[at][1], t) and _close_values(left[at][1], t)):
+            at += 1
+        if at == len(left):
+            return partner
+        ordered[left[at][0]] = name
+        at += 1
+    return {**partner, **ordered}
+
+
+_PAIRS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel module -> (its reference, pairs)
+
+
+def module_buffer_pairs(kernel: torch.nn.Module, reference: torch.nn.Module) -> dict[str, str]:
+    """pair_buffers of two modules as they were the first time asked (the audit's worker asks as soon as both
+    are built, before any call): a kernel that never updates a buffer it pairs with would no longer hold the
+    reference's values later, and the pairing must not depend on what is judged."""
+    known = _PAIRS.get(kernel)
+    if known is not None and known[0]() is reference:
+        return dict(known[1])
+    pairs = pair_buffers(dict(kernel.named_buffers()), dict(reference.named_buffers()))
+    _PAIRS[kernel] = (weakref.ref(reference), pairs)
+    return dict(pairs)
+
+
+PAIR_RTOL = 1e-3  # buffers paired by order hold values this close (the standard test's calls moved both alike)
+
+
+def _close_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal (integers, booleans) or close (floating point: after equal calls on the kernel's and the reference's
+    own activations, running statistics differ in their last bits)."""
+    try:
+        a, b = a.detach(), b.detach().to(a.device)
+        if a.is_floating_point():
+            return bool(torch.allclose(a.double(), b.double(), rtol=PAIR_RTOL, atol=1e-6, equal_nan=True))
+        return bool(torch.equal(a, b))
+    except (RuntimeError, TypeError):  # a layout or dtype these do not take
+        return False
+
+
 class Lockstep:
     """The buffers of a history-dependent module (a forward that writes them: running statistics, an EMA, a
     step counter) kept in lockstep: before every call of the kernel, of the reference and of the reference's
@@ -678,10 +735,10 @@ class Lockstep:
 
     def __init__(self, kernel: torch.nn.Module, reference: torch.nn.Module):
         own = dict(reference.named_buffers())
-        theirs = dict(kernel.named_buffers())
         self.state = {n: t.detach().clone() for n, t in own.items()}
-        self.kernel_names = [n for n, t in own.items() if n in theirs and theirs[n].shape == t.shape
-                             and theirs[n].dtype == t.dtype]
+        # the kernel's buffer of each name -> the reference's it is kept in lockstep with (pair_buffers)
+        self.partner = module_buffer_pairs(kernel, reference)
+        self.kernel_names = list(self.partner)
         self.kernel, self.reference = kernel, reference
         self.stateful = False
 
@@ -697,10 +754,14 @@ class Lockstep:
     def load(self, module: torch.nn.Module, names: Iterable[str] | None = None) -> None:
         """Set `module`'s buffers of `names` (all of the state's that it has) to the state, where they differ
         bitwise (an equal buffer is left alone: its version counter does not move)."""
+        self._load(module, ((n, n) for n in (self.state if names is None else names)))
+
+    def _load(self, module: torch.nn.Module, pairs: Iterable[tuple[str, str]]) -> None:
+        """Each (name in `module`, name in the state) of `pairs`: that buffer set to that state (see `load`)."""
         buffers = dict(module.named_buffers())
         with torch.no_grad():
-            for name in self.state if names is None else names:
-                t, want = buffers.get(name), self.state[name]
+            for name, state_name in pairs:
+                t, want = buffers.get(name), self.state[state_name]
                 if t is None or t.shape != want.shape:
                     continue
                 value = want.to(device=t.device, dtype=t.dtype)
@@ -708,7 +769,16 @@ class Lockstep:
                     t.copy_(value)
 
     def before_kernel(self) -> None:
-        self.load(self.kernel, self.kernel_names)
+        self._load(self.kernel, ((n, self.partner[n]) for n in self.kernel_names))
+
+    def kernel_buffers(self) -> dict[str, torch.Tensor]:
+        """Copies of the kernel's buffers kept in lockstep, each under the name of its reference partner."""
+        own = dict(self.kernel.named_buffers())
+        return {self.partner[n]: own[n].detach().clone() for n in self.kernel_names if n in own}
+
+    def reference_names(self) -> list[str]:
+        """The reference's buffers that have a partner in the kernel."""
+        return [self.partner[n] for n in self.kernel_names]
 
     @contextlib.contextmanager
     def kernel_left_alone(self) -> Iterator[None]:

@@ -328,6 +328,17 @@ def test_a_module_that_leaves_the_buffers_the_reference_updates_fails():
     assert twice.verdict == "fail" and "'bn.num_batches_tracked'" in twice.message and "adds 2" in twice.message
 
 
+def test_buffers_under_other_names_are_compared_with_the_reference_buffers_they_stand_for():
+    """A fused layer holding its BatchNorm under other module names: paired by order and value as built
+    (kgate.subject.pair_buffers), its running statistics that it never updates fail as under the reference's
+    names; the same layer updating them passes (the oracle catalogue's fused layer)."""
+    stale = check("contract", _violating.FusedNormBatchStatsOnly(), _BatchNormed(), _batch)
+    assert stale.verdict == "fail" and "'norm.inner.running_mean' (the reference's 'bn.running_mean')" in \
+        stale.message, stale.message
+    fused = check("contract", catalogue("oracle", "correct").FusedNormLayer(), _BatchNormed(), _batch)
+    assert fused.verdict == "pass" and "3 shared module buffer(s)" in fused.message, fused.message
+
+
 def test_a_module_that_writes_its_buffers_as_the_reference_does_passes():
     result = check("contract", _FusedBatchNorm(), _BatchNormed(), _batch)
     assert result.verdict == "pass" and "3 shared module buffer(s) written as the reference writes them" in \

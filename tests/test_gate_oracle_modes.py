@@ -296,3 +296,40 @@ def test_a_state_carried_from_one_eval_mode_call_to_the_next_fails_on_the_second
     assert bad.verdict == "fail" and bad.details["mode"] == "eval", bad.message
     good = check("oracle", _correct.CumulativeSum(), _correct.CumulativeSum(), _correct.make_observations)
     assert good.verdict == "pass" and "and in eval mode in 1 case(s)" in good.message, good.message
+
+
+def test_a_fused_layer_holding_the_batchnorm_under_other_names_is_kept_in_lockstep(monkeypatch):
+    """A kernel module that wraps its BatchNorm under other attribute names (a DenseNet rewritten with a fused
+    BN-ReLU layer of its own) keeps running statistics that stand for the reference's: paired by order and value,
+    they are set to the lockstep state before its calls like the reference's. Paired by name only, they follow
+    every call the gate makes of the kernel while the reference's start each call from the state, and the
+    sequence's eval-mode call blames a correct kernel."""
+    good = check("oracle", _correct.FusedNormLayer(), _Reference(), _correct.make_batch)
+    assert good.verdict == "pass" and "a sequence of" in good.message, good.message
+    bad = check("oracle", _violating.FusedNormLayerMomentumDoubled(), _Reference(), _correct.make_batch)
+    assert bad.verdict == "fail", bad.message
+
+    from kgate import subject as subject_module
+
+    monkeypatch.setattr(subject_module, "pair_buffers",
+                        lambda kernel, reference: {n: n for n in reference if n in kernel})
+    blamed = check("oracle", _correct.FusedNormLayer(), _Reference(), _correct.make_batch)
+    assert blamed.verdict == "fail" and blamed.message.startswith("over a sequence"), blamed.message
+
+
+def test_buffers_are_paired_by_name_then_by_order_and_value():
+    from kgate.subject import pair_buffers
+
+    zeros, ones = torch.zeros(4), torch.ones(4)
+    reference = {"a.mean": zeros, "a.var": ones, "b.mean": zeros.clone(), "count": torch.zeros((), dtype=torch.long)}
+    # by name where the names agree; the others in order, skipping a cache of the kernel's own (other values)
+    kernel = {"count": torch.zeros((), dtype=torch.long), "x.mean": zeros.clone(), "cache": torch.full((4,), 7.0),
+              "x.var": ones.clone(), "y.mean": zeros.clone() + 1e-9}
+    assert pair_buffers(kernel, reference) == {"count": "count", "x.mean": "a.mean", "x.var": "a.var",
+                                               "y.mean": "b.mean"}
+    # a reference buffer with no partner in order: none paired by order, the names still are
+    assert pair_buffers({"count": torch.zeros((), dtype=torch.long), "x.mean": zeros.clone()}, reference) == \
+        {"count": "count"}
+    # values far apart (not the same statistics) are not paired
+    assert pair_buffers({"x.mean": zeros + 5, "x.var": ones.clone(), "y.mean": zeros.clone(),
+                         "count": torch.zeros((), dtype=torch.long)}, reference) == {"count": "count"}

@@ -158,9 +158,33 @@ class BatchNormEvalFoldVersioned(BatchNormBothModes):
         return x * scale + shift
 
 
+class FusedNormLayer(torch.nn.Module):
+    """A normalization layer of a fused kernel's own: a BatchNorm1d it holds under another name (`norm.inner`,
+    where the reference's is `bn`), run by torch's batch_norm in training mode and as one multiply-add in eval
+    mode. Its running statistics, under names the reference does not use, stand for the reference's: kgate
+    keeps them in lockstep by their order and values (kgate.subject.pair_buffers), not by name."""
+
+    momentum = 0.1  # the running statistics' update, as nn.BatchNorm1d's default
+
+    def __init__(self, features=16):
+        super().__init__()
+        self.norm = torch.nn.Module()
+        self.norm.inner = torch.nn.BatchNorm1d(features, momentum=self.momentum)
+
+    def forward(self, x):
+        bn = self.norm.inner
+        if self.training:
+            bn.num_batches_tracked.add_(1)
+            return torch.nn.functional.batch_norm(x, bn.running_mean, bn.running_var, bn.weight, bn.bias, True,
+                                                  self.momentum, bn.eps)
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        return x * scale + (bn.bias - bn.running_mean * scale)
+
+
 batchnorm_reference = BatchNormReference()
 batchnorm_both_modes = BatchNormBothModes()
 batchnorm_eval_fold_versioned = BatchNormEvalFoldVersioned()
+fused_norm_layer = FusedNormLayer()
 
 
 def make_observations(seed, shape=None, dtype=torch.float32, device="cpu"):

@@ -131,3 +131,14 @@ class CumulativeSumStreamingInEval(_catalogue("oracle", "correct").CumulativeSum
 
 
 cumulative_sum_streaming_in_eval = CumulativeSumStreamingInEval()
+
+
+class FusedNormLayerMomentumDoubled(_catalogue("oracle", "correct").FusedNormLayer):
+    """The fused layer with its running statistics updated at momentum 0.2 where the reference's BatchNorm uses
+    0.1: training-mode outputs use the batch's statistics and are right; the running statistics, which eval
+    mode reads, drift from the reference's with every training call."""
+
+    momentum = 0.2
+
+
+fused_norm_layer_momentum_doubled = FusedNormLayerMomentumDoubled()

@@ -73,7 +73,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     from kgate import standard_test
     from kgate.inputs import Case, InputFactory, dtype_of
     from kgate.oracle import DtypeDispatch
-    from kgate.subject import FirstCall, Subject
+    from kgate.subject import FirstCall, Subject, module_buffer_pairs
 
     names: list[str] = job["gates"]
     device = prepare_device(job["device"], job.get("gpu_memory_fraction"))
@@ -173,6 +173,8 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     # makes them again
     first_calls: dict[str, dict[str, FirstCall]] = {}
     for dtype, (reference, candidate) in models.items():
+        if isinstance(candidate, torch.nn.Module) and isinstance(reference, torch.nn.Module):
+            module_buffer_pairs(candidate, reference)  # which buffers stand for which, as built (kgate.subject)
         first_calls[dtype] = {"kernel": FirstCall(), "reference": FirstCall()}
         for role, model in (("kernel", candidate), ("reference", reference)):
             if isinstance(model, torch.nn.Module):

@@ -15,7 +15,7 @@ from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, ov
 from kgate.gates.base import Gate, GateResult
 from kgate.inputs import Case
 from kgate.oracle import own_dtype
-from kgate.subject import ModuleState, Subject, parameter_prints
+from kgate.subject import ModuleState, Subject, module_buffer_pairs, parameter_prints
 
 
 def aliased_inputs(out: Any, args: tuple, skip: set[int]) -> dict[str, set[int]]:
@@ -273,7 +273,8 @@ class Contract(Gate):
 
     def buffers_written(self, subject: Subject, cases: list[Case]) -> tuple[GateResult | None, str]:
         """A module's state the call writes, as the reference writes it: of the buffers kernel and reference
-        modules both hold (same name, shape and dtype), one call of each must change the same ones (a
+        modules both hold (kgate.subject.pair_buffers: same name, shape and dtype, else the reference's order and
+        values), one call of each must change the same ones (a
         BatchNorm in training mode updates its running statistics; a kernel that normalises with the batch's
         statistics and never updates them returns the right output, and the module computes with stale
         statistics once in eval mode), and an integer buffer (a step counter, `num_batches_tracked`) by the
@@ -283,9 +284,11 @@ class Contract(Gate):
         modules = subject.modules()
         if modules is None:
             return None, ""
-        kernel_buffers, reference_buffers = (dict(m.named_buffers()) for m in modules)
-        shared = [n for n, t in reference_buffers.items() if n in kernel_buffers
-                  and kernel_buffers[n].shape == t.shape and kernel_buffers[n].dtype == t.dtype]
+        kernel_own, reference_buffers = (dict(m.named_buffers()) for m in modules)
+        # the kernel's buffers under the names of the reference's they stand for (by name, else by order and value)
+        pairs = {r: k for k, r in module_buffer_pairs(*modules).items() if k in kernel_own}
+        kernel_buffers = {r: kernel_own[k] for r, k in pairs.items()}
+        shared = [n for n in reference_buffers if n in kernel_buffers]
         if not shared:
             return None, ""
         own = {own_dtype(m) for m in modules}
@@ -307,10 +310,11 @@ class Contract(Gate):
         for name in shared:
             if reference[name] == kernel[name]:
                 continue
-            return self.failed(subject, f"the module's buffer {name!r}: the reference's call {_said(reference[name])}, "
+            called = repr(name) if pairs[name] == name else f"{pairs[name]!r} (the reference's {name!r})"
+            return self.failed(subject, f"the module's buffer {called}: the reference's call {_said(reference[name])}, "
                                f"the kernel's {_said(kernel[name])} (state a later call or eval mode reads: "
                                "running statistics, counters)", case=case, expected=_said(reference[name]),
-                               got=_said(kernel[name]), where=name), ""
+                               got=_said(kernel[name]), where=pairs[name]), ""
         return None, f"{len(shared)} shared module buffer(s) written as the reference writes them"
 
     def requires_grad(self, subject: Subject, case: Case) -> GateResult | None:

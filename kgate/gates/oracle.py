@@ -262,10 +262,10 @@ class Oracle(Gate):
         if outputs is None:
             return None
         reference, oracle = outputs
-        expected_buffers = _buffers(lock.reference, lock.kernel_names)
-        oracle_buffers = _buffers(subject.oracle_module(), lock.kernel_names)
+        expected_buffers = _buffers(lock.reference, lock.reference_names())
+        oracle_buffers = _buffers(subject.oracle_module(), lock.reference_names())
         out = subject.run_kernel(clone_tree(args))
-        got_buffers = _buffers(lock.kernel, lock.kernel_names)
+        got_buffers = lock.kernel_buffers()  # under the reference's names
         sequence = ", ".join(done + [label])
         leaves = measure_outputs(out, reference, oracle, subject.tolerance, terms=lambda: subject.terms(args))
         if isinstance(leaves, Incomparable):
