@@ -81,13 +81,16 @@ def isolation(kernel_cls, reference=None, **kw):
 def test_kernel_that_follows_its_parameters_passes(kernel_cls):
     result = isolation(kernel_cls)
     assert result.verdict == "pass", result.message
-    assert "parameters changed in place 5 way(s) (2 class(es) of equal parameters)" in result.message
+    assert "parameters changed in place 6 way(s) (2 class(es) of equal parameters)" in result.message
 
 
 def test_cache_keyed_on_the_version_is_stale_after_a_step_through_data():
+    """Its output moves after the step (the bias is read afresh) but not to the new result: judged against the
+    oracle bound after the change."""
     result = isolation(CachedByVersion)
-    assert result.verdict == "fail" and result.details["stale"] is True, result.message
+    assert result.verdict == "fail" and result.details["stale"] is False, result.message
     assert "written through .data (version counters unchanged" in result.message
+    assert "misses the oracle bound where it met it before the change" in result.message
 
 
 def test_cache_keyed_on_data_ptr_is_stale_after_an_optimizer_step():
@@ -99,10 +102,12 @@ def test_cache_keyed_on_data_ptr_is_stale_after_an_optimizer_step():
     assert "--gate isolation" in result.repro
 
 
-def test_weight_cached_once_is_caught_by_changing_the_weight_alone():
+def test_weight_cached_once_is_caught_at_the_first_change():
+    """The weight transposed once, the bias read afresh: the first step already moves the output off the new
+    result (not bitwise the previous one: not stale, but beyond the bound)."""
     result = isolation(CachedWeightOnce)
-    assert result.verdict == "fail", result.message
-    assert "step of the kernel's weight (the reference's weight) alone" in result.message
+    assert result.verdict == "fail" and result.details["stale"] is False, result.message
+    assert result.details["change"] == "an optimizer-style in-place step of every parameter and buffer"
 
 
 class PackedByWeightVersion(Linear):
@@ -268,3 +273,45 @@ def test_converted_reference_copies_are_given_back_only_while_small(monkeypatch)
     assert [id(m) for m in back] == [id(m) for m in held]  # small: the very copies come back
     held, back = probe(0)
     assert not back  # large: dropped, made again when next asked for
+
+
+class PackedAtFirstEval(Linear):
+    """Transposes the weight on every training-mode call, and in eval mode once, at its first eval-mode call."""
+
+    def forward(self, x):
+        if self.training:
+            return super().forward(x)
+        if getattr(self, "_packed", None) is None:
+            self._packed = self.weight.detach().T.contiguous()
+        return x @ self._packed + self.bias
+
+
+def test_a_weight_packed_at_the_first_eval_call_fails_in_eval_mode_and_training_mode_is_left_as_built():
+    """Its output moves after a step (the bias is read afresh) but not to the new result: the probe in eval mode
+    judges the moved output against the oracle bound. Both modules end in the mode they were built in."""
+    kernel, reference = PackedAtFirstEval(), Linear()
+    result = check("isolation", kernel, reference, features)
+    assert result.verdict == "fail", result.message
+    assert "in eval mode" in result.details["change"] and result.details["stale"] is False, result.message
+    assert "misses the oracle bound where it met it before the change" in result.message
+    assert kernel.training and reference.training
+    good = check("isolation", Linear(), Linear(), features)
+    assert good.verdict == "pass" and "parameters changed in place 6 way(s)" in good.message, good.message
+
+
+class BiasScaledAsBuilt(Linear):
+    """Right only while the bias holds its values as built: adds the bias it was built with (a constant folded
+    at construction) scaled by the live bias's mean over the built one's."""
+
+    def __init__(self):
+        super().__init__()
+        self._built = self.bias.detach().clone()
+
+    def forward(self, x):
+        return x @ self.weight.T + self._built * (self.bias.mean() / self._built.mean())
+
+
+def test_an_output_that_moves_after_a_change_but_misses_the_new_result_fails():
+    result = check("isolation", BiasScaledAsBuilt(), Linear(), features)
+    assert result.verdict == "fail" and result.details["stale"] is False, result.message
+    assert result.details["change"].startswith("an optimizer-style in-place step"), result.details

@@ -9,6 +9,7 @@ import torch
 from gate_harness import catalogue, check, subject_for
 
 from kgate import gates as registry
+from kgate.gates import isolation as isolation_gate
 from kgate.gates import oracle as oracle_gate
 
 _correct, _violating = catalogue("oracle", "correct"), catalogue("oracle", "violating")
@@ -235,9 +236,16 @@ def test_a_decay_taken_after_the_counter_moved_fails_on_the_buffer_after_a_param
 
 
 def test_an_eval_pack_keyed_on_the_counter_is_stale_after_new_buffers_at_the_same_step():
+    """New buffer values at the same counter: the eval-mode probe's buffer step finds the stale pack first; the
+    sequence's new values loaded between two eval-mode calls find it too."""
     result = check("oracle", _EmaEvalPackByCounter(), _Ema(), _rows, shapes=[[32, 16]])
-    assert result.verdict == "fail", result.message
-    assert result.details["sequence"][-2].startswith("new values loaded into the floating-point buffers")
+    assert result.verdict == "fail" and result.details["mode"] == "eval", result.message
+    assert "buffers stepped alike" in result.message
+    subject = subject_for(_EmaEvalPackByCounter(), _Ema(), _rows, shapes=[[32, 16]])
+    subject.run_reference(_rows(1))  # (a call that writes the buffers: the module is history-dependent)
+    failed, _ = oracle_gate.Oracle().state_sequence(subject, subject.cases[0], [])
+    assert failed is not None and failed.verdict == "fail", failed
+    assert failed.details["sequence"][-2].startswith("new values loaded into the floating-point buffers")
 
 
 def test_a_merge_right_on_the_first_step_only_fails_over_the_sequence():
@@ -333,3 +341,18 @@ def test_buffers_are_paired_by_name_then_by_order_and_value():
     # values far apart (not the same statistics) are not paired
     assert pair_buffers({"x.mean": zeros + 5, "x.var": ones.clone(), "y.mean": zeros.clone(),
                          "count": torch.zeros((), dtype=torch.long)}, reference) == {"count": "count"}
+
+
+def test_a_formula_right_only_for_buffers_as_built_fails_once_the_buffers_are_stepped(monkeypatch):
+    """A class-weight buffer is all ones as built: a weighted mean divided by the sample count is right there. The
+    eval-mode probe steps the modules' equal buffers even where no normalization layer is (the parameters stay);
+    without the step, the flawed formula passes, and the correct one passes with it."""
+    over_count, gathered = _violating.ClassWeightedMeanOverCount, _correct.ClassWeightedMeanGathered
+    failed = check("oracle", over_count(), _correct.ClassWeightedMean(), _correct.make_labelled)
+    assert failed.verdict == "fail" and failed.details["mode"] == "eval", failed.message
+    assert "buffers stepped alike" in failed.message and "parameters" not in failed.message
+    good = check("oracle", gathered(), _correct.ClassWeightedMean(), _correct.make_labelled)
+    assert good.verdict == "pass" and "2 rounds (buffers stepped before each)" in good.message, good.message
+    monkeypatch.setattr(oracle_gate, "parameter_classes",
+                        lambda *modules: [c for c in isolation_gate.parameter_classes(*modules) if c.kind != "buffer"])
+    assert check("oracle", over_count(), _correct.ClassWeightedMean(), _correct.make_labelled).verdict == "pass"

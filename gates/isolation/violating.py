@@ -127,6 +127,27 @@ class LinearCachedByVersion(LinearCachedByAddress):
 linear_cached_by_version = LinearCachedByVersion()
 
 
+class LinearPackedAtFirstEval(_SeededLinear):
+    """Transposes the weight afresh on every training-mode call, and in eval mode once, at the first eval-mode
+    call, keeping that transpose for inference: training calls and the first eval call are right; after an
+    optimizer step, copy_ or load_state_dict, eval mode computes with the old weight and the new bias (its
+    output moves, but not to the new result)."""
+
+    def __init__(self):
+        super().__init__(16, 32)
+
+    def forward(self, x):
+        self.follow(x)
+        if self.training:
+            return x @ self.weight.t() + self.bias
+        if getattr(self, "_packed", None) is None:
+            self._packed = self.weight.detach().t().contiguous()
+        return x @ self._packed + self.bias
+
+
+linear_packed_at_first_eval = LinearPackedAtFirstEval()
+
+
 def softmax_head_start(x):
     """Fills the output on a worker thread and gives it a 50 ms head start, "plenty" for work of microseconds:
     on an idle machine the thread always finishes in time; on a busy one, or at a larger size, the caller

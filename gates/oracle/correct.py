@@ -249,3 +249,39 @@ class CumulativeSum(torch.nn.Module):
 
 
 cumulative_sum = CumulativeSum()
+
+
+def make_labelled(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Per-sample losses and their classes: (values (N,), labels (N,) int64 in [0, 10))."""
+    gen = torch.Generator().manual_seed(seed)
+    n = (shape or (256,))[0]
+    values = torch.rand(n, generator=gen, dtype=torch.float64) * 3
+    labels = torch.randint(0, 10, (n,), generator=gen)
+    return values.to(dtype=dtype, device=device), labels.to(device)
+
+
+class ClassWeightedMean(torch.nn.Module):
+    """The reference: per-sample losses averaged with per-class weights (a buffer, ones as built, set from the
+    class frequencies later), sum(w[y] * loss) / sum(w[y]): cross-entropy's `weight=` reduction."""
+
+    def __init__(self, classes=10):
+        super().__init__()
+        self.register_buffer("weight", torch.ones(classes))
+
+    def forward(self, values, labels):
+        w = self.weight[labels]
+        return (w * values).sum() / w.sum()
+
+
+class ClassWeightedMeanGathered(ClassWeightedMean):
+    """The same with the weighted sum and the weights' sum reduced together, as one (2, N) sum."""
+
+    def forward(self, values, labels):
+        w = self.weight[labels]
+        sums = torch.stack([w * values, w.expand_as(values)]).sum(dim=1)
+        return sums[0] / sums[1]
+
+
+class_weighted_mean = ClassWeightedMean()
+class_weighted_mean_gathered = ClassWeightedMeanGathered()
+

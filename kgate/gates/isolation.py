@@ -82,6 +82,7 @@ STEP_PIECE = 1 << 22  # parameters probe: elements of a class drawn at once (flo
 THROUGH_DATA = ("written through .data (version counters unchanged, as an optimizer's own Triton or CUDA kernel "
                 "leaves them)")
 SINGLE_CLASS_PROBES = 6  # parameters probe: how many groups of equal parameters are also changed alone
+IN_EVAL_MODE = "in eval mode (module.eval()), after an eval-mode call"
 FRESH_CALLS = 8  # memoization probe: fresh calls that must all agree, and differ from the in-place call's, to blame it
 
 _WATCHED_PREFIXES = ("torch", "kgate", "triton.testing")
@@ -784,7 +785,9 @@ class Isolation(Gate):
         """The modules' parameters and persistent buffers changed in place between calls, alike in kernel
         and reference (see ParameterClass): an optimizer-style step of all of them, load_state_dict of new
         weights, then a step of each of the largest classes alone (a kernel that caches one derived tensor,
-        a transposed weight or a folded normalization, and refreshes the rest). Where the previous output is
+        a transposed weight or a folded normalization, and refreshes the rest); for modules built in training
+        mode, a step of all of them once more in eval mode, after an eval-mode call (a weight packed at the first
+        eval-mode call and kept, where every training-mode call packs afresh). Where the previous output is
         wrong for the new parameters by more than the oracle bound (the change shows), a kernel that returns
         its previous output bitwise again is stale. Returns (a failure or None, what was probed)."""
         modules = subject.modules()
@@ -808,16 +811,30 @@ class Isolation(Gate):
             for i, c in enumerate(classes[:SINGLE_CLASS_PROBES]):
                 probes.append(("step", f"an in-place step of {c.names()} alone, {THROUGH_DATA}",
                                lambda c=c, i=i: c.apply_step(PARAMETER_SEED + 2 + i, through_data=True)))
+        # modules built in training mode: the step again in eval mode, after an eval-mode call (a weight packed at
+        # the first eval-mode call and kept, which training-mode calls rebuild every time)
+        evaluated = modules[1].training
+        if evaluated:
+            probes.append(("step", f"an optimizer-style step of every parameter and buffer {IN_EVAL_MODE}",
+                           lambda: [c.apply_step(PARAMETER_SEED + 3 + SINGLE_CLASS_PROBES) for c in classes]))
+        modes = [(m, m.training) for module in modules for m in module.modules()]
         state = ModuleState(subject, modules)
         done = 0
         try:
             for kind, what, change in probes:
                 if done and subject.out_of_time():
                     break
+                if what.endswith(IN_EVAL_MODE):
+                    for module in modules:
+                        module.eval()
                 # the output before the change, made on the state as it is now (the restored one after an
                 # earlier probe): restoring moved the version counters, so a cache keyed on a version (of one
                 # parameter, while another changes alone) is rebuilt here, not by the call after the change
                 previous = _leaves(self.call_zeroed(subject, clone_tree(base.args)))
+                truth = None  # in eval mode, the truth before the change is the eval-mode one
+                if what.endswith(IN_EVAL_MODE):
+                    truth = (dict(_leaves(subject.run_reference(clone_tree(base.args)))),
+                             dict(_leaves(subject.oracle(base.args))))
                 try:
                     change()
                 except Exception:  # noqa: BLE001 - a module's own state-dict hooks may refuse
@@ -827,22 +844,28 @@ class Isolation(Gate):
                     continue
                 subject.adopt_state()
                 subject.drop_converted_references()
-                finding = self.stale_after(subject, case, base, previous, what, kind)
+                finding = self.stale_after(subject, case, base, previous, what, kind, truth)
                 state.restore()
                 done += 1
                 if finding is not None:
                     return finding, ""
         finally:
+            for m, training in modes:
+                m.training = training
             state.close()
         return None, f"parameters changed in place {done} way(s) ({len(classes)} class(es) of equal parameters)"
 
     def stale_after(self, subject: Subject, case: Case, base: Baseline, previous: list[tuple[str, torch.Tensor]],
-                    what: str, kind: str) -> GateResult | None:
+                    what: str, kind: str, before: tuple[dict, dict] | None = None) -> GateResult | None:
+        """After a change of the parameters: the kernel's output returned bitwise again though the truth moved
+        past the bound (stale), or moved but missing the bound where its previous output was within it (part of
+        the parameters not refreshed, a formula right only for them as they were). `before`: the truth before the
+        change, by path (reference's, oracle's); default the case's baseline."""
         args = base.args
         now = _leaves(self.call_zeroed(subject, clone_tree(args)))
         reference = dict(_leaves(subject.run_reference(clone_tree(args))))
         oracle = dict(_leaves(subject.oracle(args)))
-        before = (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
+        before = before or (dict(_leaves(base.reference)), dict(_leaves(base.oracle)))
         found, _ = first_stale(subject, previous, now, (reference, oracle), before)
         if found is not None:
             path, moved = found
@@ -854,6 +877,26 @@ class Isolation(Gate):
                 expected=f"a result for the new parameters (e.g. {moved.expected:.6g} at {path}{moved.index})",
                 got=f"the previous output ({moved.got:.6g} there)", where=f"{path}{moved.index}",
                 details={"stale": True, "parameters": kind, "change": what})
+        tol = subject.tolerance
+        earlier = dict(previous)
+        for path, got in now:
+            want, old = oracle.get(path), earlier.get(path)
+            if not (isinstance(want, torch.Tensor) and isinstance(old, torch.Tensor) and want.shape == got.shape
+                    and isinstance(before[1].get(path), torch.Tensor) and before[1][path].shape == old.shape):
+                continue
+            if not measure(old, before[0].get(path), before[1][path], path=path, factor=tol.factor, ulps=tol.ulps,
+                           atol=tol.atol).passed:
+                continue  # off before the change too: the oracle gate's finding
+            after = measure(got, reference.get(path), want, path=path, factor=tol.factor, ulps=tol.ulps,
+                            atol=tol.atol)
+            if not after.passed:
+                return self.failed(
+                    subject, f"{path}: after {what}, alike in kernel and reference, the kernel's output misses the "
+                    f"oracle bound where it met it before the change: {after.describe()} (a copy of some "
+                    "parameters it does not refresh, or a formula right only for the parameters as they were?)",
+                    case=case, expected=f"{after.expected!r} (float64 oracle, the new parameters)", got=repr(after.got),
+                    where=after.where, details={"stale": False, "parameters": kind, "change": what,
+                                                "ratio": after.ratio})
         return None
 
     @staticmethod

@@ -2,11 +2,11 @@
 error in the kernel's dtype (formula in kgate/oracle.py). Judged on every case of the sweep, and where
 kernel and reference are `nn.Module`s built in training mode, again in eval mode (`module.eval()`, as
 inference calls them) on the first case of each shape and dtype, and on a second draw of the first case's
-inputs (a state carried from one eval-mode call to the next: a streaming cache): both modules' buffers as built and, where
-they hold a normalization layer (BatchNorm, InstanceNorm), their equal parameters and buffers moved alike by
-an optimizer-style step (as built, a BatchNorm's weight is 1, its bias 0, its running mean 0 and its running
-variance 1, which hide a wrong inference formula), then moved again for a second round (an inference fold
-computed once and kept is stale there). A BatchNorm that always normalises with the batch's statistics, an
+inputs (a state carried from one eval-mode call to the next: a streaming cache): both modules' buffers as built and
+their equal buffers and, where they hold a normalization layer (BatchNorm, InstanceNorm), their equal parameters
+moved alike by an optimizer-style step (as built, a BatchNorm's weight is 1, its bias 0, its running mean 0 and
+its running variance 1, and a class-weight buffer all ones, which hide a wrong formula), then moved again for a
+second round (an inference fold computed once and kept is stale there). A BatchNorm that always normalises with the batch's statistics, an
 inference path of its own with a wrong formula, or a cached fold, is right in training mode only."""
 
 from __future__ import annotations
@@ -124,27 +124,30 @@ class Oracle(Gate):
     def eval_mode(self, subject: Subject, evidence: list) -> tuple[GateResult | None, str]:
         """Kernel and reference modules built in training mode, judged again in eval mode on the first case of
         each shape and dtype, from their buffers as built (the gates call the two unequally often, and a
-        BatchNorm's running statistics follow its calls), everything put back after. Where a normalization layer
-        is, their equal parameters and buffers (isolation's `ParameterClass`; a running mean's zeros get noise)
-        are stepped alike before the first round, and again before a second round: an inference fold computed
+        BatchNorm's running statistics follow its calls), everything put back after. Their equal buffers and,
+        where a normalization layer is, their equal parameters (isolation's `ParameterClass`; a running mean's
+        zeros get noise) are stepped alike before the first round, and again before a second round: an inference fold computed
         once (at construction, or at the first eval-mode call) and kept is stale there. Returns (a failure or
         None, a note for the pass message)."""
         modules = subject.modules()
         if modules is None or not modules[1].training:
             return None, ""
         modes = [(m, m.training) for module in modules for m in module.modules()]
-        # the steps are for normalization layers, whose state as built (weight 1, bias 0, running mean 0, running
-        # variance 1) hides a wrong inference formula; elsewhere the parameters stay, and only the buffers are saved
-        # (no copy of a large model's weights)
+        # the steps: a normalization layer's state as built (weight 1, bias 0, running mean 0, running variance 1)
+        # hides a wrong inference formula, and so does any buffer as built (a class-weight buffer of ones hides a
+        # loss divided by the count where the weights' sum belongs); without a normalization layer the parameters
+        # stay (their changes are the isolation gate's), and only the buffers are saved and stepped (no copy of a
+        # large model's weights)
         step = any(isinstance(m, _NormBase) for module in modules for m in module.modules())
         state = ModuleState(subject, modules, parameters=step)
         judged: list[int] = []  # cases judged in each round
         try:
             subject.initial_buffers()
             try:
-                classes = parameter_classes(*modules) if step else []
+                classes = [c for c in parameter_classes(*modules) if step or c.kind == "buffer"]
+                moved = "parameters and buffers" if any(c.kind == "parameter" for c in classes) else "buffers"
             except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise: the state as built
-                classes = []
+                classes, moved = [], ""
             for module in modules:
                 module.eval()
             for round_ in range(EVAL_ROUNDS if classes else 1):
@@ -153,8 +156,8 @@ class Oracle(Gate):
                 subject.adopt_state()
                 subject.drop_converted_references()
                 setting = ("buffers as built" if not classes else
-                           "buffers as built, parameters and buffers stepped alike" if round_ == 0 else
-                           f"parameters and buffers stepped alike again after {sum(judged)} eval-mode call(s)")
+                           f"buffers as built, {moved} stepped alike" if round_ == 0 else
+                           f"{moved} stepped alike again after {sum(judged)} eval-mode call(s)")
                 failed = self._eval_round(subject, evidence, setting)
                 if isinstance(failed, GateResult):
                     return failed, ""
@@ -166,7 +169,7 @@ class Oracle(Gate):
                 m.training = training
             state.close()
         return None, f"; and in eval mode in {judged[0]} case(s)" + \
-            (f", {len(judged)} rounds (parameters and buffers stepped before each)" if len(judged) > 1 else "")
+            (f", {len(judged)} rounds ({moved} stepped before each)" if len(judged) > 1 else "")
 
     def _eval_round(self, subject: Subject, evidence: list, setting: str) -> GateResult | str | int:
         """One round of the eval-mode probe on the first case of each shape and dtype, then on another draw of the
