@@ -642,6 +642,20 @@ _ORACLE_DEVICE: contextvars.ContextVar[torch.device | None] = contextvars.Contex
                                                                                      default=None)
 
 
+
+_WITH_GRADIENTS: contextvars.ContextVar[bool] = contextvars.ContextVar("kgate_reference_gradients", default=False)
+
+
+@contextlib.contextmanager
+def reference_gradients() -> Iterator[None]:
+    """Inside, a DtypeDispatch call builds the autograd graph where grad mode is on (elsewhere it runs under
+    no_grad): for a probe that reads the reference's gradient (special_values' lines it does not read)."""
+    token = _WITH_GRADIENTS.set(True)
+    try:
+        yield
+    finally:
+        _WITH_GRADIENTS.reset(token)
+
 @contextlib.contextmanager
 def oracle_call(device: torch.device) -> Iterator[None]:
     """Mark what runs inside as the float64 oracle's call on `device` (see DtypeDispatch)."""
@@ -694,8 +708,8 @@ class DtypeDispatch:
     def __call__(self, *args: Any) -> Any:
         target = self._target(args)
         oracle = target is not None and target[0] == torch.float64 and self._own_dtype() != torch.float64
-        with torch.no_grad(), seeded(self.seed), float64_defaults(self._own_dtype()) if oracle \
-                else contextlib.nullcontext():
+        grad = contextlib.nullcontext() if _WITH_GRADIENTS.get() else torch.no_grad()
+        with grad, seeded(self.seed), float64_defaults(self._own_dtype()) if oracle else contextlib.nullcontext():
             module = self._for(target)
             if self.prepare is not None:
                 self.prepare(module)

@@ -117,8 +117,9 @@ def test_probes_inject_one_special_value_each():
     # whole lines: the last row, the last column and all of x, each value filling exactly that line
     lines = [(label, probe, site) for label, probe, value, site in probes if value is not None and "filling" in label]
     assert [label.split(" (")[0] for label, _, _ in lines] == [
-        "NaN filling argument 0 at [:, 32]", "NaN filling argument 0 at [4, :]", "+Inf filling argument 0 at [4, :]",
-        "-Inf filling argument 0 at [4, :]", "NaN filling argument 0 at [:, :]"]
+        "NaN filling argument 0 at [:, 32]", "+Inf filling argument 0 at [:, 32]", "-Inf filling argument 0 at [:, 32]",
+        "NaN filling argument 0 at [4, :]", "+Inf filling argument 0 at [4, :]", "-Inf filling argument 0 at [4, :]",
+        "NaN filling argument 0 at [:, :]"]
     for label, (probe,), (_, index) in lines:
         assert int((~torch.isfinite(probe)).sum()) == x[index].numel(), label
         assert torch.equal(torch.where(torch.isfinite(probe), probe, x), x)
@@ -624,3 +625,45 @@ def test_a_kernel_that_skips_zero_weight_groups_fails_once_the_weights_are_prune
     monkeypatch.setattr(special_values.SpecialValues, "pruned", lambda self, subject, *found: (None, 0))
     assert check("special_values", sv_violating.GroupedLinearSkipsZeroGroups(), sv_correct.GroupedLinear(),
                  sv_correct.make_grouped).verdict == "pass"
+
+
+def test_a_column_all_minus_inf_taken_for_an_empty_one_fails_and_a_blocked_max_passes():
+    """-Inf fills the line through the last element along every dimension, not only the last: a column maximum
+    that reads "still -Inf" as "no row seen" writes 0 where the reference gives -Inf."""
+    bad = check("special_values", sv_violating.column_max_empty_as_zero, sv_correct.reference_column_max,
+                sv_correct.make_inputs)
+    assert bad.verdict == "fail" and "-Inf filling argument 0 at [:, 39]" in bad.message, bad.message
+    good = check("special_values", sv_correct.column_max_blocked, sv_correct.reference_column_max,
+                 sv_correct.make_inputs)
+    assert good.verdict == "pass", good.message
+
+
+def test_nan_in_a_row_the_reference_does_not_read_must_not_reach_the_output(monkeypatch):
+    """Padding rows (ignore_index) that the reference never reads: its gradient there is exactly 0, and NaN fills
+    such a row. A kernel that weights the padding rows' losses by 0 gives 0 x NaN = NaN; one that selects the
+    valid rows first passes. Without the unread lines, the first passes too."""
+    from kgate.gates import special_values as sv
+
+    bad = check("special_values", sv_violating.cross_entropy_masked_by_weight, sv_correct.reference_cross_entropy,
+                sv_correct.make_logits)
+    assert bad.verdict == "fail" and "a line the reference does not read" in bad.message, bad.message
+    good = check("special_values", sv_correct.cross_entropy_valid_rows, sv_correct.reference_cross_entropy,
+                 sv_correct.make_logits)
+    assert good.verdict == "pass" and "lines the reference does not read" in good.message, good.message
+    subject = subject_for(sv_violating.cross_entropy_masked_by_weight, sv_correct.reference_cross_entropy,
+                          sv_correct.make_logits)
+    args = subject.baseline(subject.cases[0]).args
+    lines = sv.unread_lines(subject, args, [0], 0)
+    ignored = set((args[1] == -100).nonzero().flatten().tolist())
+    assert lines and all(index[0] in ignored for _, index in lines), (lines, ignored)
+    monkeypatch.setattr(sv, "unread_lines", lambda *a: [])
+    assert check("special_values", sv_violating.cross_entropy_masked_by_weight, sv_correct.reference_cross_entropy,
+                 sv_correct.make_logits).verdict == "pass"
+
+
+def test_a_reference_without_a_gradient_has_no_unread_lines():
+    from kgate.gates import special_values as sv
+
+    subject = subject_for(sv_correct.row_argmax_blocked, sv_correct.reference_row_argmax, sv_correct.make_inputs)
+    args = subject.baseline(subject.cases[0]).args
+    assert sv.unread_lines(subject, args, [0], 0) == []

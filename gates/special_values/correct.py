@@ -219,3 +219,41 @@ class GroupedLinearBmm(GroupedLinear):
 
 grouped_linear = GroupedLinear()
 grouped_linear_bmm = GroupedLinearBmm()
+
+
+def reference_column_max(x):
+    """The maximum of each column (over dimension 0): -Inf for a column that is all -Inf."""
+    return x.amax(dim=0)
+
+
+def column_max_blocked(x, block=4):
+    """Column maxima of blocks of rows, then the maximum of the blocks' (the blocks' own -Inf kept)."""
+    parts = [x[i:i + block].amax(dim=0) for i in range(0, x.shape[0], block)]
+    return torch.stack(parts).amax(dim=0)
+
+
+IGNORE_INDEX = -100
+
+
+def make_logits(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Logits (N, C) and targets (N,) int64, every tenth from the sixth on `IGNORE_INDEX` (padding tokens; not
+    the first, centre or last rows)."""
+    gen = torch.Generator().manual_seed(seed)
+    n, c = shape or (48, 10)
+    logits = torch.randn(n, c, generator=gen, dtype=torch.float64) * 2
+    target = torch.randint(0, c, (n,), generator=gen)
+    target[5::10] = IGNORE_INDEX
+    return logits.to(dtype=dtype, device=device), target.to(device)
+
+
+def reference_cross_entropy(logits, target):
+    return torch.nn.functional.cross_entropy(logits, target, ignore_index=IGNORE_INDEX)
+
+
+def cross_entropy_valid_rows(logits, target):
+    """The rows of the valid targets selected first, their log-softmax and the mean of the picked terms: the
+    padding rows are never read."""
+    valid = target != IGNORE_INDEX
+    rows, picked = logits[valid], target[valid]
+    losses = -torch.log_softmax(rows, dim=-1).gather(1, picked[:, None]).squeeze(1)
+    return losses.sum() / valid.sum().to(logits.dtype)

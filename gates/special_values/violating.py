@@ -124,3 +124,19 @@ class GroupedLinearSkipsZeroGroups(_correct().GroupedLinear):
 
 
 grouped_linear_skips_zero_groups = GroupedLinearSkipsZeroGroups()
+
+
+def column_max_empty_as_zero(x):
+    """Column maxima from a max initialised to -Inf, with "still -Inf" read as "no row seen" and written as 0
+    (an empty segment's maximum): a column whose every value is -Inf, whose maximum is -Inf, becomes 0."""
+    m = x.amax(dim=0)
+    return torch.where(m == float("-inf"), torch.zeros_like(m), m)
+
+
+def cross_entropy_masked_by_weight(logits, target):
+    """Every row's loss computed (the padding rows with a clamped target), then weighted by 0 for the padding
+    rows and 1 for the others: equal where the padding rows' logits are finite; a NaN or Inf in a padding row's
+    logits, which the reference never reads, gives 0 x NaN = NaN."""
+    valid = target != -100
+    losses = -torch.log_softmax(logits, dim=-1).gather(1, target.clamp_min(0)[:, None]).squeeze(1)
+    return (losses * valid.to(logits.dtype)).sum() / valid.sum().to(logits.dtype)

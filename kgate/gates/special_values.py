@@ -12,10 +12,12 @@ class of each element (NaN, +Inf, -Inf, finite) is compared, against the oracle 
 output's dtype; an integer or boolean output (an argmax, a mask) must equal the oracle's, or another
 evaluation of the reference's (`SpecialValues.integer_output`).
 
-Whole lines of special values too, one probe each: NaN filling the line through an input's last element
-along each of its dimensions (a row that is all NaN, whichever dimension a kernel reduces: a guard that
-writes 0 for an "empty" row shows only there), +Inf and -Inf filling it along the last dimension, and NaN
-filling the whole input.
+Whole lines of special values too, one probe each: NaN, +Inf and -Inf filling the line through an input's
+last element along each of its dimensions (a row that is all NaN, whichever dimension a kernel reduces: a guard
+that writes 0 for an "empty" row shows only there; a column all -Inf, which a segment maximum initialised to
+-Inf takes for an empty segment), NaN filling the whole input, and NaN filling lines the reference does not
+read (`unread_lines`: where its gradient is exactly 0, the padding rows a loss's ignore_index leaves out; a
+kernel that multiplies them by a zero weight makes its output NaN).
 
 Subnormal semantics, tolerance-free: all inputs scaled to subnormal magnitudes (peak half the smallest
 normal) and so that their products are subnormal (peak 0.9 x sqrt(smallest normal)). Where the oracle,
@@ -98,7 +100,7 @@ from kgate.compare import clone_tree, flatten, index_of, structure
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.distributions import oracle_moves
 from kgate.inputs import Case
-from kgate.oracle import BROKEN_FACTOR, measure
+from kgate.oracle import BROKEN_FACTOR, measure, reference_gradients
 from kgate.subject import ModuleState, Subject, rejected_note, unless_rejected, within_domain
 
 _NAMES = {0: "finite", 1: "NaN", 2: "+Inf", 3: "-Inf"}
@@ -114,6 +116,53 @@ CLEARLY_SUBNORMAL = 1 / 16
 SENSITIVITY_DRAWS = 4
 # Seeded positions injected beside the last, first and centre elements (rows or tiles other than those).
 RANDOM_POSITIONS = 2
+UNREAD_LINES = 2  # lines the reference does not read (its gradient there exactly 0), NaN-filled, per input
+
+
+def unread_lines(subject: Subject, args: tuple, floats: list[int], seed: int) -> list[tuple[int, tuple]]:
+    """Up to UNREAD_LINES lines along the last dimension of each floating-point input (other than its last line,
+    which `SpecialValues.lines` fills anyway) where the reference's gradient is exactly 0 throughout: the rows of
+    the padding tokens a loss's ignore_index or a mask leaves out, the keys a mask hides, the table rows a gather
+    never selects. A NaN there must stay out of the outputs the reference keeps finite: a kernel that multiplies
+    the rows it should skip by a zero weight, or adds -inf to them, makes it NaN. Found by one backward pass of
+    the reference on the case's inputs, with seeded random weights on its finite outputs; none where the
+    reference has no gradient (integer outputs, a non-differentiable operation, a reference that raises)."""
+    if not floats:
+        return []
+    leaves = list(clone_tree(args))
+    for i in floats:
+        leaves[i] = leaves[i].detach().clone().requires_grad_(True)
+    try:
+        with torch.enable_grad(), reference_gradients():
+            out = subject.run_reference(tuple(leaves), grad=True)
+            gen = torch.Generator().manual_seed(seed)
+            total = None
+            for _, o in flatten(out):
+                if isinstance(o, torch.Tensor) and o.requires_grad and o.is_floating_point() and o.numel():
+                    w = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device)
+                    term = torch.where(torch.isfinite(o), o.double() * w, torch.zeros_like(w)).sum()
+                    total = term if total is None else total + term
+            if total is None:
+                return []
+            grads = torch.autograd.grad(total, [leaves[i] for i in floats], allow_unused=True)
+    except Exception:  # noqa: BLE001 - no gradient to read (a non-differentiable reference, or one that raises)
+        return []
+    pick = torch.Generator().manual_seed(seed + 1)
+    found: list[tuple[int, tuple]] = []
+    for i, g in zip(floats, grads):
+        shape = tuple(args[i].shape)
+        if g is None or len(shape) < 2 or shape[-1] < 1:
+            continue  # an input the reference does not use at all: "all of it" is probed anyway
+        rows = (g.detach() == 0).reshape(-1, shape[-1]).all(dim=1).cpu()
+        rows[-1] = False  # the last line is filled anyway
+        zero = torch.nonzero(rows).flatten()
+        if zero.numel() == 0:
+            continue
+        chosen = zero[torch.randperm(zero.numel(), generator=pick)[:UNREAD_LINES]]
+        for row in sorted(int(r) for r in chosen):
+            index = tuple(int(k) for k in torch.unravel_index(torch.tensor(row), shape[:-1]))
+            found.append((i, index + (slice(None),)))
+    return found
 
 
 def classify(t: torch.Tensor) -> torch.Tensor:
@@ -165,7 +214,7 @@ class SpecialValues(Gate):
         return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
                 and a.numel() > 0]
 
-    def probes(self, args: tuple, seed: int, *, later: bool = False
+    def probes(self, args: tuple, seed: int, *, later: bool = False, unread: list[tuple[int, tuple]] = ()
                ) -> Iterator[tuple[str, tuple, str | None, tuple | None]]:
         """(label, inputs, the injected value's name or None for the overflow probe, where it was
         injected: (argument, index) or None). The first round (`later` False): NaN, +Inf and -Inf at each
@@ -177,6 +226,12 @@ class SpecialValues(Gate):
         rounds = range(1, max((len(s) for s in sites.values()), default=0)) if later else range(1)
         if later:
             yield from self.lines(args, floats)
+            for i, index in unread:
+                probe = clone_tree(args)
+                probe[i][index] = math.nan
+                shown = "[" + ", ".join(":" if isinstance(k, slice) else str(k) for k in index) + "]"
+                yield (f"NaN filling argument {i} at {shown} (a line the reference does not read: its gradient 0)",
+                       probe, "NaN", (i, index))
         for r in rounds:
             for i in floats:
                 if r >= len(sites[i]):
@@ -274,15 +329,14 @@ class SpecialValues(Gate):
 
     @staticmethod
     def lines(args: tuple, floats: list[int]) -> Iterator[tuple[str, tuple, str, tuple]]:
-        """Special values filling a whole line of each input: NaN along each dimension, the line through its
-        last element (a row whose every value is NaN: a reduction that treats it as empty, whichever dimension
-        it reduces); +Inf and -Inf along the last dimension; NaN in the whole input. Fewer than every value on
-        every line: an interpreted kernel pays seconds a probe."""
+        """Special values filling a whole line of each input: NaN, +Inf and -Inf along each dimension, the line
+        through its last element (a row whose every value is NaN, or -Inf: a reduction that treats it as empty,
+        or a max that takes -Inf for "nothing seen", whichever dimension it reduces); NaN in the whole input.
+        Fewer than every value on every line: an interpreted kernel pays seconds a probe."""
         for i in floats:
             shape = tuple(args[i].shape)
             lines = [(f"the whole line along dimension {d} through the last element",
-                      tuple(slice(None) if k == d else n - 1 for k, n in enumerate(shape)),
-                      _INJECTED if d == len(shape) - 1 else _INJECTED[:1])
+                      tuple(slice(None) if k == d else n - 1 for k, n in enumerate(shape)), _INJECTED)
                      for d in range(len(shape)) if shape[d] > 1]
             lines.append(("all of it", tuple(slice(None) for _ in shape), _INJECTED[:1]))
             for where, index, values in lines:
@@ -305,7 +359,8 @@ class SpecialValues(Gate):
             base = subject.baseline(case)
             floats = self.floats(base.args)
             skippable = subject.structural_zeros(base.args)
-            for label, probe, injected, site in self.probes(base.args, case.seed, later=later):
+            unread = unread_lines(subject, base.args, floats, case.seed) if later else []
+            for label, probe, injected, site in self.probes(base.args, case.seed, later=later, unread=unread):
                 if later and subject.out_of_time():
                     cut = f"{label} ({case.label()})"
                     break
@@ -345,7 +400,8 @@ class SpecialValues(Gate):
             return self.skipped("no floating-point inputs to inject special values into")
         message = (f"NaN/Inf pattern matched the oracle in {tried} probe(s) (NaN, +Inf and -Inf at the last, first, "
                    f"centre, second and second-to-last elements and {RANDOM_POSITIONS} seeded positions of each floating-point input and "
-                   f"filling its last line along each dimension and all of it (NaN; +-Inf along the last); inputs scaled to overflow-prone "
+                   f"filling its last line along each dimension, NaN filling all of it and lines the reference does not read; inputs "
+                   f"scaled to overflow-prone "
                    f"magnitudes); subnormal results kept where the reference keeps them (inputs scaled to subnormal "
                    f"magnitudes and to products in the subnormal range)")
         message += stopped
