@@ -589,7 +589,9 @@ def test_an_inf_beside_an_edge_shows_an_interpolation_that_replicates_the_edge(m
     from kgate.gates import special_values
 
     # (a whole line of Inf shows it too: left out, so that the single values are what is tested)
-    monkeypatch.setattr(special_values.SpecialValues, "lines", staticmethod(lambda args, floats: iter(())))
+    monkeypatch.setattr(special_values.SpecialValues, "lines",
+                        staticmethod(lambda args, floats, structured=False: iter(())))
+    monkeypatch.setattr(special_values, "unread_lines", lambda *args: [])
     result = check("special_values", sv_violating.upsample_edge_replicated, sv_correct.reference_upsample,
                    sv_correct.make_signal)
     assert result.verdict == "fail" and "second" in result.message, result.message

@@ -429,7 +429,8 @@ def show_train_between_evals(name, spec):
 def show_eval_mode(name, spec):
     """Both in eval mode from the same state, twice: the parameters moved by a seeded step and the running
     statistics moved as training calls move them (as built, a BatchNorm's weight is 1, its bias 0, its running
-    mean 0), the candidate given the reference's state by load_state_dict; then all of it moved again after
+    mean 0), other floating-point buffers scaled (a class-weight buffer's ones), the candidate given the
+    reference's state by load_state_dict; then all of it moved again after
     that eval-mode call. A module right only in training mode, one whose inference formula holds only for the
     state as built, or one that keeps what it computed at its first eval-mode call, computes otherwise there."""
     _, reference, candidate = load(name)
@@ -444,7 +445,7 @@ def show_eval_mode(name, spec):
             for n, b in reference.named_buffers():
                 if n.endswith("running_mean"):
                     b.add_(0.5 * torch.randn(b.shape, generator=gen))
-                elif n.endswith("running_var"):
+                elif b.is_floating_point():  # running variances, class weights: scaled, signs kept
                     b.mul_(0.5 + torch.rand(b.shape, generator=gen))
         candidate.load_state_dict(reference.state_dict())
         why = beyond_tolerance(call(candidate, inputs), oracle(reference, inputs), call(reference, inputs))

@@ -214,8 +214,8 @@ class SpecialValues(Gate):
         return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()
                 and a.numel() > 0]
 
-    def probes(self, args: tuple, seed: int, *, later: bool = False, unread: list[tuple[int, tuple]] = ()
-               ) -> Iterator[tuple[str, tuple, str | None, tuple | None]]:
+    def probes(self, args: tuple, seed: int, *, later: bool = False, unread: list[tuple[int, tuple]] = (),
+               structured: bool = False) -> Iterator[tuple[str, tuple, str | None, tuple | None]]:
         """(label, inputs, the injected value's name or None for the overflow probe, where it was
         injected: (argument, index) or None). The first round (`later` False): NaN, +Inf and -Inf at each
         input's last element, then the overflow probe; the later rounds (`later` True): the same at the
@@ -225,7 +225,7 @@ class SpecialValues(Gate):
         sites = {i: positions(tuple(args[i].shape), gen) for i in floats}
         rounds = range(1, max((len(s) for s in sites.values()), default=0)) if later else range(1)
         if later:
-            yield from self.lines(args, floats)
+            yield from self.lines(args, floats, structured)
             for i, index in unread:
                 probe = clone_tree(args)
                 probe[i][index] = math.nan
@@ -328,15 +328,18 @@ class SpecialValues(Gate):
         return not isinstance(leaves, Incomparable) and all(leaf.passed for leaf in leaves)
 
     @staticmethod
-    def lines(args: tuple, floats: list[int]) -> Iterator[tuple[str, tuple, str, tuple]]:
+    def lines(args: tuple, floats: list[int], structured: bool = False) -> Iterator[tuple[str, tuple, str, tuple]]:
         """Special values filling a whole line of each input: NaN, +Inf and -Inf along each dimension, the line
         through its last element (a row whose every value is NaN, or -Inf: a reduction that treats it as empty,
         or a max that takes -Inf for "nothing seen", whichever dimension it reduces); NaN in the whole input.
-        Fewer than every value on every line: an interpreted kernel pays seconds a probe."""
+        Fewer than every value on every line: an interpreted kernel pays seconds a probe. With `structured`
+        inputs (declared zeros: a triangular matrix) +-Inf fills the last dimension's line only: across the others
+        it meets the declared zeros of the other operand, whose 0 x Inf a kernel that skips them never forms."""
         for i in floats:
             shape = tuple(args[i].shape)
             lines = [(f"the whole line along dimension {d} through the last element",
-                      tuple(slice(None) if k == d else n - 1 for k, n in enumerate(shape)), _INJECTED)
+                      tuple(slice(None) if k == d else n - 1 for k, n in enumerate(shape)),
+                      _INJECTED if d == len(shape) - 1 or not structured else _INJECTED[:1])
                      for d in range(len(shape)) if shape[d] > 1]
             lines.append(("all of it", tuple(slice(None) for _ in shape), _INJECTED[:1]))
             for where, index, values in lines:
@@ -360,7 +363,8 @@ class SpecialValues(Gate):
             floats = self.floats(base.args)
             skippable = subject.structural_zeros(base.args)
             unread = unread_lines(subject, base.args, floats, case.seed) if later else []
-            for label, probe, injected, site in self.probes(base.args, case.seed, later=later, unread=unread):
+            for label, probe, injected, site in self.probes(base.args, case.seed, later=later, unread=unread,
+                                                            structured=skippable):
                 if later and subject.out_of_time():
                     cut = f"{label} ({case.label()})"
                     break
