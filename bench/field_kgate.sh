@@ -16,7 +16,9 @@
 # --time stops each library's run after SECONDS (what it judged stays in its results.jsonl; the libraries run
 # one after another, so the whole run takes up to the libraries times SECONDS); --resume continues
 # DIR/LIB/results.jsonl of an earlier run: only the (kernel, gate) results it lacks are judged.
-# Arguments after -- go to every `kgate run`, e.g. -- --dtype float32 --gate oracle.
+# Arguments after -- go to every `kgate run`, e.g. -- --dtype float32 --gate oracle, or -- --cache DIR (a folder
+# outside DIR that stays between runs: a --resume run then reuses the kernels' Triton builds and autotuning,
+# which a chunked fla kernel otherwise spends minutes on in its first worker).
 set -u
 usage() { echo "usage: bash bench/field_kgate.sh --out DIR [--jobs N|LIB=N,...] [--time S] [--resume] [--libraries L,...] [-- ARGS]" >&2; exit 2; }
 OUT="" JOBS=8 TIME="" RESUME="" LIBS="liger,flaggems,fla"
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
     --resume) RESUME=--resume; shift ;;
     --libraries) [ $# -ge 2 ] || usage; LIBS=$2; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) usage ;;
   esac
 done

@@ -65,6 +65,7 @@ class RunOptions:
     out_dir: Path = field(default_factory=lambda: Path("kgate-out"))
     max_restarts: int = 3  # fresh workers per kernel after one ended early (CUDA context lost, crash)
     resume: bool = False  # keep results.jsonl and judge only the (kernel, gate) results it lacks
+    cache_dir: Path | None = None  # --cache: the kernels' build caches kept here across runs (kernel_caches)
 
 
 class Events:
@@ -530,7 +531,7 @@ class Runner:
         faults: list[str] = []  # the gates whose probe the reference itself faulted on (a note, not an error)
         remaining = list(gates)
         workers, killed = 0, False
-        env, caches = kernel_caches(kernel)  # once for the kernel's workers here, not at each restart
+        env, caches = kernel_caches(kernel, self.options.cache_dir)  # once for the kernel's workers here
         while remaining:
             workers += 1
             state: dict[str, Any] = {"current": None, "last": None, "started": False, "done": False, "lost": None}
@@ -699,7 +700,7 @@ def _file_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
-def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
+def kernel_caches(kernel: ResolvedKernel, base: Path | None = None) -> tuple[dict[str, str], list[Path]]:
     """The environment of a kernel's workers, and the folders they write besides their own: Triton's cache and
     torch's extension builds, one pair per kernel (its name and digest) for the whole run, so that the kernel's
     workers (one per gate or group of gates) compile its Triton kernels, build its extensions and time its
@@ -707,10 +708,15 @@ def kernel_caches(kernel: ResolvedKernel) -> tuple[dict[str, str], list[Path]]:
     shared between kernels: a kernel that could write into another's cache could leave a forged binary under
     that one's key (the audit keeps one pair per candidate the same way, kgate.audit.evaluate.worker_env). What
     a kernel writes into its own cache reaches its own workers only, as what it does in its own process does.
-    The variables the manifest's `cache_env` names point into the same folder."""
+    The variables the manifest's `cache_env` names point into the same folder. `base` (`kgate run --cache`): the
+    folders are kept there across runs, so a later run of the same kernel (same name and digest: a changed
+    kernel gets a fresh folder) reuses its builds and autotuning; by default they live in a folder of this
+    process, removed at exit. What a kernel's earlier runs wrote there, its later runs read: its own
+    verdicts only, as within one run."""
     # not inside sandbox.run_root(): a sandboxed job sees a fresh in-memory folder there, holding its own scratch
     # folder only, so a cache in it would be each worker's alone
-    folder = sandbox.process_folder("kgate-caches-") / f"{_file_name(kernel.name)[:64]}-{kernel.digest()[:16]}"
+    root = base if base is not None else sandbox.process_folder("kgate-caches-")
+    folder = root / f"{_file_name(kernel.name)[:64]}-{kernel.digest()[:16]}"
     env = dict(os.environ)
     env["TRITON_CACHE_DIR"] = str(folder / "triton")
     env["TORCH_EXTENSIONS_DIR"] = str(folder / "torch_extensions")

@@ -829,3 +829,69 @@ def test_cache_env_gives_each_kernel_one_cache_folder_its_workers_share(write_ma
     plain = write_manifest(entries.format(cache=""), files={"k.py": _LIBCACHE_KERNELS}, name="plain.yaml")
     assert kgate_main(["run", str(plain), "--gate", "oracle", "-q", "--out", str(tmp_path / "p")]) == 1
     assert not list(shared.iterdir())
+
+
+_PERSISTENT_CACHE_KERNEL = '''
+import os
+
+import torch
+
+CACHE = os.environ["TRITON_CACHE_DIR"]
+if "KGATE_TEST_LOADED" not in os.environ:  # one mark per worker process (the file loads once per role)
+    os.environ["KGATE_TEST_LOADED"] = "1"
+    before = len([n for n in os.listdir(CACHE) if n.startswith("run-")])
+    open(os.path.join(CACHE, "run-" + os.urandom(8).hex()), "w").close()
+    print("marks-before", before, "cache", CACHE, flush=True)
+
+
+def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    return (torch.randn(8, 8, generator=torch.Generator().manual_seed(seed), dtype=dtype),)
+
+
+def kernel(x):
+    return x * 2
+
+
+def reference(x):
+    return x * 2
+'''
+
+
+def test_run_cache_keeps_a_kernels_builds_across_runs_and_never_shows_them_to_another(tmp_path):
+    """`kgate run --cache DIR`: a kernel's later run finds what its earlier run wrote into its caches (Triton's
+    builds and autotuning, not compiled again); another kernel, and the same kernel run without --cache, start
+    from an empty folder."""
+    for name in ("first", "second"):
+        (tmp_path / f"{name}.py").write_text(_PERSISTENT_CACHE_KERNEL)
+    (tmp_path / "kgate.yaml").write_text(
+        "version: 1\ndefaults: {seeds: [0]}\nkernels:\n"
+        + "".join(f"  - {{name: {n}, kernel: '{n}.py:kernel', reference: '{n}.py:reference', "
+                  f"inputs: '{n}.py:make_inputs'}}\n" for n in ("first", "second")))
+    manifest = load(tmp_path / "kgate.yaml")
+
+    def before(name: str, run: int, cache: Path | None) -> tuple[int, str]:
+        options = RunOptions(out_dir=tmp_path / f"out-{run}", gates=["contract"], cache_dir=cache)
+        result = Runner(manifest, manifest.kernels, options).run_kernel(manifest.by_name(name))
+        assert result.verdict == "pass", result.error
+        line = next(x.split() for x in open(result.log).read().splitlines() if x.startswith("marks-before"))
+        return int(line[1]), line[3]
+
+    cache = tmp_path / "cache"
+    seen, folder = before("first", 1, cache)
+    assert seen == 0 and Path(folder).is_relative_to(cache)
+    again, same = before("first", 2, cache)
+    assert again >= 1 and same == folder  # the earlier run's mark: its folder kept
+    other, elsewhere = before("second", 3, cache)
+    assert other == 0 and elsewhere != folder
+    fresh, temporary = before("first", 4, None)
+    assert fresh == 0 and not Path(temporary).is_relative_to(cache)
+
+
+def test_run_cache_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    from kgate.cli import main as kgate_main
+
+    (tmp_path / "file").write_text("")
+    manifest = tmp_path / "kgate.yaml"
+    manifest.write_text("version: 1\nkernels: []\n")
+    assert kgate_main(["run", str(manifest), "--cache", str(tmp_path / "file")]) == 2
+    assert "--cache" in capsys.readouterr().err

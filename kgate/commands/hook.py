@@ -10,6 +10,7 @@ Exit 1 lists kernel / gate / finding for each violation.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -23,6 +24,7 @@ from rich.markup import escape
 from kgate import names as registry
 from kgate.changes import kernels_for_files
 from kgate.commands import add_sandbox_option
+from kgate.commands.run import CACHE_ENV, cache_dir
 from kgate.errors import UsageError
 from kgate.gates.base import ERROR, FAIL
 from kgate.manifest import ResolvedKernel, load
@@ -54,6 +56,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"stop starting kernels after this long (default {DEFAULT_BUDGET_S:g}); the ones left are "
                    "listed, not failed")
     p.add_argument("--out", metavar="DIR", help="keep worker logs and results here (default: a temporary folder)")
+    p.add_argument("--cache", metavar="DIR", default=os.environ.get(CACHE_ENV) or None,
+                   help="keep each kernel's build caches here across commits, as `kgate run --cache` (default: "
+                        f"${CACHE_ENV}, else a temporary folder): a kernel unchanged since the last commit is not "
+                        "compiled again")
     add_sandbox_option(p)
     p.set_defaults(func=main)
 
@@ -111,6 +117,7 @@ def main(args: argparse.Namespace) -> int:
         f"quick profile: gates {', '.join(gates) if gates else 'of ' + ', '.join(QUICK_GATES)}; "
         "smallest shape, first dtype and seed")
     console.print(f"kgate hook: {len(kernels)} kernel(s) use the changed files ({profile}; device {args.device})")
+    caches = cache_dir(args)
     try:
         for kernel in kernels:
             remaining = args.budget - (time.monotonic() - started)
@@ -118,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
                 left.append(kernel.name)
                 continue
             base = RunOptions(device=args.device, timeout=min(kernel.limits.timeout, max(remaining, 10.0)),
-                              out_dir=out_dir)
+                              out_dir=out_dir, cache_dir=caches)
             options = quick_options(kernel, base, gates or None, args.full)
             result = Runner(manifest, [kernel], options).run()[0]
             results.append(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from kgate.reports import console as console_report
 from kgate.reports import junit
 from kgate.runner import Runner, RunOptions
 from kgate.selection import matcher
+
+# The --cache default from the environment: the kernels' build caches kept across runs.
+CACHE_ENV = "KGATE_RUN_CACHE"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +59,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "gate judged nothing (not run, cancelled): a run cut short (a time limit, a lost "
                         "machine) goes on where it stopped. Use the same command otherwise; the report "
                         "holds the kept results and the new ones")
+    p.add_argument("--cache", metavar="DIR", default=os.environ.get(CACHE_ENV) or None,
+                   help="keep each kernel's build caches (Triton's cache and autotuning, torch extensions, the "
+                        "manifest's cache_env) in DIR/<name>-<digest> across runs, so a later run or --resume of the "
+                        "same kernel does not compile again; a changed kernel gets a fresh folder, and no kernel "
+                        f"sees another's (default: ${CACHE_ENV}, else a temporary folder removed at exit)")
     p.add_argument("--container", metavar="IMAGE",
                    help="run the gates inside this container image (docker SDK): no network, the current folder "
                    "mounted read-only, --out writable, GPUs passed through (see --gpus)")
@@ -100,7 +109,24 @@ def options_from(args: argparse.Namespace) -> RunOptions:
         raise UsageError("--jobs must be at least 1")
     return RunOptions(gates=gates or None, device=args.device, seeds=args.seed or None, dtypes=dtypes or None,
                       shapes=shapes or None, timeout=args.timeout, memory=memory, jobs=args.jobs,
-                      out_dir=Path(args.out), resume=getattr(args, "resume", False))
+                      out_dir=Path(args.out), resume=getattr(args, "resume", False), cache_dir=cache_dir(args))
+
+
+def cache_dir(args: argparse.Namespace) -> Path | None:
+    """--cache, made if missing (a usage error, exit 2, where it cannot be)."""
+    value = getattr(args, "cache", None)
+    if not value:
+        return None
+    writable(value, "--cache", folder=True)
+    folder = Path(value).expanduser().resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--cache {value}: cannot make the folder ({exc.strerror or exc}); name a writable "
+                         "folder") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--cache {value}: the folder is not writable; name a writable folder")
+    return folder
 
 
 def main(args: argparse.Namespace) -> int:
