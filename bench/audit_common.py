@@ -144,9 +144,10 @@ class GpuSampler:
                 "peak_memory_mib": {str(g): max(m for i, _, m in self.samples if i == g) for g in gpus}}
 
 
-def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
-               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Judge every pair once with `plan` (extensions already built); returns (the figures, the records)."""
+def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str,
+               parts: dict[str, list[list[str]]] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Judge every pair once with `plan` (extensions already built; `parts`: the candidates judged in parts, as
+    kgate.audit.scheduler.split_parts chose); returns (the figures, the records)."""
     records: list[dict[str, Any]] = []
 
     def sink(record: dict[str, Any]) -> None:
@@ -155,7 +156,7 @@ def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str
 
     with GpuSampler() as gpu:
         start = time.perf_counter()
-        run_local(pairs, options, plan, sink)
+        run_local(pairs, options, plan, sink, parts=parts)
         wall = time.perf_counter() - start
     n = max(1, len(records))
     worker = sum(float(r.get("duration_s") or 0) for r in records) / n
@@ -190,12 +191,18 @@ def idle_breakdown(records: list[dict[str, Any]], wall: float, judges: int) -> d
     candidate started and the judge-seconds idle in them (the longest candidates left running alone);
     `before_tail_idle_s`, the rest (starts, waits for memory or slots, the scheduler), less the earlier
     tries; `last`, the three candidates that finished last, with their start and end."""
-    spans = [(float(r["finished_s"]) - float(r.get("duration_s") or 0), float(r["finished_s"]), r.get("id"))
+    def held(r: dict[str, Any]) -> float:
+        # a candidate judged in parts (kgate.audit.scheduler.merge_parts) held judges at once: its longest part
+        return max(float(p.get("duration_s") or 0) for p in r["parts"]) if r.get("parts") else \
+            float(r.get("duration_s") or 0)
+
+    spans = [(float(r["finished_s"]) - held(r), float(r["finished_s"]), r.get("id"))
              for r in records if r.get("finished_s") is not None]
     if not spans or not wall:
         return {}
     last_start = max(s for s, _, _ in spans)
     tail = max(0.0, wall - last_start)
+    # (a record in parts counts its parts' seconds in the tail as one judge's: an estimate)
     busy_in_tail = sum(max(0.0, end - max(begin, last_start)) for begin, end, _ in spans)
     idle = judges * wall - sum(end - begin for begin, end, _ in spans)
     tail_idle = judges * tail - busy_in_tail

@@ -9,7 +9,10 @@ Stages, in order, on the same candidates and the same worker pool:
 Reported per mode: wall seconds, seconds per kernel (wall / kernels: what the pool delivers) and
 worker seconds per kernel (mean time one candidate holds a worker), kernels per hour, and the same
 with the compile stage's wall time added. The goal: gates <= 5x the standard test per
-kernel, >= 3,000 kernels/hour on one H200. Then, each when asked, in this order: `--triton-emulation`
+kernel, >= 3,000 kernels/hour on one H200. The full gates judge the candidates `kgate audit` splits (a long
+candidate's gates in parts, each by its own worker at once: kgate.audit.scheduler.split_parts) in parts too, as
+it does (`--no-split`: one worker each). Then, each when asked, in this order: `--unsplit` (the full gates with
+one worker a candidate, and any verdict that changed), `--triton-emulation`
 (the full gates with the accumulation gate's Triton emulation, and any verdict that changed), `--other-order`
 (the full gates in the other `--order`: id order after the default, the longest problems first),
 `--prestart` (the full gates with `--jobs` and `kgate audit --prestart`), `--more-jobs N` (the full gates
@@ -47,7 +50,7 @@ from audit_common import (  # noqa: E402
 
 from kgate import gates as registry  # noqa: E402
 from kgate.audit.evaluate import AuditOptions  # noqa: E402
-from kgate.audit.scheduler import arch_list, count_sizes, make_plan  # noqa: E402
+from kgate.audit.scheduler import arch_list, count_sizes, make_plan, split_parts  # noqa: E402
 from kgate.runner import seed_private_folders  # noqa: E402
 
 STANDARD = "standard test alone"
@@ -82,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="no standard-test pass (no ratio): the full gates and the passes asked for after them, "
                              "e.g. with --keep-cache on a machine that ran the first two passes, where one call of a "
                              "lent GPU cannot hold every pass")
+    parser.add_argument("--no-split", dest="split", action="store_false",
+                        help="the full gates with every candidate in one worker (kgate audit --no-split); by "
+                             "default the candidates kgate audit splits are judged in parts, as it judges them")
+    parser.add_argument("--unsplit", action="store_true",
+                        help="then the full gates again with every candidate in one worker, and any verdict that "
+                             "changed: what splitting the longest candidates' gates gains, side by side")
     parser.add_argument("--other-order", action="store_true",
                         help="then the full gates again with --jobs in the other --order (given after longest, longest "
                              "after given): what judging the longest problems first changes")
@@ -139,8 +148,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.gates_only:
         keep(*timed_pass(standard_pairs, AuditOptions(gates=[], **base), plan, STANDARD))
-    full_row, full_records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan, f"{FULL}{len(gates)} gates")
+    judges = plan.slots * len(plan.devices)
+    parts = split_parts(pairs, AuditOptions(gates=gates, **base), judges, sizes) if args.split and sizes else {}
+    if parts:
+        print(f"judged in parts (kgate audit's split): {', '.join(f'{k} ({len(v)})' for k, v in parts.items())}",
+              flush=True)
+    full_row, full_records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan, f"{FULL}{len(gates)} gates",
+                                        parts)
+    full_row["split"] = {k: v for k, v in parts.items()}
     keep(full_row, full_records)
+    if args.unsplit and parts:
+        row, records = timed_pass(pairs, AuditOptions(gates=gates, **base), plan,
+                                  f"standard test + {len(gates)} gates, every candidate in one worker")
+        row["differences"] = differences(full_records, records)
+        keep(row, records)
     if args.triton_emulation:  # the workers inherit this process's environment (kgate.audit.evaluate.worker_env)
         os.environ["KGATE_TRITON_EMULATION"] = "1"
         try:

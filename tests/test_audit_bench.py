@@ -234,8 +234,11 @@ def test_each_pass_is_ordered_by_what_it_runs_and_the_sizes_are_counted_once(mon
         counted.append(len(problems))  # wide: most input elements; deep: most weighted layers
         return {p: ProblemSize(10**9, 0) if "ReLU" in p.name else ProblemSize(10, 500) for p in problems}
 
-    def timed_pass(pairs, options, plan, label):
+    split = []
+
+    def timed_pass(pairs, options, plan, label, parts=None):
         passes.append((label, bool(options.gates), [p.problem.name for p in pairs]))
+        split.append(sorted(parts or {}))
         row = dict(mode=label, kernels=len(pairs), wall_s=1.0, s_per_kernel=1.0, worker_s_per_kernel=1.0,
                    kernels_per_hour=3600.0, timeline_median={}, gate_seconds={}, accumulation_phases={})
         return row, []
@@ -254,6 +257,8 @@ def test_each_pass_is_ordered_by_what_it_runs_and_the_sizes_are_counted_once(mon
     assert len(set(first)) == len(set(by_cost)) == 2
     result = json.loads((tmp_path / "t.json").read_text())
     assert [i for i in result["ids"]] != [i for i in result["standard_ids"]]
+    # (several candidates share the deep problem: none of them alone exceeds a judge's share, none is split)
+    assert split == [[], [], []], split
 
 
 def test_the_schedule_replay_gives_each_retry_policy_its_hand_computed_wall(tmp_path, capsys):

@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from kgate.audit.evaluate import (
+    GATES_S_PER_LAYER,
+    GATES_S_PER_PARAMETER,
     AuditOptions,
     ProblemSize,
     compile_pair,
@@ -262,21 +264,103 @@ def longest_first(pairs: list[Pair], options: AuditOptions,
     return [pair for _, pair in sorted(enumerate(pairs), key=key)]
 
 
+# Each gate's share of a candidate's gate-seconds, for splitting a long candidate's gates into balanced parts:
+# the gate-seconds summed over the public corpus's 24 spread candidates on one H100 at kgate fa8c16e
+# (docs/records/2026-12-07-h100-fa8c16e/); a gate not named weighs as the lightest.
+GATE_WEIGHTS = {"distributions": 115.0, "accumulation": 104.0, "special_values": 96.0, "isolation": 68.4,
+                "shapes": 65.3, "determinism": 58.8, "oracle": 16.9, "bounds": 15.6, "contract": 8.3,
+                "layouts": 8.0, "input_integrity": 6.1, "initialization": 5.5}
+SPLIT_SHARE = 1.0  # a candidate whose gates are estimated above this many judges' fair shares is split
+
+
+def split_parts(pairs: list[Pair], options: AuditOptions, judges: int,
+                sizes: dict[Path, ProblemSize]) -> dict[str, list[list[str]]]:
+    """The candidates whose gates alone are estimated (ProblemSize: weighted layers and parameters) to take more
+    than SPLIT_SHARE of a judge's fair share of the whole audit (every candidate's estimate over the judges),
+    each with its gates split into parts judged by separate workers at once (the first part with the standard
+    test), balanced by GATE_WEIGHTS: a DenseNet of 103 weighted layers held one judge for 234 s of a 262 s
+    wall while the other judges idled. At most `judges` parts, at least two gates' worth each. Nothing to split
+    with one judge or one gate."""
+    gates = list(options.gates or [])
+    if judges < 2 or len(gates) < 2:
+        return {}
+
+    def gate_seconds(size: ProblemSize) -> float:
+        return GATES_S_PER_LAYER * (size.layers or 0) + GATES_S_PER_PARAMETER * (size.parameters or 0)
+
+    estimates = {p.id: sizes[p.problem].seconds(True) or 0.0 for p in pairs
+                 if p.problem is not None and p.problem in sizes}
+    share = sum(estimates.values()) / judges
+    if share <= 0:
+        return {}
+    lightest = min(GATE_WEIGHTS.values())
+    parts: dict[str, list[list[str]]] = {}
+    for pair in pairs:
+        size = sizes.get(pair.problem) if pair.problem is not None else None
+        heavy = gate_seconds(size) if size is not None else 0.0
+        if heavy <= SPLIT_SHARE * share:
+            continue
+        count = min(judges, len(gates) // 2, max(2, math.ceil(2 * heavy / share)))
+        groups: list[list[str]] = [[] for _ in range(count)]
+        loads = [0.0] * count
+        for gate in sorted(gates, key=lambda g: -GATE_WEIGHTS.get(g, lightest)):
+            k = loads.index(min(loads))
+            groups[k].append(gate)
+            loads[k] += GATE_WEIGHTS.get(gate, lightest)
+        parts[pair.id] = [[g for g in gates if g in group] for group in groups]  # each in the gates' own order
+    return parts
+
+
+def merge_parts(records: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """One record of a candidate judged in parts (split_parts), `records` in part order: the first part's
+    standard test, load and timeline; every part's gate results, in the order of `names` (the audit's result
+    ids); the first error, problem error and tampering any part saw; the worker seconds summed; flags any part
+    raised (out of memory, a wider share, judged alone) kept."""
+    first = records[0]
+    merged = dict(first)
+    by_gate = {g["gate"]: g for r in records for g in r.get("gates") or []}
+    merged["gates"] = [by_gate[n] for n in names if n in by_gate]
+    for key in ("error", "problem_error", "tamper", "environment_error"):
+        merged[key] = next((r.get(key) for r in records if r.get(key)), first.get(key))
+    merged["notes"] = {k: v for r in reversed(records) for k, v in (r.get("notes") or {}).items()}
+    merged["duration_s"] = round(sum(r.get("duration_s") or 0.0 for r in records), 3)
+    merged["restarts"] = sum(r.get("restarts") or 0 for r in records)
+    merged["oom"] = any(r.get("oom") for r in records)
+    merged["host_memory"] = any(r.get("host_memory") for r in records)
+    merged["complete"] = all(r.get("complete", True) for r in records)
+    for key in ("wider", "share", "retried_wider", "alone", "retried_alone", "earlier_try_s"):
+        found = next((r[key] for r in records if r.get(key) is not None), None)
+        if found is not None:
+            merged[key] = found
+    merged["parts"] = [{"gates": [g["gate"] for g in r.get("gates") or []], "duration_s": r.get("duration_s"),
+                        "timeline": r.get("timeline")} for r in records]
+    return merged
+
+
 def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callable[[dict[str, Any]], None],
               progress: Progress | None = None, stop_at: float | None = None,
-              cancel: threading.Event | None = None) -> int:
+              cancel: threading.Event | None = None, parts: dict[str, list[list[str]]] | None = None) -> int:
     """Judge every pair; each record goes to `sink` as it is done. Returns how many were judged
-    (fewer than len(pairs) when `stop_at`, a time.monotonic() deadline, passed first)."""
+    (fewer than len(pairs) when `stop_at`, a time.monotonic() deadline, passed first). `parts` (split_parts):
+    pairs whose gates are judged in parts by several workers at once, their records merged (merge_parts)
+    before they go to `sink`; a pair cut short by `stop_at` in any part is left to --resume whole."""
     progress = progress or Progress()
     cancel = cancel or threading.Event()
     if options.threads is None:  # unless the caller chose: the cores shared among this plan's judges
         options = replace(options, threads=plan.threads())
     if "accumulation" in (options.gates or ()):  # kgate's own Triton kernels: before any worker starts
         seed_private_folders(plan.devices)
+    parts = {} if plan.prestart else dict(parts or {})  # (--prestart's turns count single judges)
     # built (or needing no build) and waiting for a judge: the earliest in `pairs` first, so that an order
-    # chosen by the caller (longest_first) holds while the builds finish in another
-    ready: queue.PriorityQueue[tuple[int, Pair, dict[str, Any] | None]] = queue.PriorityQueue()
+    # chosen by the caller (longest_first) holds while the builds finish in another; a split pair's parts
+    # (rank, part number) one after another
+    ready: queue.PriorityQueue[tuple[int, int, Pair, dict[str, Any] | None]] = queue.PriorityQueue()
     compile_pool = ThreadPoolExecutor(max_workers=plan.compile_jobs, thread_name_prefix="kgate-compile")
+    items = sum(len(parts.get(p.id) or [None]) for p in pairs)  # what the judges take, parts counted
+
+    def queue_pair(rank: int, pair: Pair, outcome: dict[str, Any] | None) -> None:
+        for part in range(len(parts.get(pair.id) or [None])):
+            ready.put((rank, part, pair, outcome))
 
     def compiled(rank: int, pair: Pair, future: Future) -> None:
         try:
@@ -284,14 +368,23 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         except BaseException as exc:  # noqa: BLE001 - a kgate failure to compile: evaluate anyway
             outcome = {"ok": False, "build_failed": False, "message": f"compile stage failed: {exc}"}
         progress.compiled(pair, outcome)
-        ready.put((rank, pair, outcome))
+        queue_pair(rank, pair, outcome)
 
     for rank, pair in enumerate(pairs):
         if plan.compile_stage and pair.problem is not None and needs_compile(pair):
             future = compile_pool.submit(compile_pair, pair, options, cancel=cancel)
             future.add_done_callback(lambda f, rank=rank, pair=pair: compiled(rank, pair, f))
         else:
-            ready.put((rank, pair, None))
+            queue_pair(rank, pair, None)
+
+    def options_of(pair: Pair, part: int) -> AuditOptions:
+        """A part's options: its gates, the standard test in the first part only."""
+        groups = parts.get(pair.id)
+        if not groups:
+            return options
+        return replace(options, gates=groups[part], standard=options.standard and part == 0)
+
+    done_parts: dict[str, dict[int, dict[str, Any]]] = {}  # a split pair's records so far, by part
 
     starts = 2 if plan.prestart else 1  # workers per judging slot
     leases = {d: DeviceLease(starts * plan.slots) for d in plan.devices}
@@ -299,15 +392,24 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
     taken = [0]
     judged = [0]
     errors: list[BaseException] = []
-    # (pair, build, why, the record of its try in a share or None): judged alone at the end
-    alone_later: list[tuple[Pair, dict[str, Any] | None, str, dict[str, Any] | None]] = []
+    # (pair, part, build, why, the record of its try in a share or None): judged alone at the end
+    alone_later: list[tuple[Pair, int, dict[str, Any] | None, str, dict[str, Any] | None]] = []
     whole = Outgrown()
     sharing = [len(plan.devices) * plan.slots * starts]  # evaluation threads that may still take shared work
 
     def timed_out() -> bool:
         return stop_at is not None and time.monotonic() > stop_at
 
-    def record_it(record: dict[str, Any]) -> None:
+    def record_it(record: dict[str, Any], pair: Pair, part: int = 0) -> None:
+        groups = parts.get(pair.id)
+        if groups:  # a split pair: recorded once every part is in, merged
+            with lock:
+                got = done_parts.setdefault(pair.id, {})
+                got[part] = record
+                if len(got) < len(groups):
+                    return
+                record = merge_parts([got[k] for k in range(len(groups))], options.gate_ids)
+                del done_parts[pair.id]
         sink(record)
         with lock:
             judged[0] += 1
@@ -320,18 +422,18 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         turns = {"path": str(turn_folder(options.out_dir, device)), "count": plan.slots} if plan.prestart else None
         while not cancel.is_set():
             with lock:
-                if taken[0] >= len(pairs) or timed_out():
+                if taken[0] >= items or timed_out():
                     return
                 taken[0] += 1
             while True:
                 try:
-                    _, pair, outcome = ready.get(timeout=0.2)
+                    _, part, pair, outcome = ready.get(timeout=0.2)
                     break
                 except queue.Empty:
                     if cancel.is_set():
                         return
             if sharing_gpu and whole.known(pair):
-                hold(pair, outcome, HELD_PROBLEM)
+                hold(pair, part, outcome, HELD_PROBLEM)
                 continue
             width, why = (wide, WIDER_PROBLEM) if sharing_gpu and wide and whole.wider(pair) else (1, None)
             earlier = None  # the record of the try in a smaller share: its standard test may stand
@@ -340,8 +442,8 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 device_slots.acquire(width)
                 try:
                     progress.started(pair, device)
-                    record = evaluate_pair(pair, options, device, gpu_memory_fraction=share, compiled=outcome,
-                                           cancel=cancel, turns=turns, earlier=earlier)
+                    record = evaluate_pair(pair, options_of(pair, part), device, gpu_memory_fraction=share,
+                                           compiled=outcome, cancel=cancel, turns=turns, earlier=earlier)
                 finally:
                     device_slots.release(width)
                 if cancel.is_set():
@@ -357,13 +459,14 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                 width, why, earlier = wide, WIDER_OOM, record
                 progress.widened(pair, memory_share(width, plan.slots))
             if outgrew:
-                hold(pair, outcome, HELD_OOM, record)
+                hold(pair, part, outcome, HELD_OOM, record)
             else:
-                record_it(record)
+                record_it(record, pair, part)
 
-    def hold(pair: Pair, outcome: dict[str, Any] | None, why: str, record: dict[str, Any] | None = None) -> None:
+    def hold(pair: Pair, part: int, outcome: dict[str, Any] | None, why: str,
+             record: dict[str, Any] | None = None) -> None:
         with lock:
-            alone_later.append((pair, outcome, why, record))
+            alone_later.append((pair, part, outcome, why, record))
         progress.held(pair, why)
 
     def alone(device: str) -> None:
@@ -379,17 +482,18 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
                     return
                 if sharing[0]:
                     continue
-                pair, outcome, why, earlier = alone_later.pop(0)
+                pair, part, outcome, why, earlier = alone_later.pop(0)
             device_slots.acquire(device_slots.slots)
             try:
                 progress.started(pair, device)
-                record = evaluate_pair(pair, options, device, compiled=outcome, cancel=cancel, earlier=earlier)
+                record = evaluate_pair(pair, options_of(pair, part), device, compiled=outcome, cancel=cancel,
+                                       earlier=earlier)
                 mark_alone(record, why)
             finally:
                 device_slots.release(device_slots.slots)
             if cancel.is_set():
                 return
-            record_it(record)
+            record_it(record, pair, part)
 
     def loop(device: str) -> None:
         try:

@@ -109,6 +109,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "weighted layers and parameter elements, counted first on the meta device in a worker of kgate's own), so that "
                         "they do not start last while the other judges idle; given: in id order. With one judge "
                         "at a time the order changes nothing and nothing is counted")
+    p.add_argument("--no-split", dest="split", action="store_false",
+                   help="judge every candidate's gates in one worker; by default, with several judges and --order "
+                        "longest, a candidate whose gates alone are estimated to take more than a judge's fair share "
+                        "of the audit (its Model's weighted layers and parameters) has its gates split into parts "
+                        "that separate workers judge at once, its record merged from them")
     p.add_argument("--compile-jobs", type=COUNT, metavar="N", help="extension builds at once (default half the cores)")
     p.add_argument("--no-compile-stage", action="store_true",
                    help="build extensions inside the evaluation instead of in a separate CPU stage")
@@ -253,7 +258,15 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
            out: Path, gate_names: list[str], dtypes: list[str], memory: int, spec: tuple[int, int] | None) -> int:
     from kgate.audit import report as audit_report
     from kgate.audit.evaluate import AuditOptions, kgate_stamp, needs_compile, pair_digest
-    from kgate.audit.scheduler import Plan, arch_list, longest_first, make_plan, run_local
+    from kgate.audit.scheduler import (
+        Plan,
+        arch_list,
+        count_sizes,
+        longest_first,
+        make_plan,
+        run_local,
+        split_parts,
+    )
     from kgate.reports import junit
 
     pairs = discover(problems, candidates, index)
@@ -361,15 +374,23 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
     if args.compile_only:
         return _compile_only(console, todo, options, plan, stop_at)
     judges = len(plan.devices) * plan.slots if args.backend == "local" else 2  # Ray: the cluster's, unknown here
+    parts: dict[str, list[list[str]]] = {}  # split_parts: candidates judged in parts by several workers
     if args.order == "longest" and len(todo) > judges > 1:
         started = time.monotonic()
         counting = len({p.problem for p in todo if p.problem is not None})
         with console.status(f"counting the sizes of {counting} problem(s) to judge the longest first",
                             spinner="dots") if not args.quiet else contextlib.nullcontext():
-            todo = longest_first(todo, options)
+            sizes = count_sizes(todo, options)
+            todo = longest_first(todo, options, sizes)
+            parts = split_parts(todo, options, judges, sizes) if args.split and args.backend == "local" else {}
         if not args.quiet:
             console.print(f"kgate audit: the longest problems first (sizes counted in "
                           f"{time.monotonic() - started:.1f} s; --order given: in id order)", highlight=False)
+            if parts:
+                shown = ", ".join(f"{pid} ({len(groups)})" for pid, groups in list(parts.items())[:3])
+                console.print(f"kgate audit: {len(parts)} candidate(s) judged in parts, each by several workers at "
+                              f"once: {shown}{' ...' if len(parts) > 3 else ''} (--no-split: one worker each)",
+                              highlight=False)
     if args.backend == "local" and todo and "accumulation" in (options.gates or ()):
         # before any worker (the compile stage's run candidates' code too)
         from kgate.runner import seed_private_folders
@@ -386,7 +407,8 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
                 run_ray(todo, options, address=args.address, device=plan.devices[0], slots=plan.slots,
                         sink=results.append, progress=progress, stop_at=stop_at, cancel=cancel)
             else:
-                run_local(todo, options, plan, results.append, progress, stop_at=stop_at, cancel=cancel)
+                run_local(todo, options, plan, results.append, progress, stop_at=stop_at, cancel=cancel,
+                          parts=parts)
         except KeyboardInterrupt:
             cancel.set()
             raise
