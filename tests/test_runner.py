@@ -663,6 +663,21 @@ def test_a_kernels_digest_follows_its_own_entry_and_the_defaults_not_the_rest_of
     assert digests(text)["a"] != first["a"]  # the kernel's file
 
 
+# a kernel, its reference and inputs that the cache tests' modules share (their caches' marks come first)
+_DOUBLING_KERNEL = '''
+
+def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
+    return (torch.randn(8, 8, generator=torch.Generator().manual_seed(seed), dtype=dtype),)
+
+
+def kernel(x):
+    return x * 2
+
+
+def reference(x):
+    return x * 2
+'''
+
 _CACHE_KERNELS = '''
 import os
 import time
@@ -679,19 +694,7 @@ while len([n for n in os.listdir(CACHE) if n.startswith("seen-")]) < WORKERS and
     time.sleep(0.05)
 print("cache", CACHE, "marks", len([n for n in os.listdir(CACHE) if n.startswith("seen-")]),
       "autotuning", os.environ.get("TRITON_CACHE_AUTOTUNING"), flush=True)
-
-
-def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
-    return (torch.randn(8, 8, generator=torch.Generator().manual_seed(seed), dtype=dtype),)
-
-
-def kernel(x):
-    return x * 2
-
-
-def reference(x):
-    return x * 2
-'''
+''' + _DOUBLING_KERNEL
 
 
 def test_a_kernels_workers_share_one_build_cache_and_other_kernels_do_not_see_it(tmp_path):
@@ -842,19 +845,7 @@ if "KGATE_TEST_LOADED" not in os.environ:  # one mark per worker process (the fi
     before = len([n for n in os.listdir(CACHE) if n.startswith("run-")])
     open(os.path.join(CACHE, "run-" + os.urandom(8).hex()), "w").close()
     print("marks-before", before, "cache", CACHE, flush=True)
-
-
-def make_inputs(seed, shape=None, dtype=torch.float32, device="cpu"):
-    return (torch.randn(8, 8, generator=torch.Generator().manual_seed(seed), dtype=dtype),)
-
-
-def kernel(x):
-    return x * 2
-
-
-def reference(x):
-    return x * 2
-'''
+''' + _DOUBLING_KERNEL
 
 
 def test_run_cache_keeps_a_kernels_builds_across_runs_and_never_shows_them_to_another(tmp_path):
