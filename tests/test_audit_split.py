@@ -71,3 +71,53 @@ def test_a_split_pair_gets_the_verdicts_it_gets_whole(tmp_path):
     assert split["standard"]["verdict"] == whole["standard"]["verdict"] == "pass"
     assert [p["gates"] for p in split["parts"]] == [["contract", "determinism"], ["oracle", "special_values"]]
     assert "parts" not in whole
+
+
+_DEEP = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """Sixteen small linear layers: light inputs, many weighted layers (gates estimated past SPLIT_MIN_S)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(8, 8) for _ in range(16)])
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_audit_judges_one_deep_candidate_in_parts_unless_no_split(tmp_path, capsys):
+    """Even alone: with two judges, a candidate whose gates are estimated past a judge's share (here the whole
+    audit's half) takes both; --no-split keeps it in one worker. The same verdicts either way."""
+    from kgate.audit.results import ResultsFile
+    from kgate.cli import main as kgate_main
+
+    (tmp_path / "problems").mkdir()
+    (tmp_path / "candidates").mkdir()
+    (tmp_path / "problems" / "deep.py").write_text(_DEEP)
+    (tmp_path / "candidates" / "deep__self.py").write_text(_DEEP + "\nModelNew = Model\n")
+    base = ["audit", "--format", "kernelbench", "--problems", str(tmp_path / "problems"), "--candidates",
+            str(tmp_path / "candidates"), "--device", "cpu", "--jobs", "2", "--gate",
+            "contract,oracle,special_values,determinism", "--timeout", "60"]
+    records = {}
+    for label, extra in (("split", []), ("whole", ["--no-split"])):
+        assert kgate_main([*base, *extra, "--out", str(tmp_path / label)]) == 0
+        records[label] = next(iter(ResultsFile(tmp_path / label / "results.jsonl").read().values()))
+    out = capsys.readouterr().out
+    assert "1 candidate(s) judged in parts" in out and out.count("judged in parts") == 1, out
+    split, whole = records["split"], records["whole"]
+    assert len(split["parts"]) == 2 and "parts" not in whole
+    assert [(g["gate"], g["verdict"]) for g in split["gates"]] == [(g["gate"], g["verdict"]) for g in whole["gates"]]
+    assert all(g["verdict"] in ("pass", "skip") for g in split["gates"]), split["gates"]

@@ -239,11 +239,11 @@ def _await_cancelled(finished: list[threading.Event], compile_pool: ThreadPoolEx
         t.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def count_sizes(pairs: list[Pair], options: AuditOptions) -> dict[Path, ProblemSize]:
+def count_sizes(pairs: list[Pair], options: AuditOptions, *, one: bool = False) -> dict[Path, ProblemSize]:
     """The sizes of the problems of `pairs` (kgate.audit.evaluate.problem_sizes; nothing to count, and no
-    worker started, when they share one problem)."""
+    worker started, when they share one problem, unless `one`: its size says whether to split it)."""
     problems = [p.problem for p in pairs if p.problem is not None]
-    return problem_sizes(problems, options) if len(set(problems)) > 1 else {}
+    return problem_sizes(problems, options) if len(set(problems)) > 1 or (one and problems) else {}
 
 
 def longest_first(pairs: list[Pair], options: AuditOptions,
@@ -271,12 +271,14 @@ GATE_WEIGHTS = {"distributions": 115.0, "accumulation": 104.0, "special_values":
                 "shapes": 65.3, "determinism": 58.8, "oracle": 16.9, "bounds": 15.6, "contract": 8.3,
                 "layouts": 8.0, "input_integrity": 6.1, "initialization": 5.5}
 SPLIT_SHARE = 1.0  # a candidate whose gates are estimated above this many judges' fair shares is split
+SPLIT_MIN_S = 10.0  # ... and above this many seconds (each part loads the candidate again)
 
 
 def split_parts(pairs: list[Pair], options: AuditOptions, judges: int,
                 sizes: dict[Path, ProblemSize]) -> dict[str, list[list[str]]]:
     """The candidates whose gates alone are estimated (ProblemSize: weighted layers and parameters) to take more
-    than SPLIT_SHARE of a judge's fair share of the whole audit (every candidate's estimate over the judges),
+    than SPLIT_SHARE of a judge's fair share of the whole audit (every candidate's estimate over the judges)
+    and SPLIT_MIN_S,
     each with its gates split into parts judged by separate workers at once (the first part with the standard
     test), balanced by GATE_WEIGHTS: a DenseNet of 103 weighted layers held one judge for 234 s of a 262 s
     wall while the other judges idled. At most `judges` parts, at least two gates' worth each. Nothing to split
@@ -298,7 +300,7 @@ def split_parts(pairs: list[Pair], options: AuditOptions, judges: int,
     for pair in pairs:
         size = sizes.get(pair.problem) if pair.problem is not None else None
         heavy = gate_seconds(size) if size is not None else 0.0
-        if heavy <= SPLIT_SHARE * share:
+        if heavy <= SPLIT_SHARE * share or heavy < SPLIT_MIN_S:
             continue
         count = min(judges, len(gates) // 2, max(2, math.ceil(2 * heavy / share)))
         groups: list[list[str]] = [[] for _ in range(count)]

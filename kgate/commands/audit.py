@@ -375,14 +375,16 @@ def _audit(args: argparse.Namespace, console: Console, problems: Path, candidate
         return _compile_only(console, todo, options, plan, stop_at)
     judges = len(plan.devices) * plan.slots if args.backend == "local" else 2  # Ray: the cluster's, unknown here
     parts: dict[str, list[list[str]]] = {}  # split_parts: candidates judged in parts by several workers
-    if args.order == "longest" and len(todo) > judges > 1:
+    # the sizes order the candidates when more than the judges wait, and with gates they say which to split
+    splitting = args.split and args.backend == "local" and bool(options.gates)
+    if args.order == "longest" and judges > 1 and (len(todo) > judges or (splitting and todo)):
         started = time.monotonic()
         counting = len({p.problem for p in todo if p.problem is not None})
         with console.status(f"counting the sizes of {counting} problem(s) to judge the longest first",
                             spinner="dots") if not args.quiet else contextlib.nullcontext():
-            sizes = count_sizes(todo, options)
+            sizes = count_sizes(todo, options, one=splitting)
             todo = longest_first(todo, options, sizes)
-            parts = split_parts(todo, options, judges, sizes) if args.split and args.backend == "local" else {}
+            parts = split_parts(todo, options, judges, sizes) if splitting else {}
         if not args.quiet:
             console.print(f"kgate audit: the longest problems first (sizes counted in "
                           f"{time.monotonic() - started:.1f} s; --order given: in id order)", highlight=False)
