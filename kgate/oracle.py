@@ -221,10 +221,16 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     o = oracle.detach()
     k = on_device_of(kernel.detach(), o)
     if not (k.is_floating_point() or k.is_complex()):
-        equal = torch.equal(k, o.to(k.dtype)) if k.shape == o.shape else False
-        if equal:
+        # an integer output (indices, counts) equals the oracle's, or where they differ the reference's own in the
+        # kernel's dtype: a rounding of the inputs' dtype that ties two values the oracle tells apart (a top-k of
+        # scores near 2.5e6, whose float32 sums round to one value) selects as the reference does, not as float64
+        same = (k == o.to(k.dtype)) if k.shape == o.shape else None
+        if same is not None and isinstance(reference, torch.Tensor) and reference.shape == k.shape \
+                and not bool(same.all()):
+            same = same | (k == on_device_of(reference.detach(), k).to(k.dtype))
+        if same is not None and bool(same.all()):
             return LeafError(path, 0.0, 0.0, 0.0, 0.0, 0.0, factor, exact=True)
-        diff = (k != o.to(k.dtype)).reshape(-1) if k.shape == o.shape else torch.ones(1, dtype=torch.bool)
+        diff = (~same).reshape(-1) if same is not None else torch.ones(1, dtype=torch.bool)
         pos = int(diff.nonzero()[0, 0]) if diff.any() else 0
         index = list(index_of(pos, tuple(k.shape)))
         expected = o.reshape(-1)[pos].item() if o.numel() > pos else None

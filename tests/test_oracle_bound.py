@@ -260,3 +260,19 @@ def test_an_underflowed_exponential_carries_no_terms_into_a_product():
     g = torch.tensor([-1e6, -2e6], dtype=torch.float64)
     k = torch.tensor([1.5, -2.0], dtype=torch.float64)
     assert _terms(lambda a, b: torch.exp(a.cumsum(-1)) * b, g, k) == Terms(0.0, 3e6)
+
+
+def test_an_integer_output_may_select_as_the_reference_does_where_its_dtype_ties_what_float64_does_not():
+    """Indices of a top-1 over scores near 1.6e7: float32 rounds 1.6e7 + 0.1, + 0.3 and + 0.2 to one value, so
+    the reference (and a kernel in float32) takes the first, where float64 tells the second is larger. The
+    kernel may equal either truth at each element; one that equals neither (the last of three tied) fails."""
+    scores64 = torch.tensor([[1.6e7 + 0.1, 1.6e7 + 0.3, 1.6e7 + 0.2]], dtype=torch.float64)
+    oracle = scores64.argmax(-1)
+    reference = scores64.float().argmax(-1)
+    assert int(oracle) == 1 and int(reference) == 0
+    like_reference = measure(reference.clone(), reference, oracle, path="out", factor=8, ulps=0, atol=0)
+    assert like_reference.passed and like_reference.exact
+    neither = measure(torch.tensor([2]), reference, oracle, path="out", factor=8, ulps=0, atol=0)
+    assert not neither.passed and "exact match required" in neither.describe()
+    # without the reference, the oracle alone decides
+    assert not measure(reference.clone(), None, oracle, path="out", factor=8, ulps=0, atol=0).passed
