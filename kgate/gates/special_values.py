@@ -119,6 +119,11 @@ RANDOM_POSITIONS = 2
 UNREAD_LINES = 2  # lines the reference does not read (its gradient there exactly 0), NaN-filled, per input
 
 
+def _shown(index: tuple) -> str:
+    """An injection site as a label shows it: [3, :] for row 3's whole line."""
+    return "[" + ", ".join(":" if isinstance(k, slice) else str(k) for k in index) + "]"
+
+
 def unread_lines(subject: Subject, args: tuple, floats: list[int], seed: int) -> list[tuple[int, tuple]]:
     """Up to UNREAD_LINES lines along the last dimension of each floating-point input (other than its last line,
     which `SpecialValues.lines` fills anyway) where the reference's gradient is exactly 0 throughout: the rows of
@@ -160,7 +165,7 @@ def unread_lines(subject: Subject, args: tuple, floats: list[int], seed: int) ->
             continue
         chosen = zero[torch.randperm(zero.numel(), generator=pick)[:UNREAD_LINES]]
         for row in sorted(int(r) for r in chosen):
-            index = tuple(int(k) for k in torch.unravel_index(torch.tensor(row), shape[:-1]))
+            index = index_of(row, shape[:-1])
             found.append((i, index + (slice(None),)))
     return found
 
@@ -229,7 +234,7 @@ class SpecialValues(Gate):
             for i, index in unread:
                 probe = clone_tree(args)
                 probe[i][index] = math.nan
-                shown = "[" + ", ".join(":" if isinstance(k, slice) else str(k) for k in index) + "]"
+                shown = _shown(index)
                 yield (f"NaN filling argument {i} at {shown} (a line the reference does not read: its gradient 0)",
                        probe, "NaN", (i, index))
         for r in rounds:
@@ -343,7 +348,7 @@ class SpecialValues(Gate):
                      for d in range(len(shape)) if shape[d] > 1]
             lines.append(("all of it", tuple(slice(None) for _ in shape), _INJECTED[:1]))
             for where, index, values in lines:
-                shown = "[" + ", ".join(":" if isinstance(k, slice) else str(k) for k in index) + "]"
+                shown = _shown(index)
                 for value, label in values:
                     probe = clone_tree(args)
                     probe[i][index] = value
