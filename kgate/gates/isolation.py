@@ -813,8 +813,7 @@ class Isolation(Gate):
                                lambda c=c, i=i: c.apply_step(PARAMETER_SEED + 2 + i, through_data=True)))
         # modules built in training mode: the step again in eval mode, after an eval-mode call (a weight packed at
         # the first eval-mode call and kept, which training-mode calls rebuild every time)
-        evaluated = modules[1].training
-        if evaluated:
+        if modules[1].training:
             probes.append(("step", f"an optimizer-style step of every parameter and buffer {IN_EVAL_MODE}",
                            lambda: [c.apply_step(PARAMETER_SEED + 3 + SINGLE_CLASS_PROBES) for c in classes]))
         modes = [(m, m.training) for module in modules for m in module.modules()]
@@ -824,17 +823,16 @@ class Isolation(Gate):
             for kind, what, change in probes:
                 if done and subject.out_of_time():
                     break
+                truth = None  # in eval mode, the truth before the change is the eval-mode one
                 if what.endswith(IN_EVAL_MODE):
                     for module in modules:
                         module.eval()
+                    truth = (dict(_leaves(subject.run_reference(clone_tree(base.args)))),
+                             dict(_leaves(subject.oracle(base.args))))
                 # the output before the change, made on the state as it is now (the restored one after an
                 # earlier probe): restoring moved the version counters, so a cache keyed on a version (of one
                 # parameter, while another changes alone) is rebuilt here, not by the call after the change
                 previous = _leaves(self.call_zeroed(subject, clone_tree(base.args)))
-                truth = None  # in eval mode, the truth before the change is the eval-mode one
-                if what.endswith(IN_EVAL_MODE):
-                    truth = (dict(_leaves(subject.run_reference(clone_tree(base.args)))),
-                             dict(_leaves(subject.oracle(base.args))))
                 try:
                     change()
                 except Exception:  # noqa: BLE001 - a module's own state-dict hooks may refuse
