@@ -20,10 +20,14 @@ The rounding error of a computation, and its risk of overflow, are set by the ma
 combines, not by its result. Where a leaf would fail, `measure` asks for them (`TermMagnitudes`, which
 follows the float64 oracle's own computation op by op; `Subject.terms`) and applies two rules:
 
-- the oracle is 0 at every finite element of a leaf (an exact cancellation: a layer norm's gradient over
-  one feature, a label-smoothed loss over one class): the floor is taken at the largest magnitude of the
-  terms behind it (first order: carried through sums and selections, through a product as each factor's
-  terms times the other's values, started afresh at any other op), if within the dtype's range;
+- the terms behind a leaf are larger than every finite element of the oracle there (a cancellation: a
+  cosine similarity of nearly orthogonal rows, exactly 0 in a layer norm's gradient over one feature or a
+  label-smoothed loss over one class): the floor is taken at the largest magnitude of the terms behind it
+  (first order: carried through sums and selections, through a product as each factor's terms times the
+  other's values, started afresh at any other op), if within the dtype's range. A reference that rounds its
+  few sums luckily (a single cosine of a 4097-wide row within 1e-10 of float64, where another float32
+  order of summation errs by 3e-9 and torch's own by 2e-9 on other draws) then sets no bound that only luck
+  meets;
 - the terms of the sums the computation takes add up past the dtype's largest value (a row sum near
   float32's largest value): non-finite outputs where the oracle is finite are not judged, since some
   order of summation overflows while the exact result is finite. Where they add up to less, no order
@@ -164,8 +168,8 @@ class LeafError:
         notes = []
         if self.terms is not None:
             notes.append(f"the floor taken at the magnitude of the terms the oracle's computation combines, "
-                         f"{self.terms:.3g}: the oracle is 0 in all of {self.path}, a cancellation whose rounding "
-                         "leaves a residue of its terms")
+                         f"{self.terms:.3g}: larger than the oracle anywhere in {self.path}, a cancellation whose "
+                         "rounding leaves a residue of its terms")
         if self.beyond_range:
             notes.append(f"{self.beyond_range} non-finite output(s) where the oracle is finite not judged: the "
                          f"terms of the sums the oracle's computation takes add up to {self.partial_sums:.3g}, "
@@ -208,10 +212,11 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     exact even on ill-conditioned inputs, where any computation in the kernel's dtype is not.
 
     `terms` (called only where the kernel misses the bound otherwise) gives the magnitudes of the terms the
-    oracle's computation combines (`Terms`, from `TermMagnitudes`). Where the oracle is 0 at every finite
-    element, the floor is taken at their largest magnitude (if within the dtype's range): a cancellation to
-    an exact 0 (a layer norm's gradient over one feature, the label-smoothed loss over one class) keeps a
-    residue of a few ulps of its terms in any computation that rounds them differently than the reference.
+    oracle's computation combines (`Terms`, from `TermMagnitudes`). Where their largest magnitude is larger
+    than every finite element of the oracle, the floor is taken at it (if within the dtype's range): a
+    cancellation (to an exact 0 in a layer norm's gradient over one feature, the label-smoothed loss over
+    one class; to a small value in a cosine of nearly orthogonal rows) keeps a residue of a few ulps of its
+    terms in any computation that rounds them differently than the reference.
     Where the sums it takes have terms whose magnitudes add up past the dtype's largest value, non-finite
     outputs where the oracle is finite are not judged: a partial sum overflows in some order of summation (a
     blocked row sum near float32's largest value) while the exact result is finite. Both are recorded in
@@ -289,10 +294,10 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     magnitude, partial_sums, beyond_range = None, None, 0
     if terms is not None and err > bound:
         unexplained = ~kernel_finite & finite
-        behind = terms() if own_scale == 0 or bool(unexplained.any()) else None
+        behind = terms()
         if behind is not None:
             threshold = overflow_threshold(dtype)
-            if own_scale == 0 and scale < behind.magnitude < threshold:
+            if scale < behind.magnitude < threshold:
                 magnitude = scale = behind.magnitude
                 floor = ulps * ulp_at(dtype, scale) + atol
                 bound = factor * (ref_err or 0.0) + floor

@@ -9,8 +9,13 @@ below zero). The search walks the space of affine transforms
 
 (`spread` the standard deviation of the factory's values of x_i, 1 where they are all equal), applied to
 every floating-point argument at once or to one of them, the others as the factory made them. It first
-draws `RANDOM_TRIES` transforms from a generator seeded with the case's seed, then climbs from the worst
-one found (`CLIMB_TRIES` small perturbations of it, each kept when it is worse for the kernel). Worse means
+draws `RANDOM_TRIES` transforms from a generator seeded with the case's seed (scales within `LOG_SCALE`); then
+sweeps the scale's decades outside that range (`sweep`: every `SWEEP_STEP`-th decade the arguments' dtype can
+hold, nearest first, no offset; every argument at once, then each alone where there are several): a kernel
+that adds a constant such as an epsilon (`rsqrt(h + eps^2)` for `1 / (sqrt(h) + eps)`), or switches formula at a
+fixed magnitude, is wrong in the few decades where its constant matters, and no fixed family of magnitudes
+can know which. Then it climbs from the worst transform found, drawn or swept (`CLIMB_TRIES` small
+perturbations of it, each kept when it is worse for the kernel). Worse means
 a larger `objective`: the caller's error / bound of the kernel on those inputs. The search stops at the
 first transform whose objective reports a failure, at its tries, or at its deadline. Same seed, same
 transforms: a reproducer run with the case's seed finds the same inputs.
@@ -25,6 +30,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Generic, TypeVar
 
 import torch
@@ -32,6 +38,7 @@ import torch
 RANDOM_TRIES = 6
 CLIMB_TRIES = 4
 LOG_SCALE = (-3.0, 3.0)  # decades the scale is drawn from
+SWEEP_STEP = 3  # decades between two swept scales: a window of a constant's influence is about 3 decades wide
 LOG_OFFSET = (0.0, 4.0)  # decades of the offset's size, in spreads (0: no offset, drawn a quarter of the time)
 STEP = 0.5  # a climbing step, in decades
 
@@ -72,6 +79,29 @@ class Transform:
 def spread(t: torch.Tensor) -> float:
     s = float(t.double().std()) if t.numel() > 1 else 0.0
     return s if s > 0 and math.isfinite(s) else 1.0
+
+
+def scale_range(dtype: torch.dtype) -> tuple[int, int]:
+    """The decades a scale may take for `dtype`: from the smallest normal's decade (up to a sixteenth of the
+    largest value, where `apply` clips) to the largest's."""
+    info = torch.finfo(dtype)
+    return math.ceil(math.log10(info.tiny)), math.floor(math.log10(info.max / 16))
+
+
+def sweep(args: tuple, floats: list[int]) -> list[Transform]:
+    """The swept transforms: scales 10^k for every `SWEEP_STEP`-th decade k outside `LOG_SCALE` that every
+    argument concerned can hold, the decades nearest 10^0 first (their order alternates below and above 1),
+    applied to every argument in `floats` at once, then to each alone where there are several."""
+    targets = [floats] + ([[i] for i in floats] if len(floats) > 1 else [])
+    found = []
+    for target in targets:
+        lo = max(scale_range(args[i].dtype)[0] for i in target)
+        hi = min(scale_range(args[i].dtype)[1] for i in target)
+        below = [k for k in range(-SWEEP_STEP, lo - 1, -SWEEP_STEP) if k < LOG_SCALE[0]]
+        above = [k for k in range(SWEEP_STEP, hi + 1, SWEEP_STEP) if k > LOG_SCALE[1]]
+        decades = [k for pair in zip_longest(below, above) for k in pair if k is not None]
+        found += [Transform(tuple((i, Affine(float(k), 0.0)) for i in target)) for k in decades]
+    return found
 
 
 def apply(args: tuple, transform: Transform) -> tuple:
@@ -131,7 +161,8 @@ def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], t
     def nudge(transform: Transform) -> Transform:
         parts = []
         for i, a in transform.parts:
-            log_scale = min(max(a.log_scale + uniform(-STEP, STEP), LOG_SCALE[0]), LOG_SCALE[1])
+            lo, hi = (min(a.log_scale, LOG_SCALE[0]), max(a.log_scale, LOG_SCALE[1]))  # a swept scale's decades too
+            log_scale = min(max(a.log_scale + uniform(-STEP, STEP), lo), hi)
             offset = a.offset
             if offset != 0:
                 size = min(max(math.log10(abs(offset)) + uniform(-STEP, STEP), LOG_OFFSET[0]), LOG_OFFSET[1])
@@ -143,10 +174,12 @@ def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], t
     worst_value = -math.inf
     done = judged_count = 0
     n_random, n_climb = tries
-    for step in range(n_random + n_climb):
+    swept = sweep(args, floats)
+    for step in range(len(swept) + n_random + n_climb):
         if time.monotonic() > deadline or out_of_time():
             return Searched(worst, worst_value, done, None, False, judged_count)
-        transform = draw() if step < n_random or worst is None else nudge(worst)
+        transform = draw() if step < n_random else swept[step - n_random] if step < n_random + len(swept) else \
+            draw() if worst is None else nudge(worst)
         inputs = apply(args, transform)
         if conform is not None:
             inputs = conform(args, inputs)

@@ -229,7 +229,8 @@ def test_on_zeros_a_real_error_still_fails(monkeypatch):
 def test_stable_variances_pass_under_a_large_common_offset(kernel):
     result = run(kernel, correct.variance_reference)
     assert result.verdict == "pass", result.message
-    assert "affine search: 10 transform(s)" in result.message
+    tries = search.RANDOM_TRIES + len(search.sweep(correct.make_inputs(0), [0])) + search.CLIMB_TRIES
+    assert f"affine search: {tries} transform(s)" in result.message
 
 
 def test_one_pass_variance_fails_on_the_common_offset():
@@ -277,10 +278,51 @@ def test_the_search_is_seeded_and_stops_at_the_first_failure():
     for record in seen:
         search.search(args, [0, 1], 7, lambda inputs, r=record: r.append(tuple(inputs)) or (0.0, None, False),
                       seconds=60)
-    assert len(seen[0]) == search.RANDOM_TRIES + search.CLIMB_TRIES
+    assert len(seen[0]) == search.RANDOM_TRIES + len(search.sweep(args, [0, 1])) + search.CLIMB_TRIES
     assert all(torch.equal(a, b) for p, q in zip(*seen) for a, b in zip(p, q))
     found = search.search(args, [0, 1], 7, lambda inputs: (1.0, "bad", True), seconds=60)
     assert found.tries == 1 and found.failure is not None and found.failure[2] == "bad"
+
+
+def _normalised(x):  # x / (|x| + eps), as an Adagrad step from a zero state divides a gradient by its own size
+    return x / (x.abs() + 1e-10)
+
+
+def _normalised_rsqrt(x):  # x / sqrt(x^2 + eps^2): the same except where |x| is within ~3 decades of eps
+    w = x.double()  # wide inside: no overflow or underflow of its own, only the constant's other place
+    return (w * torch.rsqrt(w * w + 1e-20)).to(x.dtype)
+
+
+def _normalised_fused(x):  # correct, computed otherwise: a reciprocal of the sum, then a product
+    return x * torch.reciprocal(x.abs() + 1e-10)
+
+
+def test_the_sweep_covers_every_third_decade_the_dtype_holds_nearest_first_jointly_then_alone():
+    args = (torch.randn(4, 8), torch.randn(4, 8))
+    swept = search.sweep(args, [0, 1])
+    joint = [t for t in swept if len(t.parts) == 2]
+    decades = [t.parts[0][1].log_scale for t in joint]
+    assert decades[:4] == [-6, 6, -9, 9] and min(decades) == -36 and max(decades) == 36
+    assert sorted(decades) == [k for k in range(-36, 37, 3) if abs(k) > 3]
+    assert all(a.offset == 0 for t in swept for _, a in t.parts)
+    assert [t.argument for t in swept[len(joint):]] == [0] * len(joint) + [1] * len(joint)
+    assert search.sweep((torch.randn(4).half(),), [0]) == []  # float16's decades are the drawn range's
+
+
+def test_a_constant_that_matters_only_far_from_unit_scale_is_found_by_the_sweep():
+    # no fixed family reaches |x| ~ 1e-10: 'tiny' is far below it, 'decades' far above
+    result = run(_normalised_rsqrt, _normalised)
+    assert result.verdict == "fail", result.message
+    match = re.match(r"search: argument 0 scaled by 10\^(-\S+) \(", result.message)
+    assert match and -13 <= float(match[1]) <= -5, result.message
+    (x,) = search.apply(correct.make_inputs(0), search.Transform(((0, search.Affine(float(match[1]), 0.0)),)))
+    err = (_normalised_rsqrt(x).double() - _normalised(x.double())).abs().max()
+    assert err > 1e-3
+
+
+def test_the_same_step_computed_otherwise_passes_every_swept_decade():
+    result = run(_normalised_fused, _normalised)
+    assert result.verdict == "pass", result.message
 
 
 # --- integer inputs: repeated values, one value ------------------------------------------------------------
