@@ -713,6 +713,18 @@ def test_no_variant_the_reference_rejects_skips_the_rejected_call_probe_saying_s
         "argument 0: last dimension narrowed from 33 to 32" in result.message
 
 
+def test_off_the_cpu_with_index_inputs_no_argument_is_narrowed_only_retyped_or_widened():
+    """Class targets in range of the logits' width are out of range of them narrowed: a kernel that gathers with
+    them on a GPU asserts on the device and loses the context, where the reference raises on the shape."""
+    from kgate.gates.isolation import rejected_variants
+
+    args = (torch.randn(4, 10), torch.randint(0, 10, (4,)))
+    assert [w for _, w in rejected_variants(args)][0].startswith("argument 0: last dimension narrowed")
+    kept = [w for _, w in rejected_variants(args, narrow=False)]
+    assert kept == ["argument 0: dtype int64, its values truncated to integers, shape unchanged",
+                    "argument 0: last dimension widened from 10 to 11 (shape (4, 11), its last column repeated)"]
+
+
 class _Scaled(torch.nn.Module):
     """x * scale, `scale` a persistent buffer the calls do not write."""
 

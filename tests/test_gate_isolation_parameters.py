@@ -299,6 +299,27 @@ def test_a_weight_packed_at_the_first_eval_call_fails_in_eval_mode_and_training_
     assert good.verdict == "pass" and "parameters changed in place 6 way(s)" in good.message, good.message
 
 
+class PackedPerVersionInEval(Linear):
+    """In eval mode, a transposed weight kept under the key (address, version) of weight and bias: refreshed
+    after every in-place step (add_ moves the versions), stale after a step written through .data."""
+
+    def forward(self, x):
+        if self.training:
+            return super().forward(x)
+        key = tuple((t.data_ptr(), t._version) for t in (self.weight, self.bias))
+        if getattr(self, "_key", None) != key:
+            self._key, self._packed = key, (self.weight.detach().T.contiguous(), self.bias.detach().clone())
+        weight_t, bias = self._packed
+        return x @ weight_t + bias
+
+
+def test_an_eval_mode_cache_keyed_on_versions_fails_the_eval_mode_step_written_through_data():
+    result = check("isolation", PackedPerVersionInEval(), Linear(), features)
+    assert result.verdict == "fail", result.message
+    assert "in eval mode" in result.details["change"] and ".data" in result.details["change"], result.message
+    assert result.details["stale"] is True, result.message
+
+
 class BiasScaledAsBuilt(Linear):
     """Right only while the bias holds its values as built: adds the bias it was built with (a constant folded
     at construction) scaled by the live bias's mean over the built one's."""

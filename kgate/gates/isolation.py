@@ -690,7 +690,14 @@ class Isolation(Gate):
         state = ModuleState(subject, modules) if modules is not None else None
         try:
             found, tried = None, []
-            for variant, what in itertools.islice(rejected_variants(base.args), REJECTED_TRIES):
+            # Off the CPU an index out of range is a device-side assert that loses the context, not an exception:
+            # an index input in range of an argument's own size can be out of range of it narrowed (class
+            # targets of logits one class narrower), and a kernel that gathers with it, as torch's own ops do,
+            # would end the run where the reference raises on the shape first. There no argument is narrowed.
+            indices = any(isinstance(a, torch.Tensor) and not a.is_floating_point() and not a.is_complex()
+                          and a.dtype != torch.bool for a in base.args)
+            narrow = subject.device.type == "cpu" or not indices
+            for variant, what in itertools.islice(rejected_variants(base.args, narrow=narrow), REJECTED_TRIES):
                 tried.append(what)
                 if unless_rejected(lambda variant=variant: (subject.run_reference(clone_tree(variant)),)) is None:
                     found = (variant, what)
@@ -814,8 +821,11 @@ class Isolation(Gate):
         # modules built in training mode: the step again in eval mode, after an eval-mode call (a weight packed at
         # the first eval-mode call and kept, which training-mode calls rebuild every time)
         if modules[1].training:
-            probes.append(("step", f"an optimizer-style step of every parameter and buffer {IN_EVAL_MODE}",
-                           lambda: [c.apply_step(PARAMETER_SEED + 3 + SINGLE_CLASS_PROBES) for c in classes]))
+            # written through .data: a weight derived at the first eval-mode call and kept under a key of the
+            # parameters' version counters (which .data leaves alone) or addresses is stale either way
+            probes.append(("step", f"an optimizer-style step of every parameter and buffer {THROUGH_DATA}, "
+                           f"{IN_EVAL_MODE}", lambda: [c.apply_step(PARAMETER_SEED + 3 + SINGLE_CLASS_PROBES,
+                                                                    through_data=True) for c in classes]))
         modes = [(m, m.training) for module in modules for m in module.modules()]
         state = ModuleState(subject, modules)
         done = 0
@@ -1135,14 +1145,14 @@ STATE_KEPT = ("state the kernel changes during a call and puts back at its end (
               "block, or change nothing in place)")
 
 
-def rejected_variants(args: tuple) -> Iterator[tuple[tuple, str]]:
+def rejected_variants(args: tuple, *, narrow: bool = True) -> Iterator[tuple[tuple, str]]:
     """Variants of `args` that references commonly reject, each with one floating-point tensor argument changed,
-    and what was changed: every such argument's last dimension narrowed by one, then every one in int64 (its
-    values truncated; the same shape, and a buffer at least as large as any floating dtype's, which a kernel
-    that reads it as its own dtype stays inside), then every one's last dimension widened by one (its last
-    column repeated). The wider input comes last: it is the one a kernel or a reference that does not check
-    its shape reads past the end of (a weight's rows, an embedding table; on a GPU, a fault that ends the
-    process). Made one at a time, on fresh copies."""
+    and what was changed: every such argument's last dimension narrowed by one (unless `narrow` is false), then
+    every one in int64 (its values truncated; the same shape, and a buffer at least as large as any floating
+    dtype's, which a kernel that reads it as its own dtype stays inside), then every one's last dimension
+    widened by one (its last column repeated). The wider input comes last: it is the one a kernel or a
+    reference that does not check its shape reads past the end of (a weight's rows, an embedding table; on a
+    GPU, a fault that ends the process). Made one at a time, on fresh copies."""
     floats = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
 
     def narrowed(t: torch.Tensor) -> tuple[torch.Tensor, str] | None:
@@ -1161,7 +1171,7 @@ def rejected_variants(args: tuple) -> Iterator[tuple[tuple, str]]:
                 f"last dimension widened from {t.shape[-1]} to {t.shape[-1] + 1} (shape "
                 f"{tuple(t.shape[:-1]) + (t.shape[-1] + 1,)}, its last column repeated)")
 
-    for change in (narrowed, integer, widened):
+    for change in (narrowed, integer, widened) if narrow else (integer, widened):
         for i in floats:
             made = change(args[i])
             if made is not None:
