@@ -669,3 +669,32 @@ def test_a_reference_without_a_gradient_has_no_unread_lines():
     subject = subject_for(sv_correct.row_argmax_blocked, sv_correct.reference_row_argmax, sv_correct.make_inputs)
     args = subject.baseline(subject.cases[0]).args
     assert sv.unread_lines(subject, args, [0], 0) == []
+
+
+# --- the same value in every input at once ----------------------------------------------------------------------
+
+def _pairs(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple((torch.randn(shape or (5, 33), generator=gen, dtype=torch.float64) * 3).to(dtype) for _ in range(2))
+
+
+def _log_add_exp_shifted(a, b):
+    """hi + log1p(exp(lo - hi)): right for one infinite operand, NaN for two equal ones (-inf - -inf, inf - inf)."""
+    hi, lo = torch.maximum(a, b), torch.minimum(a, b)
+    return hi + torch.log1p(torch.exp(lo - hi))
+
+
+def _log_add_exp_guarded(a, b):
+    hi, lo = torch.maximum(a, b), torch.minimum(a, b)
+    return torch.where(hi == lo, hi + 0.6931471805599453, hi + torch.log1p(torch.exp(lo - hi)))
+
+
+def test_a_formula_wrong_only_for_two_infinite_operands_fails_on_the_joint_injection():
+    result = check("special_values", _log_add_exp_shifted, torch.logaddexp, _pairs)
+    assert result.verdict == "fail", result.message
+    assert "injected into arguments 0, 1 at once" in result.message and result.got.startswith("NaN"), result.message
+
+
+def test_the_guarded_formula_passes_every_joint_injection():
+    result = check("special_values", _log_add_exp_guarded, torch.logaddexp, _pairs)
+    assert result.verdict == "pass", result.message

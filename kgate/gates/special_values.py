@@ -12,6 +12,10 @@ class of each element (NaN, +Inf, -Inf, finite) is compared, against the oracle 
 output's dtype; an integer or boolean output (an argmax, a mask) must equal the oracle's, or another
 evaluation of the reference's (`SpecialValues.integer_output`).
 
+The same value at the same position of every floating-point input of one shape at once, at the last and the
+first element (`SpecialValues.joint`): a pairwise formula right for one infinite operand and wrong for two (a
+log-add-exp `hi + log1p(exp(lo - hi))` whose -inf - -inf is NaN where the result is -inf) meets them only together.
+
 Whole lines of special values too, one probe each: NaN, +Inf and -Inf filling the line through an input's
 last element along each of its dimensions (a row that is all NaN, whichever dimension a kernel reduces: a guard
 that writes 0 for an "empty" row shows only there; a column all -Inf, which a segment maximum initialised to
@@ -116,6 +120,9 @@ CLEARLY_SUBNORMAL = 1 / 16
 SENSITIVITY_DRAWS = 4
 # Seeded positions injected beside the last, first and centre elements (rows or tiles other than those).
 RANDOM_POSITIONS = 2
+# Rounds whose position also gets one value in every input of a shape at once (`SpecialValues.joint`): the last
+# element's (the first round) and the first element's.
+JOINT_ROUNDS = 2
 UNREAD_LINES = 2  # lines the reference does not read (its gradient there exactly 0), NaN-filled, per input
 
 
@@ -246,6 +253,8 @@ class SpecialValues(Gate):
                     probe = clone_tree(args)
                     probe[i][index] = value
                     yield f"{label} injected into argument {i} at {list(index)} ({name})", probe, label, (i, index)
+            if r < JOINT_ROUNDS:
+                yield from self.joint(args, floats, sites, r)
         if floats and not later:
             probe = clone_tree(args)
             for i in floats:
@@ -263,6 +272,28 @@ class SpecialValues(Gate):
                     if top > 0:
                         probe[i].copy_(t.double() / float(top) * peak(t.dtype))
                 yield label, probe, None, None
+
+    @staticmethod
+    def joint(args: tuple, floats: list[int], sites: dict[int, list], r: int
+              ) -> Iterator[tuple[str, tuple, str | None, tuple | None]]:
+        """The same special value at the same position of every floating-point input of one shape at once (the
+        position of round `r` of the first of them): a pairwise formula that is right for one infinite operand
+        and wrong for two (log-add-exp's `hi + log1p(exp(lo - hi))`, -inf - -inf = NaN where the result is
+        -inf; a difference of two +inf) meets them only together."""
+        groups: dict[tuple, list[int]] = {}
+        for i in floats:
+            groups.setdefault(tuple(args[i].shape), []).append(i)
+        for members in groups.values():
+            if len(members) < 2 or r >= len(sites[members[0]]):
+                continue
+            name, index = sites[members[0]][r]
+            for value, label in _INJECTED:
+                probe = clone_tree(args)
+                for i in members:
+                    probe[i][index] = value
+                shown = ", ".join(map(str, members))
+                yield (f"{label} injected into arguments {shown} at once, each at {list(index)} ({name})", probe,
+                       label, None)
 
     def pruned(self, subject: Subject, spread: list, structural: list, devices: list,
                rounded: list) -> tuple[GateResult | None, int]:
