@@ -452,7 +452,13 @@ class TermMagnitudes(TorchDispatchMode):
         tags = [tag for tag in map(self._tag, inputs) if tag is not None]
         total = self._partial_sums(func, args, kwargs, inputs, results[0])
         sums = [tag[1] for tag in tags] + ([total] if total is not None else [])
-        magnitude = self._magnitude(func, name.removesuffix("_"), args, kwargs, tags, total)
+        # in the result's own units: a sum's terms are its summands, a mean's are its summands over the count (its
+        # partial sums, the count times larger, are divided before they reach the result), a variance's are its own
+        # values (the sum of squares behind it is its partial sum alone)
+        own_units = total if func in _SUMS else None
+        if total is not None and func in _MEANS and inputs:
+            own_units = total / max(inputs[0].numel() / max(results[0].numel(), 1), 1.0)
+        magnitude = self._magnitude(func, name.removesuffix("_"), args, kwargs, tags, own_units)
         for t in results:
             own = _largest(t)
             if own is None:

@@ -194,6 +194,18 @@ def test_the_sums_terms_bound_every_partial_sum_and_statistics_inside_fused_ops_
     assert softplus.partial_sums == 0.0 and softplus.magnitude == math.inf
 
 
+def test_a_means_terms_are_in_its_own_units_and_its_partial_sums_in_the_sums():
+    """A global mean of 16,384 equal values: its result's terms are those values (the partial sums, 16,384 times
+    larger, are divided before they reach it), so a float32 mean 2e-4 off on constant inputs gets no floor of
+    the sum's size; a variance's terms are its own values, its sum of squares its partial sum."""
+    x = torch.full((1, 2, 128, 128), 0.0145, dtype=torch.float64)
+    mean = _terms(lambda t: t.mean(dim=[2, 3]), x)
+    assert math.isclose(mean.magnitude, 0.0145) and math.isclose(mean.partial_sums, 0.0145 * 16384)
+    y = torch.randn(4, 4097, dtype=torch.float64)
+    var = _terms(lambda t: t.var(-1), y)
+    assert var.magnitude == float(y.var(-1).max()) and var.partial_sums > 4000 * var.magnitude
+
+
 def test_the_terms_of_a_zero_gradient_are_those_its_computation_multiplies():
     """Over one feature the textbook layer norm backward rstd (w dy - mean(w dy) - ...) is 0: its terms are w dy
     (dy = 1 here) times rstd = 1/sqrt(eps), not the zero result, nor rstd times x_hat's own terms (x_hat is 0);
