@@ -707,3 +707,45 @@ def test_weight_families_apply_to_values_of_0_and_1_only():
     for _, make in WEIGHT_FAMILIES.values():
         assert make(torch.tensor([0.0, 0.5, 1.0]), torch.Generator()) is None
         assert make(torch.zeros(4), torch.Generator()) is None
+
+
+# --- the module's parameters at other magnitudes ----------------------------------------------------------------
+
+class _Gated(torch.nn.Module):
+    """x * sigmoid(-a) per channel, a learned decay built from 1 to 5."""
+
+    def __init__(self):
+        super().__init__()
+        self.decay = torch.nn.Parameter(torch.linspace(1.0, 5.0, 16))
+
+    def forward(self, x):
+        return x * torch.sigmoid(-self.decay)
+
+
+class _GatedOneMinus(_Gated):
+    """1 - sigmoid(a): the same while the decay is small, exactly 0 once it passes 17."""
+
+    def forward(self, x):
+        return x * (1.0 - torch.sigmoid(self.decay))
+
+
+def _channels(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (8, 16), generator=gen, dtype=torch.float64).to(dtype),)
+
+
+def test_a_gate_that_cancels_once_a_learned_decay_grows_fails_at_ten_times_its_parameters():
+    result = check("distributions", _GatedOneMinus(), _Gated(), _channels)
+    assert result.verdict == "fail", result.message
+    assert "the module's parameters at another magnitude: the kernel's decay (the reference's decay) multiplied " \
+        "by 10" in result.message, result.message
+    # at the magnitude it was built with it is within the bound everywhere else
+    assert check("oracle", _GatedOneMinus(), _Gated(), _channels).verdict == "pass"
+
+
+def test_the_gate_written_without_cancellation_passes_every_parameter_magnitude():
+    kernel = _Gated()
+    result = check("distributions", kernel, _Gated(), _channels)
+    assert result.verdict == "pass", result.message
+    assert "5 probe(s) of the module's parameters scaled" in result.message
+    assert torch.equal(kernel.decay.detach(), torch.linspace(1.0, 5.0, 16))  # put back

@@ -336,3 +336,45 @@ def test_an_output_that_moves_after_a_change_but_misses_the_new_result_fails():
     result = check("isolation", BiasScaledAsBuilt(), Linear(), features)
     assert result.verdict == "fail" and result.details["stale"] is False, result.message
     assert result.details["change"].startswith("an optimizer-style in-place step"), result.details
+
+
+class _Histogram(torch.nn.Module):
+    """Counts of the values in the bins of a sorted edges buffer, by bucketize."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("edges", torch.linspace(-3.0, 3.0, 25))
+
+    def forward(self, x):
+        v, e = x.reshape(-1), self.edges
+        idx = torch.bucketize(v, e, right=True) - 1
+        valid = (v >= e[0]) & (v < e[-1])
+        return torch.bincount(idx[valid], minlength=e.numel() - 1).to(x.dtype)
+
+
+class _HistogramSearched(_Histogram):
+    """The same counts as differences of two searches of the edges into the sorted values."""
+
+    def forward(self, x):
+        s, _ = torch.sort(x.reshape(-1))
+        left = torch.searchsorted(s, self.edges, right=False)
+        return (left[1:] - left[:-1]).to(x.dtype)
+
+
+def _values(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (64, 32), generator=gen, dtype=torch.float64).to(dtype),)
+
+
+def test_a_sorted_buffer_stays_sorted_under_every_step_and_a_correct_search_passes():
+    """Bin edges stepped element by element would be out of order, where bucketize and a search disagree on
+    what no histogram means; a row's common factor keeps them sorted."""
+    from kgate.gates.isolation import parameter_classes
+
+    (edges,) = [c for c in parameter_classes(_HistogramSearched(), _Histogram()) if c.kind == "buffer"]
+    for seed in range(5):
+        stepped = edges.reference[0][1] * edges.change(seed)
+        assert bool((stepped[1:] >= stepped[:-1]).all())
+    for gate in ("isolation", "oracle"):
+        result = check(gate, _HistogramSearched(), _Histogram(), _values)
+        assert result.verdict == "pass", (gate, result.message)

@@ -58,6 +58,13 @@ divisor) meets values it does not fit.
   normalized by its weights does not see.
 These are not shrunk: a failure names the family and the argument.
 
+An nn.Module kernel's parameters at other magnitudes (`parameter_scales`): each of the `PARAMETER_CLASSES` largest
+classes of parameters kernel and reference hold equal, alone, multiplied in place by 1e-6, 1e-3, 0.1, 10 and
+1000 alike in both, the kernel judged on the first case's inputs against the oracle of the reference so changed,
+the values put back after each. A module is built at one magnitude of its parameters and trained to others: a
+gate `1 - sigmoid(a)` for `sigmoid(-a)` is exactly 0 once a learned decay passes 17, an epsilon added under a
+square root dominates the norm of small weights.
+
 A reference declares its domain by raising on inputs outside it. Where it rejects a distribution on
 all inputs at once, the distribution is applied to one floating-point argument at a time (the others
 keep the factory's values, `kgate.subject.within_domain`), and each such probe the reference accepts
@@ -101,11 +108,12 @@ import torch
 
 from kgate.compare import clone_tree, flatten, index_of
 from kgate.gates.base import Gate, GateResult
+from kgate.gates.isolation import parameter_classes
 from kgate.inputs import Case
 from kgate.oracle import BROKEN_FACTOR
 from kgate.search import Searched, search, spread
 from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, shrink_subset
-from kgate.subject import Subject, rejected_note, unless_rejected, within_domain
+from kgate.subject import ModuleState, Subject, rejected_note, unless_rejected, within_domain
 
 FRESH_SEEDS = (104729, 1299709)
 FLOOR_FROM_FACTORY = ("zeros", "constant", "constant rows")
@@ -116,6 +124,10 @@ OFFSET = 1000.0  # a common offset this many spreads from zero is large against 
 SHRINK_MAX_ELEMENTS = 1 << 18
 SEARCH_SECONDS = 10.0  # the affine search's time box per case (at most SEARCH_SHARE of the gate's time limit)
 SEARCH_SHARE = 0.1
+# The magnitudes a module's parameters are judged at besides their own (each class of equal parameters alone, as
+# `Distributions.parameter_scales` says), and how many classes, the largest first.
+PARAMETER_SCALES = (1e-6, 1e-3, 0.1, 10.0, 1e3)
+PARAMETER_CLASSES = 4
 
 
 def huge(dtype: torch.dtype) -> float:
@@ -556,6 +568,9 @@ class Distributions(Gate):
                 if outcome is not False:
                     return self._report(subject, case, f"{kind} argument {argument} as {name!r} "
                                         f"({ARGUMENT_FAMILIES[name][0]})", outcome, evidence, "", argument)
+        failed, scaled = self.parameter_scales(subject, cases, evidence, rejected)
+        if failed is not None:
+            return failed
         searched: list[Searched] = []
         for case in cases:
             base = subject.baseline(case)
@@ -600,10 +615,62 @@ class Distributions(Gate):
             message += f"; {counts['integer'] + counts['boolean']} integer- or boolean-input probe(s)"
         if counts["floating"]:
             message += f"; {counts['floating']} floating-input probe(s)"
+        if scaled:
+            message += f"; {scaled} probe(s) of the module's parameters scaled"
         if per_argument:
             message += (f"; one argument at a time where the reference rejects all at once: "
                         f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
         return self.passed(message + rejected_note(rejected), evidence=evidence)
+
+    def parameter_scales(self, subject: Subject, cases: list[Case], evidence: list,
+                         rejected: list[str]) -> tuple[GateResult | None, int]:
+        """An nn.Module kernel's parameters at other magnitudes: each of the `PARAMETER_CLASSES` largest classes
+        of parameters that kernel and reference hold equal (`isolation.parameter_classes`), alone, multiplied by
+        each of `PARAMETER_SCALES` in place, alike in both, and the kernel judged on the first case's inputs
+        against the oracle of the reference so changed; the values put back after each (`ModuleState`). A
+        learned decay past where `1 - sigmoid(a)` is 0, a weight small enough that an epsilon added under a
+        square root dominates its norm, a temperature that overflows an exponent the reference shifts first:
+        a module is built at one magnitude of its parameters and trained to others. Returns (a failure or None,
+        how many probes were judged); probes the reference rejects go to `rejected`."""
+        modules = subject.modules()
+        if modules is None or not cases:
+            return None, 0
+        try:
+            classes = [c for c in parameter_classes(*modules) if c.kind == "parameter"][:PARAMETER_CLASSES]
+        except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise
+            return None, 0
+        if not classes:
+            return None, 0
+        case = cases[0]
+        base = subject.baseline(case)
+        at_zero = AtZero(_magnitudes(base.oracle))
+        state = ModuleState(subject, modules)
+        judged = 0
+        try:
+            for c in classes:
+                for factor in PARAMETER_SCALES:
+                    if judged and subject.out_of_time():
+                        return None, judged
+                    with torch.no_grad():
+                        for t in c.tensors():
+                            t.mul_(factor)
+                    subject.adopt_state()
+                    subject.drop_converted_references()
+                    try:
+                        outcome = self._judge(subject, base.args, case, evidence, at_zero)
+                    finally:
+                        state.restore()
+                    what = f"{c.names()} multiplied by {factor:g}, alike in kernel and reference"
+                    if outcome is None:
+                        rejected.append(f"parameters: {what} ({case.label()})")
+                        continue
+                    judged += 1
+                    if outcome is not False:
+                        return self._report(subject, case, f"the module's parameters at another magnitude: {what}, "
+                                            "on the case's inputs", outcome, evidence, ""), judged
+        finally:
+            state.close()
+        return None, judged
 
     @staticmethod
     def _judge(subject: Subject, probe: tuple, case: Case, evidence: list | None,

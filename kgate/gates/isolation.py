@@ -424,7 +424,8 @@ class ParameterClass:
         """What an optimizer step does to every tensor of the class: a parameter gets `add_(change)`, change
         ~ +-50% of the values plus noise of their mean magnitude; a buffer (running statistics, masks)
         `mul_(change)`, change in [0.5, 1.5): signs and zeros kept, so a variance stays positive and a 0/1 mask
-        keeps its pattern. With `offset_zeros`, a buffer class that is all zeros gets `add_(change)`, change
+        keeps its pattern. A tensor sorted along its last dimension (`_sorted_rows`: bin edges) gets one factor and
+        one noise value per row, so it stays sorted. With `offset_zeros`, a buffer class that is all zeros gets `add_(change)`, change
         uniform in [-0.5, 0.5) (as running statistics move a running mean away from its zeros as built). The
         change depends only on the class's values, the seed and the device's random generator. It is drawn in
         float64 on the values' device (a generator of the device's own, never its
@@ -441,6 +442,17 @@ class ParameterClass:
                         for i in range(0, flat.numel(), STEP_PIECE))
             scale = total / flat.numel()
         out = torch.empty_like(values, memory_format=torch.contiguous_format)
+        if not shift and _sorted_rows(values):
+            # sorted along its last dimension (bin edges, thresholds, a sorted table): one factor and one noise value
+            # per row, so the row stays sorted (a positive factor and a common shift keep the order) and stays in
+            # the domain of the searches and bucketizing that read it
+            rows = values.shape[:-1] + (1,)
+            factor = 0.5 + torch.rand(rows, generator=gen, dtype=torch.float64, device=work)
+            if self.kind == "parameter":
+                noise = torch.rand(rows, generator=gen, dtype=torch.float64, device=work) - 0.5
+                factor = values.to(work, torch.float64) * (factor - 1.0) + (scale or 1.0) * noise
+            out.copy_(factor.expand(values.shape).to(out.device, out.dtype))
+            return out
         dest = out.view(-1)
         for i in range(0, flat.numel(), STEP_PIECE):
             piece = flat[i:i + STEP_PIECE].to(work, torch.float64)
@@ -469,6 +481,16 @@ class ParameterClass:
                     target.add_(change)
                 else:
                     target.mul_(change)
+
+
+def _sorted_rows(values: torch.Tensor) -> bool:
+    """Whether every row of `values` along its last dimension (at least 2 elements) is non-decreasing and not
+    constant (a constant row, zeros as built, is a state the step is meant to move, not an order)."""
+    if values.dim() == 0 or values.shape[-1] < 2 or not values.numel() or not values.is_floating_point() \
+            or values.numel() > STEP_PIECE:
+        return False
+    v = values.detach()
+    return bool((v[..., 1:] >= v[..., :-1]).all()) and bool((v[..., -1] > v[..., 0]).all())
 
 
 def _piece_generator(device: torch.device, seed: int) -> tuple[torch.Generator, torch.device]:
