@@ -731,7 +731,11 @@ class Lockstep:
     The gates call kernel, reference and oracle unequally often; without this, each would standardise with
     statistics of its own history, and a correct kernel differ from an oracle that has seen other calls.
     A kernel's state of its own (a Python attribute, a buffer the reference does not have) follows its calls.
-    `stateful`: whether a call of the reference was seen to write a buffer."""
+    Parameters the reference's forward writes in place (an optimizer step as a module, an embedding's
+    `max_norm` renormalising its table: seen by their version counters moving in a call) join the state from
+    that call on, each with the kernel's parameter of its name (else of its shape, dtype and values:
+    `pair_buffers`), as long as they fit LOCKSTEP_BYTES: a parameter written through `.data` is not seen.
+    `stateful`: whether a call of the reference was seen to write a buffer or a parameter."""
 
     def __init__(self, kernel: torch.nn.Module, reference: torch.nn.Module):
         own = dict(reference.named_buffers())
@@ -739,6 +743,10 @@ class Lockstep:
         # the kernel's buffer of each name -> the reference's it is kept in lockstep with (pair_buffers)
         self.partner = module_buffer_pairs(kernel, reference)
         self.kernel_names = list(self.partner)
+        # the same for parameters, kept in lockstep once the reference's forward is seen to write them
+        self.parameter_partner = pair_buffers(dict(kernel.named_parameters()), dict(reference.named_parameters()))
+        self.written: list[str] = []  # the reference's parameters its forward writes, in the state from then on
+        self._versions: dict[str, int] = {}
         self.kernel, self.reference = kernel, reference
         self.stateful = False
 
@@ -747,14 +755,31 @@ class Lockstep:
         if modules is None:
             return None
         buffers = list(modules[1].buffers())
-        if not buffers or sum(b.numel() * b.element_size() for b in buffers) > LOCKSTEP_BYTES:
+        if sum(b.numel() * b.element_size() for b in buffers) > LOCKSTEP_BYTES:
             return None
         return Lockstep(*modules)
 
     def load(self, module: torch.nn.Module, names: Iterable[str] | None = None) -> None:
         """Set `module`'s buffers of `names` (all of the state's that it has) to the state, where they differ
-        bitwise (an equal buffer is left alone: its version counter does not move)."""
-        self._load(module, ((n, n) for n in (self.state if names is None else names)))
+        bitwise (an equal buffer is left alone: its version counter does not move), and its parameters the
+        reference's forward writes; for the reference itself, note its parameters' versions (`after_reference`)."""
+        self._load(module, ((n, n) for n in (self.state if names is None else names) if n not in self.written))
+        self._load_parameters(module, ((n, n) for n in self.written))
+        if module is self.reference:
+            self._versions = {n: p._version for n, p in self.reference.named_parameters()}
+
+    def _load_parameters(self, module: torch.nn.Module, pairs: Iterable[tuple[str, str]]) -> None:
+        """Each (name in `module`, name in the state) of `pairs`: that parameter set to that state in place (as
+        `_load` sets a buffer)."""
+        params = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, state_name in pairs:
+                t, want = params.get(name), self.state.get(state_name)
+                if t is None or want is None or t.shape != want.shape:
+                    continue
+                value = want.to(device=t.device, dtype=t.dtype)
+                if bitwise_mismatch(value, t.detach()) is not None:
+                    t.copy_(value)
 
     def _load(self, module: torch.nn.Module, pairs: Iterable[tuple[str, str]]) -> None:
         """Each (name in `module`, name in the state) of `pairs`: that buffer set to that state (see `load`)."""
@@ -770,6 +795,9 @@ class Lockstep:
 
     def before_kernel(self) -> None:
         self._load(self.kernel, ((n, self.partner[n]) for n in self.kernel_names))
+        if self.written:
+            self._load_parameters(self.kernel, ((n, r) for n, r in self.parameter_partner.items()
+                                                if r in self.written))
 
     def kernel_buffers(self) -> dict[str, torch.Tensor]:
         """Copies of the kernel's buffers kept in lockstep, each under the name of its reference partner."""
@@ -792,16 +820,29 @@ class Lockstep:
             self.kernel_names = names
 
     def after_reference(self) -> None:
-        """Note whether the reference's call wrote a buffer (the next call loads the state back)."""
+        """Note whether the reference's call wrote a buffer (the next call loads the state back), and take the
+        parameters it wrote for the first time into the state, as the call left them."""
         if not self.stateful:
             buffers = dict(self.reference.named_buffers())
             self.stateful = any(bitwise_mismatch(t, buffers[n].detach()) is not None
-                                for n, t in self.state.items() if n in buffers)
+                                for n, t in self.state.items() if n in buffers and n not in self.written)
+        if self._versions:
+            for n, p in self.reference.named_parameters():
+                if n in self.written or p._version == self._versions.get(n, p._version) or \
+                        p.is_floating_point() is False or \
+                        sum(self.state[w].numel() * self.state[w].element_size() for w in self.written) + \
+                        p.numel() * p.element_size() > LOCKSTEP_BYTES:
+                    continue
+                self.written.append(n)
+                self.state[n] = p.detach().clone()
+                self.stateful = True
 
     def adopt(self) -> None:
-        """Take the reference's buffers as they are now as the state (a probe changed them on purpose, alike in
-        kernel and reference, or a sequence of calls moved them)."""
+        """Take the reference's buffers, and the parameters its forward writes, as they are now as the state (a
+        probe changed them on purpose, alike in kernel and reference, or a sequence of calls moved them)."""
+        params = dict(self.reference.named_parameters())
         self.state = {n: t.detach().clone() for n, t in self.reference.named_buffers()}
+        self.state.update({n: params[n].detach().clone() for n in self.written if n in params})
 
 
 def outputs_on(obj: Any) -> list[tuple[str, torch.Tensor]]:
