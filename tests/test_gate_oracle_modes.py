@@ -224,7 +224,7 @@ def _rows(seed, shape=None, dtype=torch.float32, device="cpu"):
 
 def test_a_history_dependent_module_right_in_every_call_passes_the_sequence():
     result = check("oracle", _EmaForeach(), _Ema(), _rows, shapes=[[32, 16]])
-    assert result.verdict == "pass" and "a sequence of 8 calls on one state" in result.message, result.message
+    assert result.verdict == "pass" and "a sequence of 9 calls on one state" in result.message, result.message
     assert sum("sequence" in e for e in result.evidence) >= 8
 
 
@@ -356,3 +356,57 @@ def test_a_formula_right_only_for_buffers_as_built_fails_once_the_buffers_are_st
     monkeypatch.setattr(oracle_gate, "parameter_classes",
                         lambda *modules: [c for c in isolation_gate.parameter_classes(*modules) if c.kind != "buffer"])
     assert check("oracle", over_count(), _correct.ClassWeightedMean(), _correct.make_labelled).verdict == "pass"
+
+
+# --- an empty batch in the sequence of calls ------------------------------------------------------------------------
+
+class _Standardizer(torch.nn.Module):
+    """Running mean and sum of squared deviations merged batch by batch (Chan's update), the batch standardised
+    by the running statistics; an empty batch leaves them as they were."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+        self.register_buffer("mean", torch.zeros(8))
+        self.register_buffer("m2", torch.zeros(8))
+
+    def merge(self, x):
+        n_b = float(x.shape[0])
+        if n_b == 0:
+            return
+        self._merge(x, n_b)
+
+    def _merge(self, x, n_b):
+        mean_b = x.mean(0)
+        m2_b = ((x - mean_b) ** 2).sum(0)
+        n = self.count + n_b
+        delta = mean_b - self.mean
+        self.mean.add_(delta * n_b / n)
+        self.m2.add_(m2_b + delta * delta * self.count * n_b / n)
+        self.count.copy_(n)
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.merge(x)
+        var = self.m2 / self.count.clamp_min(1.0)
+        return (x - self.mean) / torch.sqrt(var + 1e-5)
+
+
+class _StandardizerUnguarded(_Standardizer):
+    """The merge without the guard: an empty batch's mean is NaN, weighted by 0, and NaN * 0 is NaN for good."""
+
+    def merge(self, x):
+        self._merge(x, float(x.shape[0]))
+
+
+def _batches(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape or (16, 8), generator=gen, dtype=torch.float64).to(dtype),)
+
+
+def test_a_running_merge_poisoned_by_an_empty_batch_fails_the_sequence_and_the_guarded_one_passes():
+    result = check("oracle", _StandardizerUnguarded(), _Standardizer(), _batches)
+    assert result.verdict == "fail", result.message
+    assert "an empty batch (size 0 in dimension 0)" in result.message, result.message
+    good = check("oracle", _Standardizer(), _Standardizer(), _batches)
+    assert good.verdict == "pass" and "on an empty batch" in good.message, good.message

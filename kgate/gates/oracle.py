@@ -211,7 +211,9 @@ class Oracle(Gate):
         """A history-dependent module (the reference's forward writes its buffers: `Lockstep.stateful`) judged
         over one seeded sequence of calls, made alike on kernel, reference and float64 oracle from one state
         (`SEQUENCE`): training calls on other draws, on inputs shifted away from the statistics so far and at
-        another batch size, an optimizer-style step of the parameters between training calls, eval-mode calls,
+        another batch size and on an empty batch (whose running state must come out as the reference's: a merge
+        without a guard for no rows poisons it for good), an optimizer-style step of the parameters between
+        training calls, eval-mode calls,
         and new values loaded into the floating-point buffers (the counters kept) between two eval-mode calls
         on the same inputs. After every call each output is judged against the oracle within the bound, and
         each floating-point buffer the two modules share (same name, shape and dtype) against the oracle's
@@ -338,6 +340,9 @@ def _sequence(subject: Subject, case: Case, classes: list, trained: bool) -> Ite
     call = "train" if trained else "call"
     yield f"{call} (seed {SEQUENCE_SEED})", inputs(0)
     yield f"{call} on inputs shifted by {SHIFT:g} spreads", _shifted(inputs(1))
+    empty = _empty_batch(inputs(1))
+    if empty is not None:  # (where the reference rejects it, it is not part of the sequence)
+        yield f"{call} on an empty batch (size 0 in dimension 0)", empty
     if parameters:
         yield "an optimizer-style step of the parameters", lambda: [c.apply_step(SEQUENCE_SEED) for c in parameters]
     other = _other_batch(subject, case)
@@ -357,6 +362,19 @@ def _sequence(subject: Subject, case: Case, classes: list, trained: bool) -> Ite
         yield f"train (seed {SEQUENCE_SEED + 5})", inputs(5)
         yield "eval mode", mode(False)
         yield f"eval (seed {SEQUENCE_SEED + 4}) again", inputs(4)
+
+
+def _empty_batch(args: tuple) -> tuple | None:
+    """`args` with every tensor whose dimension 0 has the first tensor's size sliced to none of it (a batch of no
+    rows: a data loader's last, a filtered batch); None where no tensor has a dimension or the batch is already
+    empty. A merge of batch statistics that has no guard for it takes a mean of nothing (NaN) with weight 0
+    into its running state, and every later call is NaN."""
+    sized = [a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0]
+    if not sized or sized[0].shape[0] == 0:
+        return None
+    batch = sized[0].shape[0]
+    return tuple(a[:0].clone() if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch else a
+                 for a in args)
 
 
 def _other_batch(subject: Subject, case: Case) -> tuple[int, ...] | None:
