@@ -699,39 +699,3 @@ def test_the_guarded_formula_passes_every_joint_injection():
     result = check("special_values", _log_add_exp_guarded, torch.logaddexp, _pairs)
     assert result.verdict == "pass", result.message
 
-
-# --- a special value in a module's parameters ------------------------------------------------------------------
-
-class _Renormed(torch.nn.Module):
-    """Rows of a table looked up and scaled down to norm 1 where they are longer (a max_norm lookup, out of place):
-    a row holding a NaN has a NaN norm, `norm > 1` is false for it, and it is returned as it is."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.randn(32, 8, generator=torch.Generator().manual_seed(5)) * 2)
-
-    def forward(self, idx):
-        rows = self.weight[idx.long()]
-        norm = rows.norm(dim=-1, keepdim=True)
-        return torch.where(norm > 1.0, rows / norm, rows)
-
-
-class _RenormedBranchless(_Renormed):
-    """The factor min(1, 1 / norm) in one expression: a NaN norm makes the whole row NaN."""
-
-    def forward(self, idx):
-        rows = self.weight[idx.long()]
-        return rows * torch.clamp(1.0 / rows.norm(dim=-1, keepdim=True), max=1.0)
-
-
-def _lookups(seed, shape=None, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.arange(32).reshape(4, 8)[torch.randperm(4, generator=gen)],)
-
-
-def test_a_nan_in_one_weight_spread_over_its_row_fails_and_the_branch_that_keeps_it_passes():
-    result = check("special_values", _RenormedBranchless(), _Renormed(), _lookups)
-    assert result.verdict == "fail", result.message
-    assert "NaN in the kernel's weight (the reference's weight) at its" in result.message, result.message
-    good = check("special_values", _Renormed(), _Renormed(), _lookups)
-    assert good.verdict == "pass", good.message

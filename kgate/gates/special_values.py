@@ -46,12 +46,6 @@ the reference keeps clearly subnormal results of the same output on the same pro
 result of the operation that makes it, so such a reference's 0s are the rounding of an intermediate (the same
 reference in float16 rounds `dy * weight` in float16's subnormal range, 117 zeros beside 88,733 kept subnormals).
 
-Special values in parameters: NaN and +Inf at the first and at the last element of each of an nn.Module kernel's
-`PARAMETER_CLASSES` largest classes of parameters that the reference holds equal, alike in both, one probe each
-(`SpecialValues.in_parameters`; also where no input is floating): a weight gone NaN reaches the outputs the
-reference's computation carries it to and no others (a branch-free max_norm factor spreads one NaN entry over its
-whole row, where the reference's `norm > max_norm` is false for NaN and keeps the row as it is).
-
 Pruned weights: an nn.Module kernel's weights that the reference holds equal (two or more dimensions) get the
 first half of their rows zeroed alike in both, and NaN and +Inf are injected at each input's first and second
 elements (`SpecialValues.pruned`): a kernel that skips blocks whose weights are all 0 (a pruned group, an idle
@@ -129,8 +123,6 @@ RANDOM_POSITIONS = 2
 # Rounds whose position also gets one value in every input of a shape at once (`SpecialValues.joint`): the last
 # element's (the first round) and the first element's.
 JOINT_ROUNDS = 2
-# The largest classes of a module's parameters that get a special value of their own (`SpecialValues.in_parameters`).
-PARAMETER_CLASSES = 4
 UNREAD_LINES = 2  # lines the reference does not read (its gradient there exactly 0), NaN-filled, per input
 
 
@@ -359,60 +351,6 @@ class SpecialValues(Gate):
             state.close()
         return None, judged
 
-    def in_parameters(self, subject: Subject, spread: list, structural: list, devices: list,
-                      rounded: list) -> tuple[GateResult | None, int]:
-        """An nn.Module kernel's parameters holding a special value: NaN and +Inf at the first and at the last
-        element of each of the `PARAMETER_CLASSES` largest classes of parameters the reference holds equal
-        (isolation's `ParameterClass`), alike in kernel and reference, one probe each, on the first case's
-        inputs. A weight gone NaN in training reaches the outputs the reference's computation carries it to
-        and no others: an embedding renormalised by a branch-free factor spreads one NaN entry over its whole
-        row, where the reference's `norm > max_norm` is false for NaN and leaves the row as it is. Put back
-        after each. Returns (a failure or None, the probes judged)."""
-        from kgate.gates.isolation import parameter_classes  # (isolation imports this gate's neighbours)
-
-        modules = subject.modules()
-        cases = subject.first_seed_cases()
-        if modules is None or not cases or subject.out_of_time():
-            return None, 0
-        try:
-            classes = [c for c in parameter_classes(*modules) if c.kind == "parameter"][:PARAMETER_CLASSES]
-        except Exception:  # noqa: BLE001 - a module's own state_dict hooks may raise: not probed
-            return None, 0
-        case = cases[0]
-        base = subject.baseline(case)
-        state = ModuleState(subject, modules)
-        judged = 0
-        try:
-            for c in classes:
-                numel = c.reference[0][1].numel()
-                for name, at in (("first element", 0), ("last element", numel - 1)):
-                    for value, label in _INJECTED[:2]:
-                        if judged and subject.out_of_time():
-                            return None, judged
-                        index = index_of(at, tuple(c.reference[0][1].shape))
-                        with torch.no_grad():
-                            for t in c.tensors():
-                                t[index] = value
-                        subject.adopt_state()
-                        subject.drop_converted_references()
-                        try:
-                            args = clone_tree(base.args)
-                            oracle = unless_rejected(lambda args=args: subject.oracle(args))
-                            if oracle is None:
-                                continue
-                            judged += 1
-                            where = (f"{label} in {c.names()} at its {name} {list(index)}, alike in kernel and "
-                                     "reference, on the case's inputs")
-                            result = self.judge(subject, case, where, args, oracle, label, spread=spread,
-                                                structural=structural, devices=devices, rounded=rounded)
-                        finally:
-                            state.restore()
-                        if result is not None:
-                            return result, judged
-        finally:
-            state.close()
-        return None, judged
-
     @staticmethod
     def _follows(subject: Subject, args: tuple) -> bool:
         """Whether the kernel, on `args` as they are (no special value), is within the oracle bound of the
@@ -492,12 +430,6 @@ class SpecialValues(Gate):
             if result is not None:
                 return result
             tried += pruned
-        in_parameters = 0
-        if cut is None:  # (also where no input is floating: an embedding's table takes integer indices)
-            result, in_parameters = self.in_parameters(subject, spread, structural, devices, rounded)
-            if result is not None:
-                return result
-            tried += in_parameters
         stopped = (f"; the search budget (kgate.worker.SEARCH_SHARE of the gate's time limit) ran out before the probe "
                    f"{cut}: not every position was tried") if cut is not None else ""
         if tried == 0:
@@ -512,8 +444,6 @@ class SpecialValues(Gate):
                    f"scaled to overflow-prone "
                    f"magnitudes); subnormal results kept where the reference keeps them (inputs scaled to subnormal "
                    f"magnitudes and to products in the subnormal range)")
-        if in_parameters:
-            message += f"; {in_parameters} probe(s) of NaN or +Inf at the first or last element of the module's parameters"
         message += stopped
         details: dict = {"cut": cut} if cut is not None else {}
         if spread:

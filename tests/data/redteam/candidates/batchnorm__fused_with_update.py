@@ -17,8 +17,9 @@ class ModelNew(nn.Module):
             var, mean = torch.var_mean(x, dim=(0, 2, 3), unbiased=False)
             n = x.numel() // x.shape[1]
             with torch.no_grad():
-                bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
-                bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * var * n / (n - 1))
+                if n > 0:  # an empty batch leaves the running statistics as they are (and is counted, as torch does)
+                    bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
+                    bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * var * n / (n - 1))
                 bn.num_batches_tracked += 1
         else:
             mean, var = bn.running_mean, bn.running_var
