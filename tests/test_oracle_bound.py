@@ -302,3 +302,12 @@ def test_an_integer_output_may_select_as_the_reference_does_where_its_dtype_ties
     assert not neither.passed and "exact match required" in neither.describe()
     # without the reference, the oracle alone decides
     assert not measure(reference.clone(), None, oracle, path="out", factor=8, ulps=0, atol=0).passed
+
+
+def test_a_half_precision_result_that_cancels_is_owed_the_precision_of_float32_sums():
+    """A float16 row sum of 1.0 from terms adding up to 1000: torch keeps the partial sums in float32, so the
+    terms' floor is float32's (4.9e-4), not float16's (3.9): a float16 running total 0.5 off still fails."""
+    terms = lambda: Terms(1000.0, 1000.0)  # noqa: E731
+    leaf = judge([1.5], [1.0], [1.0], dtype=torch.float16, terms=terms)
+    assert not leaf.passed and leaf.terms == 1000.0 and leaf.floor < 1e-3, leaf.describe()
+    assert judge([1.0 + 2e-4], [1.0], [1.0], terms=terms).passed  # float32: within 4 ulps of the terms

@@ -88,8 +88,9 @@ class BatchNormOwnFormula(BatchNormTraining):
             return (x - bn.running_mean) / torch.sqrt(bn.running_var + bn.eps) * bn.weight + bn.bias
         mean, var = x.mean(0), x.var(0, unbiased=False)
         with torch.no_grad():
-            bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
-            bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * x.var(0, unbiased=True))
+            if x.shape[0] > 0:  # an empty batch leaves them as they are (and is counted, as torch does)
+                bn.running_mean.mul_(1 - bn.momentum).add_(bn.momentum * mean)
+                bn.running_var.mul_(1 - bn.momentum).add_(bn.momentum * x.var(0, unbiased=True))
             bn.num_batches_tracked += 1
         return (x - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias
 

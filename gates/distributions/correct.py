@@ -151,7 +151,8 @@ def angle_reference(y, x):
 
 
 def angle(y, x):
-    """atan2 by octants, the signs read from the sign bits (so -0.0 counts as negative)."""
+    """atan2 by octants, the signs read from the sign bits (so -0.0 counts as negative), both operands infinite
+    at the diagonals (+-pi/4, +-3pi/4) where y / x is NaN."""
     base = torch.atan(y / x)
     negative_y = torch.signbit(y)
     turn = torch.where(negative_y, -torch.pi, torch.pi)
@@ -159,7 +160,14 @@ def angle(y, x):
     on_axis = torch.where(torch.signbit(x), turn, torch.where(negative_y, -0.0, 0.0))
     vertical = torch.where(negative_y, -torch.pi / 2, torch.pi / 2)
     out = torch.where(y == 0, on_axis.to(out.dtype), out)
-    return torch.where((x == 0) & (y != 0), vertical.to(out.dtype), out)
+    out = torch.where((x == 0) & (y != 0), vertical.to(out.dtype), out)
+    return torch.where(torch.isinf(y) & torch.isinf(x), _diagonal(y, x).to(out.dtype), out)
+
+
+def _diagonal(y, x):
+    """atan2 where both operands are infinite: +-pi/4 with x = +inf, +-3pi/4 with x = -inf, the sign of y."""
+    corner = torch.where(x > 0, torch.pi / 4, 3 * torch.pi / 4)
+    return torch.where(y > 0, corner, -corner)
 
 
 # --- integer magnitudes and sentinels, permuted copies, mask structures -------------------------------------

@@ -74,12 +74,15 @@ def masked_mean_clamped(x, mask):
 
 def angle_by_comparisons(y, x):
     """atan2 by octants with the signs tested by `< 0`: -0.0 is taken as +0.0, so atan2(-0.0, x < 0) gives pi
-    where it is -pi."""
+    where it is -pi (both operands infinite handled as the correct control does: its flaw is the zeros' sign
+    alone)."""
     base = torch.atan(y / x)
     turn = torch.where(y < 0, -torch.pi, torch.pi)
     out = torch.where(x < 0, base + turn, base)
     vertical = torch.where(y < 0, -torch.pi / 2, torch.where(y > 0, torch.pi / 2, 0.0))
-    return torch.where(x == 0, vertical.to(out.dtype), out)
+    out = torch.where(x == 0, vertical.to(out.dtype), out)
+    corner = torch.where(x > 0, torch.pi / 4, 3 * torch.pi / 4)
+    return torch.where(torch.isinf(y) & torch.isinf(x), torch.where(y > 0, corner, -corner).to(out.dtype), out)
 
 
 def hashed_embedding_float_bucket(table, ids):

@@ -106,7 +106,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from kgate.compare import clone_tree, flatten, index_of
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.isolation import parameter_classes
 from kgate.inputs import Case
@@ -647,6 +647,7 @@ class Distributions(Gate):
         state = ModuleState(subject, modules)
         judged = 0
         try:
+            before = _tensor_leaves(subject.run_kernel(clone_tree(base.args)))
             for c in classes:
                 for factor in PARAMETER_SCALES:
                     if judged and subject.out_of_time():
@@ -657,10 +658,17 @@ class Distributions(Gate):
                     subject.adopt_state()
                     subject.drop_converted_references()
                     try:
-                        outcome = self._judge(subject, base.args, case, evidence, at_zero)
+                        now = _tensor_leaves(subject.run_kernel(clone_tree(base.args)))
+                        # its previous output again, bitwise: a copy of the parameters it does not refresh (the
+                        # isolation gate's finding, not a magnitude's)
+                        stale = len(now) == len(before) and all(
+                            a.shape == b.shape and bitwise_mismatch(a, b) is None for a, b in zip(now, before))
+                        outcome = None if stale else self._judge(subject, base.args, case, evidence, at_zero)
                     finally:
                         state.restore()
                     what = f"{c.names()} multiplied by {factor:g}, alike in kernel and reference"
+                    if stale:
+                        break  # (the other magnitudes would be as stale)
                     if outcome is None:
                         rejected.append(f"parameters: {what} ({case.label()})")
                         continue
@@ -750,6 +758,11 @@ class Distributions(Gate):
                              details=details)
         result.tolerance_free = finding.tolerance_free
         return result
+
+
+def _tensor_leaves(out) -> list[torch.Tensor]:
+    """Detached copies of the tensors of an output tree, in order."""
+    return [t.detach().clone() for _, t in flatten(out) if isinstance(t, torch.Tensor)]
 
 
 def _kind(family: str) -> str:
