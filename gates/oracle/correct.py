@@ -134,27 +134,28 @@ class BatchNormBothModes(BatchNormReference):
 
 
 class BatchNormEvalFoldVersioned(BatchNormBothModes):
-    """Eval mode's scale and shift folded once and kept while the weights and running statistics are unchanged:
-    the fold is keyed on each tensor's address and version counter (`_version`, which every in-place change,
-    an optimizer step, `copy_` or `load_state_dict`, advances), so it is made again after any change. The
-    running statistics that a training-mode call updates inside torch's batch_norm keep their version (the
-    op's schema does not declare them written): the key holds the version of the call counter too, which every
-    training-mode call advances."""
+    """Eval mode's scale and shift folded once and kept while the weights and running statistics hold the values
+    it was made from: the fold is keyed on each tensor's address and version counter (`_version`, which every
+    in-place change, an optimizer step, `copy_` or `load_state_dict`, advances) and, since a write through
+    `.data` (an optimizer's own kernel) and torch's batch_norm updating the running statistics in a
+    training-mode call leave the versions as they were, on the values too: copies of them compared bitwise at
+    every eval-mode call (a few vectors; far less than the fold's recomputation in a real layer)."""
 
     def held(self):
         bn = self.bn
-        return bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.num_batches_tracked
+        return bn.weight, bn.bias, bn.running_mean, bn.running_var
 
     def forward(self, x):
         bn = self.bn
         if self.training:
             return super().forward(x)
         key = tuple((t.data_ptr(), t._version) for t in self.held())
-        if getattr(self, "_fold", (None,))[0] != key:
+        kept = getattr(self, "_fold", None)
+        if kept is None or kept[0] != key or not all(torch.equal(a, b) for a, b in zip(kept[1], self.held())):
             with torch.no_grad():
                 scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
-                self._fold = (key, scale, bn.bias - bn.running_mean * scale)
-        _, scale, shift = self._fold
+                self._fold = (key, [t.detach().clone() for t in self.held()], scale, bn.bias - bn.running_mean * scale)
+        _, _, scale, shift = self._fold
         return x * scale + shift
 
 

@@ -101,14 +101,23 @@ class RunningStandardizerPooled(_catalogue("oracle", "correct").RunningStandardi
 running_standardizer_pooled = RunningStandardizerPooled()
 
 
-class BatchNormEvalFoldVersionOnly(_catalogue("oracle", "correct").BatchNormEvalFoldVersioned):
+class BatchNormEvalFoldVersionOnly(_catalogue("oracle", "correct").BatchNormBothModes):
     """Eval mode's scale and shift folded once and kept while the weights' and running statistics' addresses and
     version counters are unchanged. A training-mode call updates the running statistics inside torch's batch_norm
     without advancing their version (the op's schema does not declare them written): after training mode, eval,
     training, eval, the fold is stale."""
 
-    def held(self):
-        return super().held()[:4]  # (not the call counter)
+    def forward(self, x):
+        bn = self.bn
+        if self.training:
+            return super().forward(x)
+        key = tuple((t.data_ptr(), t._version) for t in (bn.weight, bn.bias, bn.running_mean, bn.running_var))
+        if getattr(self, "_fold", (None,))[0] != key:
+            with torch.no_grad():
+                scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+                self._fold = (key, scale, bn.bias - bn.running_mean * scale)
+        _, scale, shift = self._fold
+        return x * scale + shift
 
 
 batchnorm_eval_fold_version_only = BatchNormEvalFoldVersionOnly()
