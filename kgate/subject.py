@@ -800,13 +800,20 @@ class Lockstep:
                                                 if r in self.written))
 
     def kernel_buffers(self) -> dict[str, torch.Tensor]:
-        """Copies of the kernel's buffers kept in lockstep, each under the name of its reference partner."""
+        """Copies of the kernel's buffers kept in lockstep, and of its parameters the reference's forward writes,
+        each under the name of its reference partner."""
         own = dict(self.kernel.named_buffers())
-        return {self.partner[n]: own[n].detach().clone() for n in self.kernel_names if n in own}
+        found = {self.partner[n]: own[n].detach().clone() for n in self.kernel_names if n in own}
+        params = dict(self.kernel.named_parameters())
+        found.update({r: params[k].detach().clone() for k, r in self.parameter_partner.items()
+                      if r in self.written and k in params})
+        return found
 
     def reference_names(self) -> list[str]:
-        """The reference's buffers that have a partner in the kernel."""
-        return [self.partner[n] for n in self.kernel_names]
+        """The reference's buffers that have a partner in the kernel, and its parameters its forward writes that
+        have one."""
+        return [self.partner[n] for n in self.kernel_names] + \
+            [r for r in self.parameter_partner.values() if r in self.written]
 
     @contextlib.contextmanager
     def kernel_left_alone(self) -> Iterator[None]:

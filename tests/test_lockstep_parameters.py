@@ -116,3 +116,22 @@ def _ids(seed, shape=None, dtype=torch.float32):
 def test_a_table_renormalised_in_place_by_both_is_not_taken_for_a_memoized_result():
     result = check("isolation", _TableScaled(), _Table(), _ids)
     assert result.verdict == "pass", result.message
+
+
+class _LionStoresOtherwise(_Lion):
+    """Returns the right new parameter, but stores another one (an update applied twice where it writes back):
+    under the lockstep every call starts from the reference's parameter, so only the stored one shows it."""
+
+    def forward(self, grad):
+        with torch.no_grad():
+            update = torch.sign(self.exp_avg * 0.9 + grad * 0.1)
+            new = self.param * (1 - 0.02 * 0.1) - 0.02 * update
+            self.param.copy_(new - 0.02 * update)
+            self.exp_avg.mul_(0.99).add_(grad, alpha=0.01)
+            return new.detach().clone()
+
+
+def test_a_parameter_stored_otherwise_than_the_reference_stores_it_fails_the_sequence_of_calls():
+    result = check("oracle", _LionStoresOtherwise(), _Lion(), _grads)
+    assert result.verdict == "fail", result.message
+    assert "over a sequence of calls on one state" in result.message and "parameter 'param'" in result.message

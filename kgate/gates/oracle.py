@@ -280,7 +280,8 @@ class Oracle(Gate):
         tol = subject.tolerance
         for name, t in got_buffers.items():
             if t.is_floating_point() and oracle_buffers is not None and name in oracle_buffers:
-                leaves.append(measure(t, expected_buffers[name], oracle_buffers[name], path=f"buffer {name!r}",
+                kind = "parameter" if name in lock.written else "buffer"
+                leaves.append(measure(t, expected_buffers[name], oracle_buffers[name], path=f"{kind} {name!r}",
                                       factor=tol.factor, ulps=tol.ulps, atol=tol.atol))
         for leaf in leaves:
             evidence.append({"case": case.to_json(), "sequence": done + [label], **leaf.to_json()})
@@ -309,7 +310,7 @@ def _buffers(module: torch.nn.Module | None, names: list[str]) -> dict[str, torc
     """Copies of `module`'s buffers of `names` (None for no module)."""
     if module is None:
         return None
-    own = dict(module.named_buffers())
+    own = {**dict(module.named_parameters()), **dict(module.named_buffers())}  # (parameters its forward writes)
     return {n: own[n].detach().clone() for n in names if n in own}
 
 
