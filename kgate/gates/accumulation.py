@@ -533,7 +533,7 @@ class Accumulation(Gate):
         tally = _Tally()
         result = self._verdict(subject, tally)
         # where the time went (the reference and oracle runs, each emulated order), for the audit's benchmarks
-        result.details["seconds"] = {phase: round(t, 3) for phase, t in tally.seconds.items()}
+        result.details["seconds"] = {phase: round(t, 6) for phase, t in tally.seconds.items()}
         result.details["probes"] = tally.probes
         return result
 
