@@ -454,14 +454,8 @@ class TermMagnitudes(TorchDispatchMode):
             list(args[1:]) if func in _WRITES_FIRST else list(args)
         inputs = [t for t in tree_flatten((read, kwargs))[0] if _floating(t)]
         tags = [tag for tag in map(self._tag, inputs) if tag is not None]
-        total = self._partial_sums(func, args, kwargs, inputs, results[0])
+        total, own_units = self._partial_sums(func, args, kwargs, inputs, results[0])
         sums = [tag[1] for tag in tags] + ([total] if total is not None else [])
-        # in the result's own units: a sum's terms are its summands, a mean's are its summands over the count (its
-        # partial sums, the count times larger, are divided before they reach the result), a variance's are its own
-        # values (the sum of squares behind it is its partial sum alone)
-        own_units = total if func in _SUMS else None
-        if total is not None and func in _MEANS and inputs:
-            own_units = total / max(inputs[0].numel() / max(results[0].numel(), 1), 1.0)
         magnitude = self._magnitude(func, name.removesuffix("_"), args, kwargs, tags, own_units)
         for t in results:
             own = _largest(t)
@@ -517,8 +511,11 @@ class TermMagnitudes(TorchDispatchMode):
 
     @staticmethod
     def _partial_sums(func: Any, args: tuple, kwargs: dict, inputs: list[torch.Tensor],
-                      first: torch.Tensor) -> torch.Tensor | None:
-        """The largest sum of the terms' magnitudes of a summing op (None for other ops)."""
+                      first: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The largest sum of the terms' magnitudes of a summing op, and the same in its result's own units (None,
+        None for other ops): a sum's terms are its summands; a mean's are its summands over the count (its partial
+        sums, the count times larger, are divided before they reach the result); a variance's are its own values
+        (the sum of squares behind it is its partial sum alone, None in its units)."""
         count = inputs[0].numel() / max(first.numel(), 1) if inputs else 1.0
         if func in _SUMS or func in _MEANS:
             def magnitude(x: Any) -> Any:
@@ -528,11 +525,11 @@ class TermMagnitudes(TorchDispatchMode):
             extra = {k: abs(v) if k in ("alpha", "beta") and isinstance(v, (int, float)) else magnitude(v)
                      for k, v in kwargs.items()}
             total = _largest(func(*absolute, **extra))
-            return total * count if total is not None and func in _MEANS else total
+            return (total * count if total is not None and func in _MEANS else total), total
         if func in _VARIANCES:
             largest = _largest(first)
-            return None if largest is None else largest * count
-        return None
+            return (None if largest is None else largest * count), None
+        return None, None
 
 
 # Functions that draw random floating values in torch's default dtype (or, *_like, in their input's), and the

@@ -178,8 +178,12 @@ def search(args: tuple, floats: list[int], seed: int, judge: Callable[[tuple], t
     for step in range(len(swept) + n_random + n_climb):
         if time.monotonic() > deadline or out_of_time():
             return Searched(worst, worst_value, done, None, False, judged_count)
-        transform = draw() if step < n_random else swept[step - n_random] if step < n_random + len(swept) else \
-            draw() if worst is None else nudge(worst)
+        if step < n_random:
+            transform = draw()
+        elif step < n_random + len(swept):
+            transform = swept[step - n_random]
+        else:  # the climb, from the worst transform found (none judged yet: another draw)
+            transform = draw() if worst is None else nudge(worst)
         inputs = apply(args, transform)
         if conform is not None:
             inputs = conform(args, inputs)

@@ -338,6 +338,13 @@ class Subject:
         if self.lockstep is not None:
             self.lockstep.adopt()
 
+    def changed_state(self) -> None:
+        """A probe changed the modules' parameters or buffers in place on purpose, alike in kernel and reference:
+        the calls after it start from them (`adopt_state`), and the reference's converted copies are made again
+        from them (`drop_converted_references`)."""
+        self.adopt_state()
+        self.drop_converted_references()
+
     def oracle_module(self) -> torch.nn.Module | None:
         """The module the float64 oracle calls (the reference's float64 copy, once made; the reference itself
         where it is float64), or None for a reference that is no module."""
@@ -764,29 +771,17 @@ class Lockstep:
         bitwise (an equal buffer is left alone: its version counter does not move), and its parameters the
         reference's forward writes; for the reference itself, note its parameters' versions (`after_reference`)."""
         self._load(module, ((n, n) for n in (self.state if names is None else names) if n not in self.written))
-        self._load_parameters(module, ((n, n) for n in self.written))
+        self._load(module, ((n, n) for n in self.written), parameters=True)
         if module is self.reference:
             self._versions = {n: p._version for n, p in self.reference.named_parameters()}
 
-    def _load_parameters(self, module: torch.nn.Module, pairs: Iterable[tuple[str, str]]) -> None:
-        """Each (name in `module`, name in the state) of `pairs`: that parameter set to that state in place (as
-        `_load` sets a buffer)."""
-        params = dict(module.named_parameters())
+    def _load(self, module: torch.nn.Module, pairs: Iterable[tuple[str, str]], parameters: bool = False) -> None:
+        """Each (name in `module`, name in the state) of `pairs`: that buffer (with `parameters`, that parameter) set
+        to that state (see `load`)."""
+        held = dict(module.named_parameters() if parameters else module.named_buffers())
         with torch.no_grad():
             for name, state_name in pairs:
-                t, want = params.get(name), self.state.get(state_name)
-                if t is None or want is None or t.shape != want.shape:
-                    continue
-                value = want.to(device=t.device, dtype=t.dtype)
-                if bitwise_mismatch(value, t.detach()) is not None:
-                    t.copy_(value)
-
-    def _load(self, module: torch.nn.Module, pairs: Iterable[tuple[str, str]]) -> None:
-        """Each (name in `module`, name in the state) of `pairs`: that buffer set to that state (see `load`)."""
-        buffers = dict(module.named_buffers())
-        with torch.no_grad():
-            for name, state_name in pairs:
-                t, want = buffers.get(name), self.state[state_name]
+                t, want = held.get(name), self.state[state_name]
                 if t is None or t.shape != want.shape:
                     continue
                 value = want.to(device=t.device, dtype=t.dtype)
@@ -796,8 +791,8 @@ class Lockstep:
     def before_kernel(self) -> None:
         self._load(self.kernel, ((n, self.partner[n]) for n in self.kernel_names))
         if self.written:
-            self._load_parameters(self.kernel, ((n, r) for n, r in self.parameter_partner.items()
-                                                if r in self.written))
+            self._load(self.kernel, ((n, r) for n, r in self.parameter_partner.items() if r in self.written),
+                       parameters=True)
 
     def kernel_buffers(self) -> dict[str, torch.Tensor]:
         """Copies of the kernel's buffers kept in lockstep, and of its parameters the reference's forward writes,
@@ -833,15 +828,14 @@ class Lockstep:
             buffers = dict(self.reference.named_buffers())
             self.stateful = any(bitwise_mismatch(t, buffers[n].detach()) is not None
                                 for n, t in self.state.items() if n in buffers and n not in self.written)
-        if self._versions:
-            for n, p in self.reference.named_parameters():
-                if n in self.written or p._version == self._versions.get(n, p._version) or \
-                        p.is_floating_point() is False or \
-                        sum(self.state[w].numel() * self.state[w].element_size() for w in self.written) + \
-                        p.numel() * p.element_size() > LOCKSTEP_BYTES:
-                    continue
+        held = sum(self.state[w].numel() * self.state[w].element_size() for w in self.written)
+        for n, p in self.reference.named_parameters():
+            moved = n not in self.written and p.is_floating_point() and n in self._versions \
+                and p._version != self._versions[n]
+            if moved and held + p.numel() * p.element_size() <= LOCKSTEP_BYTES:
                 self.written.append(n)
                 self.state[n] = p.detach().clone()
+                held += p.numel() * p.element_size()
                 self.stateful = True
 
     def adopt(self) -> None:

@@ -31,6 +31,16 @@ def subject_for(kernel, reference, make_inputs=None, *, shapes=None, dtypes=("fl
     return Subject(resolved, kernel, reference, factory, torch.device(device), cases, repro_manifest="kgate.yaml")
 
 
+def normal_inputs(default_shape: tuple[int, ...], count: int = 1, scale: float = 1.0):
+    """An inputs factory: `count` tensors of seeded standard normal values times `scale`, drawn in float64 from one
+    generator and cast to the case's dtype, of the case's shape or `default_shape`."""
+    def make(seed, shape=None, dtype=torch.float32):
+        gen = torch.Generator().manual_seed(seed)
+        return tuple((torch.randn(shape or default_shape, generator=gen, dtype=torch.float64) * scale).to(dtype)
+                     for _ in range(count))
+    return make
+
+
 def check(gate: str, kernel, reference, make_inputs=None, **kwargs: Any) -> GateResult:
     return registry.get(gate).check(subject_for(kernel, reference, make_inputs, **kwargs))
 

@@ -24,7 +24,7 @@ from kgate.gates.distributions import (
     transform,
 )
 from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
-from tests.gate_harness import check, subject_for
+from tests.gate_harness import check, normal_inputs, subject_for
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "gates" / "distributions"
 
@@ -729,9 +729,7 @@ class _GatedOneMinus(_Gated):
         return x * (1.0 - torch.sigmoid(self.decay))
 
 
-def _channels(seed, shape=None, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape or (8, 16), generator=gen, dtype=torch.float64).to(dtype),)
+_channels = normal_inputs((8, 16))
 
 
 def test_a_gate_that_cancels_once_a_learned_decay_grows_fails_at_ten_times_its_parameters():

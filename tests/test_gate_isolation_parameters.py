@@ -13,7 +13,7 @@ from kgate import gates as registry
 from kgate.gates.isolation import _load_changed, parameter_classes
 from kgate.kernelbench import NoGrad
 from kgate.oracle import DtypeDispatch
-from tests.gate_harness import check, subject_for
+from tests.gate_harness import check, normal_inputs, subject_for
 
 
 def features(seed, shape=None, dtype=torch.float32):
@@ -361,9 +361,7 @@ class _HistogramSearched(_Histogram):
         return (left[1:] - left[:-1]).to(x.dtype)
 
 
-def _values(seed, shape=None, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape or (64, 32), generator=gen, dtype=torch.float64).to(dtype),)
+_values = normal_inputs((64, 32))
 
 
 def test_a_sorted_buffer_stays_sorted_under_every_step_and_a_correct_search_passes():

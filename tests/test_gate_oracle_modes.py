@@ -6,7 +6,7 @@ one state; and every call of kernel, reference and oracle from one state (`kgate
 from __future__ import annotations
 
 import torch
-from gate_harness import catalogue, check, subject_for
+from gate_harness import catalogue, check, normal_inputs, subject_for
 
 from kgate import gates as registry
 from kgate.gates import isolation as isolation_gate
@@ -399,9 +399,7 @@ class _StandardizerUnguarded(_Standardizer):
         self._merge(x, float(x.shape[0]))
 
 
-def _batches(seed, shape=None, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape or (16, 8), generator=gen, dtype=torch.float64).to(dtype),)
+_batches = normal_inputs((16, 8))
 
 
 def test_a_running_merge_poisoned_by_an_empty_batch_fails_the_sequence_and_the_guarded_one_passes():

@@ -7,7 +7,7 @@ import torch
 
 from kgate import gates as registry
 from kgate.gates.special_values import RANDOM_POSITIONS, positions
-from tests.gate_harness import catalogue, check, subject_for
+from tests.gate_harness import catalogue, check, normal_inputs, subject_for
 
 
 def rows(seed, shape=None, dtype=torch.float32):
@@ -673,9 +673,7 @@ def test_a_reference_without_a_gradient_has_no_unread_lines():
 
 # --- the same value in every input at once ----------------------------------------------------------------------
 
-def _pairs(seed, shape=None, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    return tuple((torch.randn(shape or (5, 33), generator=gen, dtype=torch.float64) * 3).to(dtype) for _ in range(2))
+_pairs = normal_inputs((5, 33), count=2, scale=3.0)
 
 
 def _log_add_exp_shifted(a, b):

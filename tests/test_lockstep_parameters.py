@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tests.gate_harness import check, subject_for
+from tests.gate_harness import check, normal_inputs, subject_for
 
 N = 512
 
@@ -50,9 +50,7 @@ class _LionStale(_Lion):
             return self.param.detach().clone()
 
 
-def _grads(seed, shape=None, dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape or (N,), generator=gen, dtype=torch.float64).to(dtype),)
+_grads = normal_inputs((N,))
 
 
 def test_a_parameter_the_reference_writes_joins_the_lockstep_state_after_its_first_call():

@@ -113,7 +113,7 @@ from kgate.inputs import Case
 from kgate.oracle import BROKEN_FACTOR
 from kgate.search import Searched, search, spread
 from kgate.shrink import SHRINK_SECONDS, Finding, judge_probe, shrink_subset
-from kgate.subject import ModuleState, Subject, rejected_note, unless_rejected, within_domain
+from kgate.subject import ModuleState, Subject, outputs_on, rejected_note, unless_rejected, within_domain
 
 FRESH_SEEDS = (104729, 1299709)
 FLOOR_FROM_FACTORY = ("zeros", "constant", "constant rows")
@@ -647,7 +647,7 @@ class Distributions(Gate):
         state = ModuleState(subject, modules)
         judged = 0
         try:
-            before = _tensor_leaves(subject.run_kernel(clone_tree(base.args)))
+            before = [t.detach().clone() for _, t in outputs_on(subject.run_kernel(clone_tree(base.args)))]
             for c in classes:
                 for factor in PARAMETER_SCALES:
                     if judged and subject.out_of_time():
@@ -655,10 +655,9 @@ class Distributions(Gate):
                     with torch.no_grad():
                         for t in c.tensors():
                             t.mul_(factor)
-                    subject.adopt_state()
-                    subject.drop_converted_references()
+                    subject.changed_state()
                     try:
-                        now = _tensor_leaves(subject.run_kernel(clone_tree(base.args)))
+                        now = [t.detach() for _, t in outputs_on(subject.run_kernel(clone_tree(base.args)))]
                         # its previous output again, bitwise: a copy of the parameters it does not refresh (the
                         # isolation gate's finding, not a magnitude's)
                         stale = len(now) == len(before) and all(
@@ -758,11 +757,6 @@ class Distributions(Gate):
                              details=details)
         result.tolerance_free = finding.tolerance_free
         return result
-
-
-def _tensor_leaves(out) -> list[torch.Tensor]:
-    """Detached copies of the tensors of an output tree, in order."""
-    return [t.detach().clone() for _, t in flatten(out) if isinstance(t, torch.Tensor)]
 
 
 def _kind(family: str) -> str:

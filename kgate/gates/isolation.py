@@ -872,8 +872,7 @@ class Isolation(Gate):
                         raise
                     state.restore()
                     continue
-                subject.adopt_state()
-                subject.drop_converted_references()
+                subject.changed_state()
                 finding = self.stale_after(subject, case, base, previous, what, kind, truth)
                 state.restore()
                 done += 1

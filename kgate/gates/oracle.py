@@ -153,8 +153,7 @@ class Oracle(Gate):
             for round_ in range(EVAL_ROUNDS if classes else 1):
                 for c in classes:
                     c.apply_step(EVAL_SEED + round_, offset_zeros=True)
-                subject.adopt_state()
-                subject.drop_converted_references()
+                subject.changed_state()
                 setting = ("buffers as built" if not classes else
                            f"buffers as built, {moved} stepped alike" if round_ == 0 else
                            f"{moved} stepped alike again after {sum(judged)} eval-mode call(s)")
@@ -249,8 +248,7 @@ class Oracle(Gate):
                     calls += 1
                 else:
                     step()
-                    subject.adopt_state()
-                    subject.drop_converted_references()
+                    subject.changed_state()
                 done.append(label)
         finally:
             for m, training in modes:

@@ -325,8 +325,7 @@ class SpecialValues(Gate):
                 for c in classes:
                     for t in c.tensors():
                         t[: t.shape[0] // 2] = 0
-            subject.adopt_state()
-            subject.drop_converted_references()
+            subject.changed_state()
             args = clone_tree(base.args)
             if not self._follows(subject, args):
                 return None, 0  # wrong already on finite inputs: a cache of the old weights (isolation's finding)
