@@ -23,6 +23,7 @@ module defines them; a gate that sweeps shapes sets them (on the inputs copy onl
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import importlib.util
@@ -32,7 +33,7 @@ import secrets
 import shlex
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,16 +344,28 @@ def torch_fingerprint() -> dict[str, int]:
     spaces = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor,
               "torch._C.TensorBase": torch._C.TensorBase, "torch.nn.Module": torch.nn.Module,
               "torch.linalg": torch.linalg, "torch.fft": torch.fft, "torch.special": torch.special}
+    # torch's own wrapper that turns dynamo off for a function (torch._dynamo wraps torch.manual_seed so when it is
+    # first imported: a model built on the meta device or a decomposition imports it): the function it wraps
+    disabled = getattr(torch._disable_dynamo(_identity), "__code__", None)
+
+    def identity(value: Any) -> int:
+        wrapped = getattr(value, "__wrapped__", None)
+        return id(wrapped) if wrapped is not None and getattr(value, "__code__", None) is disabled else id(value)
+
     out = {}
     for label, space in spaces.items():
         for key, value in list(vars(space).items()):
             if not key.startswith("__") and callable(value):
-                out[f"{label}.{key}"] = id(value)
+                out[f"{label}.{key}"] = identity(value)
     for name in dir(torch.nn):
         cls = getattr(torch.nn, name, None)
         if isinstance(cls, type) and issubclass(cls, torch.nn.Module) and "forward" in vars(cls):
-            out[f"torch.nn.{name}.forward"] = id(vars(cls)["forward"])
+            out[f"torch.nn.{name}.forward"] = identity(vars(cls)["forward"])
     return out
+
+
+def _identity(value: Any) -> Any:
+    return value
 
 
 def torch_tampering(before: dict[str, int]) -> str | None:
@@ -418,6 +431,126 @@ def free_dims(module: types.ModuleType) -> FreeDims:
     note = None if names else ("no module-level size parameter changes get_inputs() without changing "
                                "get_init_inputs() (the weights): the problem's own shape only")
     return FreeDims(names, defaults, note)
+
+
+# Model sizes. The module-level integers that size the weights (they change get_init_inputs() or the
+# shapes of the Model's parameters and buffers) are never free size parameters: the shapes gate cannot sweep
+# them, and a kernel whose tail over a weight dimension is wrong (a vectorised update of a parameter of
+# numel % 8 != 0, a hidden size that is no multiple of its block) passes at the problem's own sizes, which
+# are usually powers of two. The shapes gate builds both models again at other such sizes
+# (`model_size_variants`): each size + 1, all of them at once first, then each alone, halved (each halved
+# size + 1) until the Model's parameters and the inputs hold at most MODEL_ELEMENTS elements.
+MODEL_ELEMENTS = 1 << 22
+MIN_MODEL_SIZE = 8  # smaller integers are kernel sizes, strides, groups, dimensions: not sizes of a weight
+MAX_MODEL_SIZES = 3
+
+
+@dataclass
+class ModelSize:
+    """Other values of the integers that size the weights: `overrides` name -> value, `label` for messages."""
+
+    overrides: dict[str, int]
+    label: str
+
+
+@contextlib.contextmanager
+def overridden(modules: list[types.ModuleType], overrides: dict[str, int],
+               defaults: dict[str, int]) -> Iterator[None]:
+    """`overrides` set in each module's globals that holds the name at its default value (a candidate's own
+    different binding is its own), put back after."""
+    saved = []
+    for module in modules:
+        g = vars(module)
+        for name, value in overrides.items():
+            if type(g.get(name)) is int and g[name] == defaults[name]:
+                saved.append((g, name, g[name]))
+                g[name] = value
+    try:
+        yield
+    finally:
+        for g, name, value in reversed(saved):
+            g[name] = value
+
+
+def _model_signature(module: types.ModuleType) -> Any:
+    """The shapes of the Model's parameters and buffers, built on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        model = module.Model(*module.get_init_inputs())
+    if not isinstance(model, torch.nn.Module):
+        return None
+    return tuple((n, tuple(t.shape)) for n, t in [*model.named_parameters(), *model.named_buffers()])
+
+
+def init_dims(module: types.ModuleType, free: FreeDims) -> FreeDims:
+    """The module-level integers of at least MIN_MODEL_SIZE, not free size parameters, whose value + 1
+    changes what get_init_inputs() gives or the shapes of the Model's weights, with get_inputs() and the
+    Model still made on the meta device."""
+    try:
+        base = (_call_on_meta(module.get_init_inputs), _model_signature(module))
+    except Exception as exc:  # noqa: BLE001
+        return FreeDims([], [], f"the Model cannot be built on the meta device ({type(exc).__name__})")
+    names, defaults = [], []
+    g = vars(module)
+    for key, value in list(g.items()):
+        if key.startswith("_") or type(value) is not int or value < MIN_MODEL_SIZE or key in free.names:
+            continue
+        g[key] = value + 1
+        try:
+            _call_on_meta(module.get_inputs)
+            changed = (_call_on_meta(module.get_init_inputs), _model_signature(module)) != base
+        except Exception:  # noqa: BLE001 - not legal at value + 1 alone: not swept
+            changed = False
+        finally:
+            g[key] = value
+        if changed:
+            names.append(key)
+            defaults.append(value)
+    return FreeDims(names, defaults, None if names else "no module-level integer sizes the weights")
+
+
+def model_elements(module: types.ModuleType, dims: FreeDims, shape: tuple[int, ...] | None) -> int | None:
+    """Elements of the Model's parameters and buffers plus the inputs at `shape`, counted on the meta device
+    with the module's globals as they are; None where either cannot be made there."""
+    import torch
+
+    try:
+        inputs = input_elements(module, dims, shape)
+        with torch.device("meta"):
+            model = module.Model(*module.get_init_inputs())
+        held = sum(t.numel() for t in [*model.parameters(), *model.buffers()]) \
+            if isinstance(model, torch.nn.Module) else 0
+    except Exception:  # noqa: BLE001
+        return None
+    return None if inputs is None else inputs + held
+
+
+def model_size_variants(module: types.ModuleType, dims: FreeDims, init: FreeDims, shape: tuple[int, ...] | None,
+                        budget: int = MODEL_ELEMENTS) -> list[ModelSize]:
+    """At most MAX_MODEL_SIZES other sizes of the weights (see MODEL_ELEMENTS): all of `init`'s integers at
+    once, then each alone; each size + 1 (a tail of one past every power of two), else halved first, each
+    halved size + 1 again, until the meta-device count (`model_elements`) is within `budget`."""
+    defaults = dict(zip(init.names, init.defaults, strict=True))
+    groups = [list(init.names)] if len(init.names) > 1 else []
+    groups += [[n] for n in init.names]
+    out: list[ModelSize] = []
+    for group in groups:
+        for halvings in range(32):
+            trial = {n: (defaults[n] >> halvings) + 1 for n in group}
+            if any(v < MIN_MODEL_SIZE for v in trial.values()):
+                break
+            with overridden([module], trial, defaults):
+                counted = model_elements(module, dims, shape)
+            if counted is not None and counted <= budget:
+                if all(trial != m.overrides for m in out):
+                    label = (", ".join(f"{n}={v}" for n, v in trial.items()) + " (the problem's "
+                             + ", ".join(str(defaults[n]) for n in trial) + ")")
+                    out.append(ModelSize(trial, label))
+                break
+        if len(out) >= MAX_MODEL_SIZES:
+            break
+    return out
 
 
 # The audit's working shape. KernelBench problems run at their own sizes take up to ~90 GiB and

@@ -311,6 +311,13 @@ class Subject:
         (the special_values gate). Here: none known."""
         return False
 
+    def model_sizes(self) -> list[Any]:
+        """Other sizes of the weights the kernel and the reference can both be built at (a KernelBench problem's
+        module-level integers that size the Model: `kgate.kernelbench.model_size_variants`), each with `label`
+        and `open()`, a context manager that builds the two models at that size and yields a subject of them
+        (or a string: why it was not built), and puts everything back after. Here: none."""
+        return []
+
     def modules(self) -> tuple[torch.nn.Module, torch.nn.Module] | None:
         """The kernel's and the reference's `nn.Module`, seen through kgate's own wrappers (the audit's
         `kernelbench.NoGrad`, the oracle's `DtypeDispatch`), or None unless both are modules."""

@@ -500,3 +500,107 @@ def test_the_oracle_gate_judges_integer_input_models_against_float64():
     assert good.verdict == "pass", good.message
     bad = check("oracle", _BagMeanHalfTotal(), reference, _bag_indices)
     assert bad.verdict == "fail", bad.message
+
+
+WEIGHTS_PROBLEM = """import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(features))
+        self.proj = nn.Parameter(torch.randn(hidden, features))  # sized by a global its __init__ reads
+    def forward(self, x):
+        return (x * self.scale) @ self.proj.t()
+batch_size = 4
+features = 64
+hidden = 32
+kernel_size = 3
+def get_inputs():
+    return [torch.randn(batch_size, features)]
+def get_init_inputs():
+    return [features]
+"""
+
+
+def test_the_integers_that_size_the_weights_are_found_and_halved_within_budget(tmp_path):
+    module = kb.exec_problem(_touch(tmp_path / "weights.py", WEIGHTS_PROBLEM), "inputs")
+    dims = kb.free_dims(module)
+    assert dims.names == ["batch_size"]
+    init = kb.init_dims(module, dims)
+    # features changes get_init_inputs(), hidden only the Model's weight shapes; kernel_size is below
+    # MIN_MODEL_SIZE (kernel sizes, strides, groups are not sizes of a weight)
+    assert init.names == ["features", "hidden"] and init.defaults == [64, 32]
+    sizes = kb.model_size_variants(module, dims, init, None)
+    assert [s.overrides for s in sizes] == [{"features": 65, "hidden": 33}, {"features": 65}, {"hidden": 33}]
+    assert "the problem's 64" in sizes[1].label
+    # 4 x 65 inputs + 65 + 33 x 65 weights (2,470 elements) pass a budget of 1000: halved (then + 1) until within
+    # it (4 x 33 + 33 + 17 x 33 = 726)
+    small = kb.model_size_variants(module, dims, init, None, budget=1000)
+    assert small[0].overrides == {"features": 33, "hidden": 17}
+    assert all(kb.MIN_MODEL_SIZE <= v for s in small for v in s.overrides.values())
+    assert (module.features, module.hidden) == (64, 32), "counting must not leave the module changed"
+    with kb.overridden([module], {"features": 65}, {"features": 64}):
+        assert module.features == 65
+    assert module.features == 64
+
+
+WEIGHT_TAIL = '''import torch
+import torch.nn as nn
+class ModelNew(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.scale = nn.Parameter(torch.randn(features))
+        self.proj = nn.Parameter(torch.randn(hidden, features))
+    def forward(self, x):
+        n = x.shape[-1]
+        bulk = n - n % 16
+        y = x.clone()
+        y[:, :bulk] = x[:, :bulk] * self.scale[:bulk]  # BODY
+        return y @ self.proj.t()
+'''
+
+
+def test_the_shapes_gate_builds_both_models_at_other_sizes_of_the_weights(tmp_path):
+    """A tail over a weight dimension that the problem's own sizes (multiples of 16) never have: caught with
+    the weights sized + 1; the same kernel with its tail scaled passes; one that refuses other sizes when
+    built is passed over (a domain it states)."""
+    from kgate.audit.results import ResultsFile
+    from kgate.cli import main as kgate_main
+
+    problems, candidates = tmp_path / "problems", tmp_path / "candidates"
+    _touch(problems / "weights.py", WEIGHTS_PROBLEM)
+    _touch(candidates / "weights__unscaled_tail.py", WEIGHT_TAIL)
+    _touch(candidates / "weights__scaled_tail.py", WEIGHT_TAIL.replace(
+        "  # BODY", "\n        y[:, bulk:] = x[:, bulk:] * self.scale[bulk:]"))
+    _touch(candidates / "weights__own_sizes_only.py", WEIGHT_TAIL.replace(
+        "        super().__init__()\n", "        super().__init__()\n        assert features % 16 == 0\n", 1))
+    out = tmp_path / "run"
+    kgate_main(["audit", "--format", "kernelbench", "--problems", str(problems), "--candidates", str(candidates),
+                "--device", "cpu", "--jobs", "1", "--gate", "shapes", "--out", str(out), "-q"])
+    gates = {r["id"]: r["gates"][0] for r in ResultsFile(out / "results.jsonl").read().values()}
+    tail, scaled, own = (gates[f"weights__{n}"] for n in ("unscaled_tail", "scaled_tail", "own_sizes_only"))
+    assert tail["verdict"] == "fail" and "weights sized features=65, hidden=33" in tail["message"], tail["message"]
+    assert tail["details"]["model_size"] == {"features": 65, "hidden": 33}
+    assert scaled["verdict"] == "pass" and "weights sized features=65, hidden=33 (the problem's 64, 32), then " \
+        "features=65" in scaled["message"], scaled["message"]
+    assert own["verdict"] == "pass" and "passed over at 2 other size(s)" in own["message"] and \
+        "ModelNew raised AssertionError when built there" in own["message"], own["message"]
+
+
+def test_torchs_own_dynamo_wrapper_is_no_tampering_and_a_lookalike_is(monkeypatch):
+    """torch._dynamo, when first imported (a Model built on the meta device can import it), wraps torch.manual_seed
+    in torch._disable_dynamo: torch's doing, not the candidate's. A wrapper of the candidate's own, even one that
+    names the original as __wrapped__, is a replacement."""
+    import functools
+
+    original = torch.manual_seed
+    before = kb.torch_fingerprint()
+    monkeypatch.setattr(torch, "manual_seed", torch._disable_dynamo(original))
+    assert kb.torch_tampering(before) is None
+
+    @functools.wraps(original)
+    def lookalike(seed):
+        return original(seed + 1)
+
+    monkeypatch.setattr(torch, "manual_seed", lookalike)
+    assert "torch.manual_seed" in (kb.torch_tampering(before) or "")

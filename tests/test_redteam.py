@@ -59,9 +59,11 @@ def embed(t: torch.Tensor, pad: int = 1024) -> torch.Tensor:
     return view
 
 
-def demo_inputs(name: str, seed: int = 0) -> list:
+def demo_inputs(name: str, seed: int = 0, k: int = 0) -> list:
+    """The label's inputs, drawn after torch.manual_seed(seed); `k` is the call's index where a demo makes
+    several calls."""
     torch.manual_seed(seed)
-    return list(eval(LABELS[name]["input"], {"torch": torch, "math": math, "put": put, "embed": embed}))
+    return list(eval(LABELS[name]["input"], {"torch": torch, "math": math, "put": put, "embed": embed, "k": k}))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -454,6 +456,22 @@ def show_eval_mode(name, spec):
     return None
 
 
+def show_resized(name, spec):
+    """Both models built at other sizes of the weights (`sizes`: the problem's module-level integers set before
+    get_init_inputs() runs), then `calls` calls (default 1) from the same state on the label's inputs (`k` the
+    call's index): the last output beyond tolerance."""
+    module = exec_problem(problem_of(name), "reference")
+    vars(module).update(spec["sizes"])
+    reference, init_inputs = build_reference(module, "cpu")
+    candidate = load_candidate(name, init_inputs)
+    for k in range(spec.get("calls", 1)):
+        inputs = demo_inputs(name, k=k)
+        exact = oracle(reference, inputs)  # (a float64 copy of the reference's state before this call)
+        ref_out, out = call(reference, inputs), call(candidate, inputs)
+    why = beyond_tolerance(out, exact, ref_out)
+    return f"with the weights sized {spec['sizes']}, at call {k + 1}: {why}" if why else None
+
+
 def show_patched(name, spec):
     _, reference, init_inputs = load_reference(name)
     inputs = demo_inputs(name)
@@ -494,7 +512,7 @@ SHOW = {"values": show_values, "aliases": show_aliases, "nondeterministic": show
         "contiguity": show_contiguity, "global_state": show_global_state, "random_stream": show_random_stream,
         "stale_buffers": show_stale_buffers, "eval_mode": show_eval_mode,
         "train_between_evals": show_train_between_evals,
-        "patched": show_patched,
+        "patched": show_patched, "resized": show_resized,
         "raises": show_raises, "dtype": show_dtype}
 
 

@@ -66,6 +66,9 @@ def _sizes(channel: Channel, job: dict[str, Any]) -> None:
 
 def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
+    import contextlib
+    from collections.abc import Iterator
+
     import torch
 
     from kgate import gates as registry
@@ -209,6 +212,8 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     factory = InputFactory(kb.ProblemInputs(inputs_module, dims).factory())
 
     class PairSubject(Subject):
+        resized: str | None = None  # the label of the weights' size it was built at, where not the problem's
+
         def repro(self, gate: str, case: Case | None = None) -> str:
             dtype = (case or self.cases[0]).dtype
             judged = gate if "[" in gate or plain else f"{gate}[{dtype}]"  # its result id
@@ -223,16 +228,56 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         def predicted_input_elements(self, case: Case) -> int | None:
             return kb.input_elements(inputs_module, dims, case.shape) if case.shape is not None else None
 
-    def subject_at(shape: tuple[int, ...] | None, dtype: str = "float32") -> PairSubject:
+        def model_sizes(self) -> list[Any]:
+            if self.resized:  # (not again from a subject at another size)
+                return []
+            if not init_dims:
+                init_dims.append(kb.init_dims(inputs_module, dims))
+            shape, dtype = self.cases[0].shape, self.cases[0].dtype
+            return [Resized(size, shape, dtype) for size in
+                    kb.model_size_variants(inputs_module, dims, init_dims[0], shape)]
+
+    init_dims: list[kb.FreeDims] = []  # the integers that size the weights (found on the first ask)
+
+    class Resized:
+        """Both models built again at another size of the weights (Subject.model_sizes)."""
+
+        def __init__(self, size: kb.ModelSize, shape: tuple[int, ...] | None, dtype: str):
+            self.size, self.label, self.shape, self.dtype = size, size.label, shape, dtype
+            self.overrides = size.overrides
+
+        @contextlib.contextmanager
+        def open(self) -> Iterator[PairSubject | str]:
+            defaults = dict(zip(init_dims[0].names, init_dims[0].defaults, strict=True))
+            # the problem's three copies see the size while the two are built and judged: a forward may read it
+            with kb.overridden([reference_module, inputs_module, candidate_module], self.size.overrides, defaults):
+                built: PairSubject | str
+                try:
+                    reference, init_inputs = kb.build_reference(reference_module, device, seed, dtype_of(self.dtype))
+                    try:
+                        candidate = kb.build_candidate(model_new, init_inputs, device, seed, dtype_of(self.dtype))
+                        if isinstance(candidate, torch.nn.Module) and isinstance(reference, torch.nn.Module):
+                            module_buffer_pairs(candidate, reference)
+                        built = subject_at(self.shape, self.dtype, (reference, candidate))
+                        built.resized = self.label
+                    except (Exception, SystemExit) as exc:  # noqa: BLE001 - a narrower domain it states
+                        built = f"ModelNew raised {type(exc).__name__} when built there"
+                except kb.ProblemError as exc:
+                    built = f"the problem's Model cannot be built there ({str(exc)[:200]})"
+                yield built
+
+    def subject_at(shape: tuple[int, ...] | None, dtype: str = "float32",
+                   pair: tuple[Any, Any] | None = None) -> PairSubject:
         entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, [dtype],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),
                              device=job["device"])
-        reference, candidate = models[dtype]
+        reference, candidate = pair or models[dtype]
         # both models draw what their forward draws from the same seed (kgate.oracle.seeded)
         subject = PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), factory, device,
                               [Case(shape, dtype, s) for s in seeds], repro_manifest=str(problem_path))
         subject.pristine_state = pristine
-        subject.first_calls = first_calls[dtype]
+        if pair is None:
+            subject.first_calls = first_calls[dtype]
         return subject
 
     work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))

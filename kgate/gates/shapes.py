@@ -68,6 +68,12 @@ carries a running value from one block to the next (a scan, a running maximum, a
 NaN at a block boundary, or join two -inf (two +inf) carries into a NaN (max(a, b) + log1p(exp(-|a - b|)),
 exp(m_old - m_new) with both -inf): that shows only on rows longer than one block, which the special_values
 gate, at the declared shapes, never meets, and a run needs a whole block of it.
+
+Sizes of the weights (`_model_sizes`): a subject that can build its kernel and reference at other sizes of their
+weights (`Subject.model_sizes`: a KernelBench problem's integers that size its Model, never free sizes) is judged
+at up to `kgate.kernelbench.MAX_MODEL_SIZES` of them, after the declared shapes (also where no shape can be
+swept): contract, oracle bound and, for a history-dependent module, the oracle gate's sequence of calls. A tail
+over a weight dimension that the problem's own sizes (powers of two) never have shows there.
 """
 
 from __future__ import annotations
@@ -251,6 +257,11 @@ class Shapes(Gate):
 
     def check(self, subject: Subject) -> GateResult:
         if not takes_shape(subject):
+            sized = self._model_sizes(subject, [])
+            if isinstance(sized, GateResult):
+                return sized
+            if sized[0]:
+                return self.passed(f"{sized[1]}; no shapes swept: the inputs have no free size")
             if isinstance(subject.factory.source, list):  # declarative inputs, each with its own shape
                 return self.skipped("every declared input has a fixed `shape:` (or is a `value:`), so only that "
                                     "shape exists (the oracle gate judges it); leave `shape:` out of the inputs "
@@ -278,6 +289,9 @@ class Shapes(Gate):
                 finding = self._judge(subject, case, base, evidence)
                 if finding is not None:
                     return self._fail(subject, case, "a declared shape", finding, evidence)
+        sized = self._model_sizes(subject, evidence)
+        if isinstance(sized, GateResult):
+            return sized
         input_cap = max(INPUT_FACTOR * max(sizes), MIN_INPUT_CAP)
         output_cap = max(INPUT_FACTOR * max(out_sizes), MIN_OUTPUT_CAP)  # past 8192 only
         largest = max(declared, key=numel)
@@ -349,7 +363,7 @@ class Shapes(Gate):
                         return result
                 if finding is not None:
                     return self._fail(subject, case, why, finding, evidence, after=largest)
-        notes = [untied] if untied else []
+        notes = [n for n in (untied, sized[1]) if n]
         if raised_empty:
             notes.append(f"the kernel raises on {len(raised_empty)} with an empty dimension past the first, where the "
                          f"reference returns (passed over): {', '.join(raised_empty)}")
@@ -373,6 +387,57 @@ class Shapes(Gate):
                            details={"generated": [list(s) for s, _ in generated], "rejected": rejected,
                                     "too_large": too_big, "outputs_too_large": too_big_out,
                                     "too_costly": too_costly})
+
+    def _model_sizes(self, subject: Subject, evidence: list) -> GateResult | tuple[int, str]:
+        """Both models built again at other sizes of the weights (`Subject.model_sizes`: a KernelBench problem's
+        integers that size the Model, each + 1, or halved + 1), at the first case's shape, dtype and seed: the
+        kernel must give the reference's contract and stay within the oracle bound, and, where the module is
+        history-dependent, over the oracle gate's sequence of calls on one state (`Oracle.state_sequence`: a tail
+        of a parameter's elements whose buffer is never updated shows from the second call). Where ModelNew
+        raises when built there or called there, it is passed over (a narrower domain it states). Returns the
+        failure, or (sizes judged, a note for the pass message: "" for none tried)."""
+        from kgate.gates.oracle import Oracle
+
+        judged: list[str] = []
+        passed_over: list[str] = []
+        for size in subject.model_sizes():
+            if subject.out_of_time() and (judged or passed_over):
+                break
+            with size.open() as other:
+                if isinstance(other, str):
+                    passed_over.append(f"{size.label} ({other})")
+                    continue
+                other.deadline = subject.deadline
+                case = other.cases[0]
+                try:
+                    base = other.baseline(case)
+                    finding = self._judge(other, case, base, evidence)
+                    if finding is not None and finding.kind == CRASH:
+                        passed_over.append(f"{size.label} (ModelNew raised there: {finding.message[:120]})")
+                        continue
+                    failed = None if finding is not None else Oracle().state_sequence(other, case, evidence)[0]
+                except UserCodeError as exc:
+                    if exc.role == "kernel":
+                        raise
+                    passed_over.append(f"{size.label} (the {exc.role} raised {type(exc.exc).__name__})")
+                    continue
+                where = f"with the weights sized {size.label} (kernel and reference built again there)"
+                if finding is not None:
+                    result = self.failed(subject, f"{where}: {finding.message}", case=case, expected=finding.expected,
+                                         got=finding.got, where=finding.where, broken=finding.broken,
+                                         evidence=evidence, details={**finding.details, "kind": finding.kind,
+                                                                     "model_size": size.overrides})
+                    result.tolerance_free = finding.tolerance_free
+                    return result
+                if failed is not None:
+                    return self.failed(subject, f"{where}: {failed.message}", case=case, expected=failed.expected,
+                                       got=failed.got, where=failed.where, broken=failed.broken, evidence=evidence,
+                                       details={**failed.details, "model_size": size.overrides})
+                judged.append(size.label)
+        notes = [f"the weights sized {', then '.join(judged)} (both models built again) within bound"] if judged else []
+        if passed_over:
+            notes.append(f"passed over at {len(passed_over)} other size(s) of the weights: {'; '.join(passed_over)}")
+        return len(judged), "; ".join(notes)
 
     def _untied(self, subject: Subject, case: Case, evidence: list) -> GateResult | str:
         """The untied-sizes probes (`untied_probes`) on the declared inputs of `case`: the first one the reference
