@@ -20,6 +20,7 @@ from kgate.gates.distributions import (
     INTEGER_FAMILIES,
     SORTED_FAMILIES,
     WEIGHT_FAMILIES,
+    aligned,
     argument_probes,
     transform,
 )
@@ -747,3 +748,62 @@ def test_the_gate_written_without_cancellation_passes_every_parameter_magnitude(
     assert result.verdict == "pass", result.message
     assert "5 probe(s) of the module's parameters scaled" in result.message
     assert torch.equal(kernel.decay.detach(), torch.linspace(1.0, 5.0, 16))  # put back
+
+
+class _Contrastive(torch.nn.Module):
+    """A symmetric contrastive loss of paired rows with a learned inverse temperature, clamped at 100: cross
+    entropy of the cosine logits both ways, through log-softmax (shifted by the row maximum)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log_scale = torch.nn.Parameter(torch.tensor(2.0))
+
+    def logits(self, a, b):
+        a = a / a.norm(dim=-1, keepdim=True)
+        b = b / b.norm(dim=-1, keepdim=True)
+        return self.log_scale.exp().clamp(max=100.0) * a @ b.t()
+
+    def forward(self, a, b):
+        logits = self.logits(a, b)
+        diagonal = logits.diagonal()
+        return 0.5 * ((torch.logsumexp(logits, 1) - diagonal).mean() + (torch.logsumexp(logits, 0) - diagonal).mean())
+
+
+class _ContrastiveSharedExp(_Contrastive):
+    """One exp() of the logits for both directions, no maximum taken first: safe while scale x cosine < 88,
+    infinite once the scale reaches the clamp and a pair's cosine passes 0.887."""
+
+    def forward(self, a, b):
+        logits = self.logits(a, b)
+        e = logits.exp()
+        diagonal = logits.diagonal()
+        return 0.5 * ((e.sum(1).log() - diagonal).mean() + (e.sum(0).log() - diagonal).mean())
+
+
+def _pairs(seed, shape=None, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(shape or (16, 32), generator=gen, dtype=torch.float64)
+    b = 0.5 * a + torch.randn(a.shape, generator=gen, dtype=torch.float64)
+    return a.to(dtype), b.to(dtype)
+
+
+def test_an_unshifted_exp_fails_at_a_larger_learned_scale_on_aligned_pairs():
+    """The drawn pairs have cosines near 0.45: 100 x 0.45 does not overflow; equal pairs (cosine 1) do."""
+    result = check("distributions", _ContrastiveSharedExp(), _Contrastive(), _pairs)
+    assert result.verdict == "fail", result.message
+    assert "multiplied by 10, alike in kernel and reference, on the case's inputs with those of one shape made " \
+        "equal" in result.message, result.message
+    assert check("oracle", _ContrastiveSharedExp(), _Contrastive(), _pairs).verdict == "pass"
+
+
+def test_a_shifted_contrastive_loss_passes_every_scale_on_aligned_pairs_too():
+    result = check("distributions", _Contrastive(), _Contrastive(), _pairs)
+    assert result.verdict == "pass", result.message
+    assert "10 probe(s) of the module's parameters scaled" in result.message, result.message
+
+
+def test_aligned_inputs_copy_the_first_of_each_shape_and_dtype():
+    a, b, c = torch.randn(4, 3), torch.randn(4, 3), torch.randn(2)
+    out = aligned((a, b, c, torch.randn(4, 3).double(), 5))
+    assert torch.equal(out[1], a) and out[1] is not a and out[2] is c and out[4] == 5
+    assert aligned((a, c)) is None

@@ -61,9 +61,12 @@ These are not shrunk: a failure names the family and the argument.
 An nn.Module kernel's parameters at other magnitudes (`parameter_scales`): each of the `PARAMETER_CLASSES` largest
 classes of parameters kernel and reference hold equal, alone, multiplied in place by 1e-6, 1e-3, 0.1, 10 and
 1000 alike in both, the kernel judged on the first case's inputs against the oracle of the reference so changed,
-the values put back after each. A module is built at one magnitude of its parameters and trained to others: a
-gate `1 - sigmoid(a)` for `sigmoid(-a)` is exactly 0 once a learned decay passes 17, an epsilon added under a
-square root dominates the norm of small weights.
+and, where two or more floating-point inputs share a shape and dtype, on those inputs made equal too (`aligned`:
+each a copy of the first of its shape: matching pairs, a query equal to its key), the values put back after each.
+A module is built at one magnitude of its parameters and trained to others: a gate `1 - sigmoid(a)` for
+`sigmoid(-a)` is exactly 0 once a learned decay passes 17, an epsilon added under a square root dominates the norm
+of small weights, a learned temperature at CLIP's clamp of 100 overflows an unshifted `exp` only where a pair's
+cosine passes 0.887 (aligned embeddings; drawn ones sit near 0).
 
 A reference declares its domain by raising on inputs outside it. Where it rejects a distribution on
 all inputs at once, the distribution is applied to one floating-point argument at a time (the others
@@ -488,6 +491,22 @@ class AtZero(dict):
     degenerate distributions (FLOOR_FROM_FACTORY)."""
 
 
+def aligned(args: tuple) -> tuple | None:
+    """`args` with every floating-point tensor that has the shape and dtype of an earlier one replaced by a copy of
+    that earlier one (an image embedding equal to its text embedding, a query equal to its key); None where no two
+    share a shape and dtype."""
+    out, first = list(args), {}
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel():
+            key = (tuple(a.shape), a.dtype, a.device)
+            if key in first:
+                out[i] = args[first[key]].clone()
+            else:
+                first[key] = i
+    return tuple(out) if len(first) < sum(1 for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()
+                                         and a.numel()) else None
+
+
 def _magnitudes(oracle) -> dict[str, float]:
     """Per floating output leaf, the largest finite magnitude of the float64 oracle."""
     out = {}
@@ -644,6 +663,10 @@ class Distributions(Gate):
         case = cases[0]
         base = subject.baseline(case)
         at_zero = AtZero(_magnitudes(base.oracle))
+        inputs = [("on the case's inputs", base.args)]
+        equal = aligned(base.args)
+        if equal is not None:
+            inputs.append(("on the case's inputs with those of one shape made equal", subject.conform(base.args, equal)))
         state = ModuleState(subject, modules)
         judged = 0
         try:
@@ -656,25 +679,30 @@ class Distributions(Gate):
                         for t in c.tensors():
                             t.mul_(factor)
                     subject.changed_state()
+                    outcomes = []
                     try:
                         now = [t.detach() for _, t in outputs_on(subject.run_kernel(clone_tree(base.args)))]
                         # its previous output again, bitwise: a copy of the parameters it does not refresh (the
                         # isolation gate's finding, not a magnitude's)
                         stale = len(now) == len(before) and all(
                             a.shape == b.shape and bitwise_mismatch(a, b) is None for a, b in zip(now, before))
-                        outcome = None if stale else self._judge(subject, base.args, case, evidence, at_zero)
+                        for label, args in [] if stale else inputs:
+                            outcomes.append((label, self._judge(subject, args, case, evidence, at_zero)))
+                            if outcomes[-1][1] not in (None, False):
+                                break
                     finally:
                         state.restore()
                     what = f"{c.names()} multiplied by {factor:g}, alike in kernel and reference"
                     if stale:
                         break  # (the other magnitudes would be as stale)
-                    if outcome is None:
-                        rejected.append(f"parameters: {what} ({case.label()})")
-                        continue
-                    judged += 1
-                    if outcome is not False:
-                        return self._report(subject, case, f"the module's parameters at another magnitude: {what}, "
-                                            "on the case's inputs", outcome, evidence, ""), judged
+                    for label, outcome in outcomes:
+                        if outcome is None:
+                            rejected.append(f"parameters: {what}, {label} ({case.label()})")
+                            continue
+                        judged += 1
+                        if outcome is not False:
+                            return self._report(subject, case, f"the module's parameters at another magnitude: "
+                                                f"{what}, {label}", outcome, evidence, ""), judged
         finally:
             state.close()
         return None, judged
