@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kgate import gates as registry
-from kgate.gates.shapes import edge_shapes, largest_prime_at_most
+from kgate.gates.shapes import MANY, edge_shapes, largest_prime_at_most, many_shape
 from tests.gate_harness import check, subject_for
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "gates" / "shapes"
@@ -471,15 +471,17 @@ def test_a_shape_past_8192_whose_4097_shape_made_a_quadratic_tensor_is_not_built
         return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype),)
 
     costly = check("shapes", _ranks_pairwise, _ranks, make_row, shapes=[[64]])
-    assert costly.verdict == "pass" and len(costly.details["too_costly"]) == 2, costly.message
+    assert costly.verdict == "pass" and len(costly.details["too_costly"]) == 3, costly.message
     assert costly.details["too_costly"][0].startswith("(16384,) (~2.68e+08 elements)"), costly.message
     assert costly.details["too_costly"][1].startswith("(65537,) (~4.29e+09 elements)"), costly.message
+    assert costly.details["too_costly"][2].startswith("(1048583,)"), costly.message  # past 2^20 input elements
     assert "past 8192 or 65535 whose largest tensor" in costly.message and 16384 not in asked and 65537 not in asked
     for kernel, reference in ((lambda x: torch.stack([x, x], -1).sum(-1), lambda x: x * 2), (_ranks, _ranks)):
         asked.clear()
         cheap = check("shapes", kernel, reference, make_row, shapes=[[64]])
         assert cheap.verdict == "pass" and 16384 in asked, cheap.message
-        assert all(s.startswith("(65537,)") for s in cheap.details["too_costly"]), cheap.message  # 2^4 x 8194
+        assert all(s.startswith(("(65537,)", "(1048583,)")) for s in cheap.details["too_costly"]), \
+            cheap.message  # 2^4 x 8194 and 2^7 x 8194 elements
 
 
 # -- untied sizes, past 65535, empty dimensions past the first, the same elements split otherwise ------------
@@ -588,3 +590,22 @@ def test_an_untied_probe_where_the_reference_and_its_float64_evaluation_disagree
     result = check("shapes", unchecked, unchecked, correct.make_attention_inputs, **ATTENTION)
     assert result.verdict == "pass", result.message
     assert "passed over where the reference and its float64 evaluation disagree" in result.message
+
+
+def test_the_shape_past_2_20_input_elements_is_prime_in_every_size_and_within_2_21():
+    shape = many_shape((256, 8), 1.0)
+    assert shape == (149803, 7)  # 7 = the largest prime <= 8; 149803 the smallest prime past 2^20 / 7
+    assert all(largest_prime_at_most(s) == s for s in shape) and MANY < 149803 * 7 <= 2 * MANY
+    assert many_shape((4, 16, 16), 8.0) == (787, 13, 13)  # 8 input elements per unit of the shape (channels)
+    assert many_shape((), 1.0) is None
+    assert many_shape((2, 1 << 22), 1.0) is None  # no size of dimension 0 keeps it within 2^21
+
+
+def test_a_chunked_path_from_2_20_elements_that_never_writes_its_tail_fails_and_one_that_does_passes():
+    violating, correct = _load("violating"), _load("correct")
+    result = check("shapes", violating.leaky_relu_chunked_drops_tail, correct.leaky_relu_reference,
+                   correct.make_rows, shapes=[(256, 8)])
+    assert result.verdict == "fail" and "past 1048576 input elements" in result.message, result.message
+    result = check("shapes", correct.leaky_relu_chunked, correct.leaky_relu_reference, correct.make_rows,
+                   shapes=[(256, 8)])
+    assert result.verdict == "pass", result.message

@@ -117,3 +117,20 @@ def row_sums_planned_by_count(x):
     out = x.new_zeros(x.shape[:-1].numel(), dtype=torch.float64)  # a float64 total, as long rows need
     out.index_add_(0, _ROW_MAPS[key].clamp(max=max(out.numel() - 1, 0)), x.reshape(-1).double())
     return out.reshape(x.shape[:-1]).to(x.dtype)
+
+
+PARALLEL_MIN = 1 << 20  # the chunked path: from this many elements
+CHUNKS = 6
+
+
+def leaky_relu_chunked_drops_tail(x):
+    """Leaky ReLU; from 2^20 elements the flat tensor in 6 chunks of numel // 6: the last numel % 6 elements of the
+    output are never written (left 0; an uninitialised tail would be the initialization gate's finding too, and could
+    happen to hold the reference's freed result). The declared shapes never reach the chunked path."""
+    if x.numel() < PARALLEL_MIN:
+        return torch.nn.functional.leaky_relu(x, 0.1)
+    flat, out = x.reshape(-1), torch.zeros_like(x).reshape(-1)
+    step = flat.numel() // CHUNKS
+    for i in range(CHUNKS):
+        out[i * step:(i + 1) * step] = torch.nn.functional.leaky_relu(flat[i * step:(i + 1) * step], 0.1)
+    return out.view(x.shape)

@@ -132,6 +132,7 @@ LONG = "larger than one block"  # the generated shapes on which NaN and run prob
 PAST_8192 = 16384  # a power of two: a multiple of every block size up to it
 PAST_GRID = 65537  # past 65535, the most blocks a CUDA grid's y and z dimensions take, and past 2^16
 PAST = " past "  # in the label of a shape past 8192 or 65535: its reference outputs are sized before the oracle runs
+MANY = 1 << 20  # `many_shape`: inputs past this many elements (a parallel or split path taken above ~1M elements)
 GRID_KEEP = 16  # past 65535 the other sizes are halved, widest first, until they hold at most this many elements
 QUADRATIC = 4.0  # the most a shape's largest tensor grows per doubling of one size (attention, pairwise)
 MAX_UNTIED = 8  # untied sizes (`untied_probes`): probes judged
@@ -231,6 +232,25 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
             + [(shape, f"{EMPTY} (size 0 in dim {dim})") for shape, dim in empty])
 
 
+def many_shape(shape: tuple[int, ...], per_shape: float) -> tuple[int, ...] | None:
+    """`shape` with every size the largest prime not above it and dimension 0 the smallest prime at which the
+    inputs (`per_shape` elements per unit of the shape's product) pass MANY elements (a kernel that switches to a
+    threaded, split or persistent path above ~1M elements, with a chunk count that need not divide them); None
+    for a shape of no dimensions or none there within 2 x MANY."""
+    if not shape or per_shape <= 0:
+        return None
+    primes = tuple(largest_prime_at_most(s) for s in shape)
+    rest = numel(primes[1:]) * per_shape
+    if rest <= 0:
+        return None
+    size = max(2, math.ceil((MANY + 1) / rest))
+    while any(size % d == 0 for d in range(2, int(size ** 0.5) + 1)):
+        size += 1
+    if size * rest > 2 * MANY:
+        return None
+    return (size,) + primes[1:]
+
+
 def _with(shape: tuple[int, ...], dim: int, value: int) -> tuple[int, ...]:
     return shape[:dim] + (value,) + shape[dim + 1:]
 
@@ -300,6 +320,11 @@ class Shapes(Gate):
             return untied
         generated = edge_shapes(declared, max(CAP_FACTOR * max(numel(s) for s in declared), MIN_CAP))
         per_shape = max(sizes) / max(numel(largest), 1)  # input elements per unit of a shape's product
+        many = many_shape(largest, per_shape) if max(sizes) <= MANY else None
+        if many is not None and many not in [g for g, _ in generated] + declared:  # before the empty shapes
+            at = next((i for i, (_, why) in enumerate(generated) if why.startswith(EMPTY)), len(generated))
+            generated.insert(at, (many, f"dim 0{PAST}{MANY} input elements (every size prime)"))
+        many_cap = max(input_cap, 2 * MANY)
         rejected: list[str] = []
         too_big: list[str] = []
         too_big_out: list[str] = []
@@ -319,7 +344,8 @@ class Shapes(Gate):
             predicted = subject.predicted_input_elements(Case(shape, dtypes[0], seed))
             if predicted is None and PAST in why:  # as the declared inputs grow with their shape's product
                 predicted = round(per_shape * numel(shape))
-            if any(_covers(shape, small) for small in oversized) or (predicted or 0) > input_cap:  # not even built
+            cap = many_cap if shape == many else input_cap
+            if any(_covers(shape, small) for small in oversized) or (predicted or 0) > cap:  # not even built
                 too_big.append(_fmt(shape))
                 continue
             if why.startswith(SPLIT):  # right after a call on the declared elements: a plan cached by their count
@@ -337,7 +363,7 @@ class Shapes(Gate):
                 case = Case(shape, dtype, seed)
                 try:  # inputs past the cap are not run (the reference and the oracle neither)
                     if PAST in why:
-                        base = _sized_baseline(subject, case, input_cap, output_cap)
+                        base = _sized_baseline(subject, case, cap, output_cap)
                     else:
                         base = subject.baseline(case, max_elements=input_cap)
                 except UserCodeError as exc:
