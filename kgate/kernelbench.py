@@ -245,8 +245,10 @@ class ProblemError(Exception):
     """The problem file itself is unusable (not the candidate's fault)."""
 
 
-def exec_problem(path: Path, role: str) -> types.ModuleType:
-    """A fresh copy of the problem module, under a random name, not left in sys.modules."""
+def exec_problem(path: Path, role: str, sizes: dict[str, int] | None = None) -> types.ModuleType:
+    """A fresh copy of the problem module, under a random name, not left in sys.modules. With `sizes`, the problem
+    as if written with those module-level integers (`sized_source`): what the module derives from them at import
+    (a bias shape `(out_channels, 1, 1)`) follows."""
     name = f"_kgate_kb_problem_{role}_{secrets.token_hex(6)}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -254,7 +256,10 @@ def exec_problem(path: Path, role: str) -> types.ModuleType:
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # some code (dataclasses, typing) looks itself up while it executes
     try:
-        spec.loader.exec_module(module)
+        if sizes:
+            exec(compile(sized_source(path, sizes), str(path), "exec"), vars(module))  # noqa: S102 - the problem's own code
+        else:
+            spec.loader.exec_module(module)
     except BaseException as exc:  # noqa: BLE001 - reported as the problem's fault, with the cause
         raise ProblemError(f"problem {path.name} failed to import: {type(exc).__name__}: {exc}") from exc
     finally:
@@ -264,6 +269,18 @@ def exec_problem(path: Path, role: str) -> types.ModuleType:
             raise ProblemError(f"problem {path.name} defines no callable {attr!r} (KernelBench problems define "
                                "Model, get_inputs and get_init_inputs)")
     return module
+
+
+def sized_source(path: Path, sizes: dict[str, int]) -> Any:
+    """The problem's parsed source with each top-level `NAME = <int>` of `sizes` given that value instead."""
+    import ast
+
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
+                node.targets[0].id in sizes and isinstance(node.value, ast.Constant) and type(node.value.value) is int:
+            node.value = ast.copy_location(ast.Constant(sizes[node.targets[0].id]), node.value)
+    return tree
 
 
 def exec_candidate(path: Path, problem: Path | None = None) -> types.ModuleType:

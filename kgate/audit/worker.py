@@ -213,6 +213,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     class PairSubject(Subject):
         resized: str | None = None  # the label of the weights' size it was built at, where not the problem's
+        problem_inputs: Any = None  # the problem's copy that makes its inputs (another at another size of the weights)
 
         def repro(self, gate: str, case: Case | None = None) -> str:
             dtype = (case or self.cases[0]).dtype
@@ -226,7 +227,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
             return any(kb.matrix_structure(a) in kb.ZERO_STRUCTURES for a in args)
 
         def predicted_input_elements(self, case: Case) -> int | None:
-            return kb.input_elements(inputs_module, dims, case.shape) if case.shape is not None else None
+            return kb.input_elements(self.problem_inputs, dims, case.shape) if case.shape is not None else None
 
         def model_sizes(self) -> list[Any]:
             if self.resized:  # (not again from a subject at another size)
@@ -249,16 +250,19 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         @contextlib.contextmanager
         def open(self) -> Iterator[PairSubject | str]:
             defaults = dict(zip(init_dims[0].names, init_dims[0].defaults, strict=True))
-            # the problem's three copies see the size while the two are built and judged: a forward may read it
-            with kb.overridden([reference_module, inputs_module, candidate_module], self.size.overrides, defaults):
+            # the problem executed anew as if written with these sizes (what it derives from them follows), and
+            # the candidate's copy of its names set to them while the two are built and judged
+            with kb.overridden([candidate_module], self.size.overrides, defaults):
                 built: PairSubject | str
                 try:
-                    reference, init_inputs = kb.build_reference(reference_module, device, seed, dtype_of(self.dtype))
+                    sized_reference = kb.exec_problem(problem_path, "reference", self.size.overrides)
+                    sized_inputs = kb.exec_problem(problem_path, "inputs", self.size.overrides)
+                    reference, init_inputs = kb.build_reference(sized_reference, device, seed, dtype_of(self.dtype))
                     try:
                         candidate = kb.build_candidate(model_new, init_inputs, device, seed, dtype_of(self.dtype))
                         if isinstance(candidate, torch.nn.Module) and isinstance(reference, torch.nn.Module):
                             module_buffer_pairs(candidate, reference)
-                        built = subject_at(self.shape, self.dtype, (reference, candidate))
+                        built = subject_at(self.shape, self.dtype, (reference, candidate), sized_inputs)
                         built.resized = self.label
                     except (Exception, SystemExit) as exc:  # noqa: BLE001 - a narrower domain it states
                         built = f"ModelNew raised {type(exc).__name__} when built there"
@@ -266,15 +270,19 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
                     built = f"the problem's Model cannot be built there ({str(exc)[:200]})"
                 yield built
 
-    def subject_at(shape: tuple[int, ...] | None, dtype: str = "float32",
-                   pair: tuple[Any, Any] | None = None) -> PairSubject:
+    def subject_at(shape: tuple[int, ...] | None, dtype: str = "float32", pair: tuple[Any, Any] | None = None,
+                   sized_inputs: Any = None) -> PairSubject:
+        """The subject at `shape` and `dtype`: of the models built for it, or of `pair` and a problem copy at other
+        sizes of the weights (`Resized`)."""
         entry = kb.PairEntry(job["id"], candidate_path, problem_path, [shape], seeds, [dtype],
                              timeout=float(job.get("timeout") or 300.0), memory=job.get("memory"),
                              device=job["device"])
         reference, candidate = pair or models[dtype]
+        made = factory if sized_inputs is None else InputFactory(kb.ProblemInputs(sized_inputs, dims).factory())
         # both models draw what their forward draws from the same seed (kgate.oracle.seeded)
-        subject = PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), factory, device,
+        subject = PairSubject(entry, kb.NoGrad(candidate, seed), DtypeDispatch(reference, seed), made, device,
                               [Case(shape, dtype, s) for s in seeds], repro_manifest=str(problem_path))
+        subject.problem_inputs = sized_inputs or inputs_module
         subject.pristine_state = pristine
         if pair is None:
             subject.first_calls = first_calls[dtype]
