@@ -25,7 +25,7 @@ from kgate.gates.distributions import (
     transform,
 )
 from tests.domain_support import decayed_keys, decayed_keys_reference, keys_and_gates
-from tests.gate_harness import check, normal_inputs, subject_for
+from tests.gate_harness import catalogue, check, normal_inputs, subject_for
 
 CATALOGUE = Path(__file__).resolve().parent.parent / "gates" / "distributions"
 
@@ -807,3 +807,21 @@ def test_aligned_inputs_copy_the_first_of_each_shape_and_dtype():
     out = aligned((a, b, c, torch.randn(4, 3).double(), 5))
     assert torch.equal(out[1], a) and out[1] is not a and out[2] is c and out[4] == 5
     assert aligned((a, c)) is None
+
+
+def test_consecutive_integers_run_in_order_from_the_smallest_and_wrap_within_the_arguments_range():
+    _, make = INTEGER_FAMILIES["integer consecutive"]
+    ids = torch.tensor([[7, 3, 9], [4, 4, 5]])
+    assert make(ids, torch.Generator()).tolist() == [[3, 4, 5], [6, 7, 8]]
+    assert make(torch.tensor([2, 9, 4, 3, 2, 5, 6, 8, 7, 3]), torch.Generator()).tolist() == \
+        [2, 3, 4, 5, 6, 7, 8, 9, 2, 3]  # past its largest, from its smallest again
+    assert make(torch.tensor([4, 4]), torch.Generator()) is None and make(torch.tensor([1]), torch.Generator()) is None
+
+
+def test_an_embedding_that_serves_a_run_of_ids_as_a_view_of_its_table_fails_and_a_copy_passes():
+    violating, correct = catalogue("distributions", "violating"), catalogue("distributions", "correct")
+    result = check("distributions", violating.TokenTableRunView(), correct.TokenTable(), correct.make_tokens)
+    assert result.verdict == "fail" and "'integer consecutive'" in result.message and \
+        "shares memory with the kernel's 'table'" in result.message, result.message
+    result = check("distributions", correct.TokenTableRunCopy(), correct.TokenTable(), correct.make_tokens)
+    assert result.verdict == "pass", result.message

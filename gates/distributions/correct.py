@@ -364,3 +364,35 @@ def weighted_mean_reference(x, w):
 def weighted_mean_bmm(x, w):
     """The weights normalized per row, then applied as one batched product (1 x L) @ (L x D) per row."""
     return torch.bmm((w / w.sum(dim=1, keepdim=True)).unsqueeze(1), x).squeeze(1)
+
+
+def make_tokens(seed, shape=None, dtype=torch.float32, device="cpu"):
+    """Token ids drawn from a vocabulary of 64 (a batch of sequences)."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 64, shape or (2, 12), generator=gen).to(device),)
+
+
+class TokenTable(torch.nn.Module):
+    """An embedding table: a gather of its rows (a fresh tensor); the reference."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(64, 8, generator=torch.Generator().manual_seed(5)))
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.table)
+
+
+class TokenTableRunCopy(TokenTable):
+    """A fast path for a contiguous run of ids (one slab of the table), copied out of the table."""
+
+    def forward(self, ids):
+        flat = ids.reshape(-1)
+        p = int(flat[0]) if flat.numel() else 0
+        if flat.numel() and torch.equal(flat, torch.arange(p, p + flat.numel(), device=flat.device)):
+            return self.table[p:p + flat.numel()].clone().view(*ids.shape, -1)
+        return torch.nn.functional.embedding(ids, self.table)
+
+
+token_table = TokenTable()
+token_table_run_copy = TokenTableRunCopy()

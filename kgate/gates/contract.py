@@ -31,6 +31,13 @@ def aliased_inputs(out: Any, args: tuple, skip: set[int]) -> dict[str, set[int]]
     return found
 
 
+def module_aliases(out: Any, module: torch.nn.Module) -> list[tuple[str, str]]:
+    """(output leaf path, parameter or buffer name) for each output tensor that shares memory with the module's
+    state (a view of an embedding table, the weight itself)."""
+    held = [*module.named_parameters(), *module.named_buffers()]
+    return [(path, n) for path, t in flatten(out) if isinstance(t, torch.Tensor) for n, p in held if overlaps(t, p)]
+
+
 def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Whether a tensor of `shape` and `strides` covers a block of memory exactly once (non-overlapping
     and dense: contiguous up to a permutation of its dimensions; dimensions of size 1 are free)."""
@@ -249,9 +256,7 @@ class Contract(Gate):
                 out = run(clone_tree(args))
                 changed.append([n for n, p in module.named_parameters()
                                 if id(p) in saved and bitwise_mismatch(saved[id(p)], p.detach()) is not None])
-                held = [(n, t) for n, t in [*module.named_parameters(), *module.named_buffers()]]
-                shared.append([(path, n) for path, t in flatten(out) if isinstance(t, torch.Tensor)
-                               for n, p in held if overlaps(t, p)])
+                shared.append(module_aliases(out, module))
         finally:
             state.close()
         (ref_changed, kernel_changed), (ref_shared, kernel_shared) = changed, shared

@@ -25,7 +25,10 @@ made them (the distributions leave integer and boolean inputs alone). They run o
 the factory's inputs ran on, at the same shapes: a value cached per shape on the first call (a mean's
 divisor) meets values it does not fit.
 - Integer inputs (`INTEGER_FAMILIES`): their own values drawn with replacement (repeated values: a scatter
-  that stores where it must add) and set to one value; and values past their own range, each only where the
+  that stores where it must add), set to one value, and consecutive from their smallest, in order (a contiguous
+  run of ids that a kernel serves as a slice, a view of its table: judged like any output, and an output that
+  shares memory with the module's parameters or buffers where the reference's shares none fails on any probe,
+  as in the contract gate); and values past their own range, each only where the
   argument's dtype holds them: x + 2049 (odd integers above 2048, which float16 rounds), x + 2^24 + 1 (above
   float32's exact integers), x + 2^31 + 1 (past int32: ids narrowed to int32 wrap), x + 2^53 + 1 (above
   float64's exact integers: int64 only), -x - 1 (negative ids: a floored remainder and a truncated fmod differ;
@@ -231,6 +234,18 @@ def _resampled(t: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return flat[picks.to(flat.device)].reshape(t.shape)
 
 
+def _consecutive(t: torch.Tensor, g: torch.Generator) -> torch.Tensor | None:
+    """Consecutive values in order from `t`'s smallest, wrapping past its largest (a contiguous run of ids,
+    positions or rows: a gather that a kernel may serve as a slice); None for fewer than 2 values or one value."""
+    if t.numel() < 2 or t.dtype == torch.bool:
+        return None
+    lo, hi = int(t.min()), int(t.max())
+    if hi <= lo:
+        return None
+    run = torch.arange(t.numel(), device=t.device, dtype=torch.int64) % (hi - lo + 1) + lo
+    return run.to(t.dtype).reshape(t.shape)
+
+
 def _fits(dtype: torch.dtype, *values: int) -> bool:
     info = torch.iinfo(dtype)
     return all(info.min <= v <= info.max for v in values)
@@ -263,6 +278,8 @@ def _sentinel(value: int) -> Callable[[torch.Tensor, torch.Generator], torch.Ten
 INTEGER_FAMILIES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Generator], torch.Tensor | None]]] = {
     "integer repeats": ("its own values drawn with replacement (repeated values: duplicate indices)", _resampled),
     "integer one value": ("every value equal to its first", lambda t, g: t.reshape(-1)[:1].expand(t.shape).clone()),
+    "integer consecutive": ("consecutive values in order from its smallest (a contiguous run: a gather served as a "
+                            "slice)", _consecutive),
     "past float16's integers": ("x + 2049 (odd integers above 2048, which float16 rounds)", _shifted(2049)),
     "past float32's integers": ("x + 2^24 + 1 (odd integers above 2^24, which float32 rounds)", _shifted(2**24 + 1)),
     "past int32": ("x + 2^31 + 1 (past int32's largest value)", _shifted(2**31 + 1)),
