@@ -372,6 +372,19 @@ _FUSED = (_aten._softmax.default, _aten._log_softmax.default, _aten.native_layer
           _aten.var_mean.correction, _aten.std.correction, _aten.std_mean.correction)
 
 
+def _selected(func: Any, args: tuple) -> list:
+    """The arguments an op reads its values from: for `where(condition, a, b)`, the branch the condition never
+    selects left out (a `where(m > 0, m, ones)` whose every m is positive carries m's terms, not the ones' 1);
+    else all of them."""
+    if func is _aten.where.self and len(args) == 3 and isinstance(args[0], torch.Tensor):
+        condition = args[0]
+        if condition.numel() and bool(condition.all()):
+            return [args[0], args[1]]
+        if condition.numel() and not bool(condition.any()):
+            return [args[0], args[2]]
+    return list(args)
+
+
 @functools.cache
 def _decompositions() -> dict:
     from torch._decomp import core_aten_decompositions, decomposition_table
@@ -451,7 +464,7 @@ class TermMagnitudes(TorchDispatchMode):
             return out
         name = func.overloadpacket.__name__
         read = [] if name.endswith("_like") or name.startswith("new_") else \
-            list(args[1:]) if func in _WRITES_FIRST else list(args)
+            list(args[1:]) if func in _WRITES_FIRST else _selected(func, args)
         inputs = [t for t in tree_flatten((read, kwargs))[0] if _floating(t)]
         tags = [tag for tag in map(self._tag, inputs) if tag is not None]
         total, own_units = self._partial_sums(func, args, kwargs, inputs, results[0])

@@ -194,6 +194,15 @@ def test_the_sums_terms_bound_every_partial_sum_and_statistics_inside_fused_ops_
     assert softplus.partial_sums == 0.0 and softplus.magnitude == math.inf
 
 
+def test_a_where_branch_its_condition_never_selects_carries_no_terms():
+    """A row rescaled by its maximum, guarded as where(m > 0, m, 1): with every maximum positive the ones are never
+    read, and a result scaled by 1e-15 keeps terms of its own size (a kernel that underflows there fails)."""
+    m = torch.tensor([1e-15, 2e-15], dtype=torch.float64)
+    guarded = _terms(lambda t: torch.where(t > 0, t, torch.ones_like(t)) * 3.0, m)
+    assert math.isclose(guarded.magnitude, 6e-15)
+    assert _terms(lambda t: torch.where(t > 1.5e-15, t, torch.ones_like(t)), m).magnitude == 1.0  # a 1 is read
+
+
 def test_a_means_terms_are_in_its_own_units_and_its_partial_sums_in_the_sums():
     """A global mean of 16,384 equal values: its result's terms are those values (the partial sums, 16,384 times
     larger, are divided before they reach it), so a float32 mean 2e-4 off on constant inputs gets no floor of
