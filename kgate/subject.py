@@ -334,6 +334,13 @@ class Subject:
         else:
             self.drop_converted_references()
 
+    def buffers_as_built(self, built: dict[int, torch.Tensor]) -> None:
+        """The modules' buffers as they were built, where the modules were called before this subject was made (an
+        audit's standard test moves a BatchNorm's statistics and an optimizer step's momentum): `built` holds a
+        copy of each buffer by the buffer's id, and `initial_buffers` puts those back from now on."""
+        if self._initial_buffers is not None:
+            self._initial_buffers.replace_saved(built)
+
     def _prepare_reference(self, module: torch.nn.Module) -> None:
         """Before a call of the reference or one of its converted copies: its buffers to the lockstep state."""
         if self.lockstep is not None:
@@ -659,6 +666,11 @@ class ModuleState:
     def saved(self) -> dict[int, torch.Tensor]:
         """The saved copy of each tensor, by the tensor's id (one copy may serve several equal tensors)."""
         return {id(t): saved for t, saved in self._saved}
+
+    def replace_saved(self, values: dict[int, torch.Tensor]) -> None:
+        """`restore` puts these values (by the tensor's id) back from now on, where they fit the tensor."""
+        self._saved = [(t, values[id(t)] if id(t) in values and values[id(t)].shape == t.shape
+                        and values[id(t)].dtype == t.dtype else saved) for t, saved in self._saved]
 
     def restore(self) -> None:
         with torch.no_grad():

@@ -825,3 +825,49 @@ def test_an_embedding_that_serves_a_run_of_ids_as_a_view_of_its_table_fails_and_
         "shares memory with the kernel's 'table'" in result.message, result.message
     result = check("distributions", correct.TokenTableRunCopy(), correct.TokenTable(), correct.make_tokens)
     assert result.verdict == "pass", result.message
+
+
+class _SignStep(torch.nn.Module):
+    """A Lion-style step as a module: p -= lr sign(0.9 m + 0.1 g), then m = 0.99 m + 0.01 g; returns a copy of p."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.randn(64, generator=torch.Generator().manual_seed(6)))
+        self.register_buffer("m", torch.zeros(64))
+
+    @staticmethod
+    def sign(c):
+        return torch.sign(c)
+
+    def forward(self, g):
+        with torch.no_grad():
+            self.p.sub_(0.02 * self.sign(self.m * 0.9 + g * 0.1))
+            self.m.mul_(0.99).add_(g, alpha=0.01)
+            return self.p.detach().clone()
+
+
+class _SignStepCopysign(_SignStep):
+    """sign as copysign(1, c): +-1 where c is +-0, so zero gradients on a zero momentum still move p by lr."""
+
+    @staticmethod
+    def sign(c):
+        return torch.copysign(torch.ones_like(c), c)
+
+
+def _grads(seed, shape=None, dtype=torch.float32):
+    return (torch.randn(shape or (64,), generator=torch.Generator().manual_seed(seed)).to(dtype),)
+
+
+@pytest.mark.parametrize("kernel, verdict", [(_SignStepCopysign, "fail"), (_SignStep, "pass")])
+def test_a_stateful_module_is_drawn_again_from_its_buffers_as_built(kernel, verdict):
+    """Called once before the subject is made (as an audit's standard test calls it), the momentum is no longer 0;
+    from the buffers as built, zero gradients meet a zero momentum, where copysign steps and sign does not."""
+    modules = [kernel(), _SignStep()]
+    for module in modules:
+        module(_grads(9)[0])
+    subject = subject_for(modules[0], modules[1], _grads)
+    subject.buffers_as_built({id(b): torch.zeros_like(b) for m in modules for b in m.buffers()})
+    result = registry.get("distributions").check(subject)
+    assert result.verdict == verdict, result.message
+    if verdict == "fail":
+        assert "'zeros' (all zeros), from the module's buffers as built" in result.message, result.message

@@ -76,7 +76,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     from kgate import standard_test
     from kgate.inputs import Case, InputFactory, dtype_of
     from kgate.oracle import DtypeDispatch
-    from kgate.subject import FirstCall, Subject, module_buffer_pairs
+    from kgate.subject import LOCKSTEP_BYTES, FirstCall, Subject, module_buffer_pairs
 
     names: list[str] = job["gates"]
     device = prepare_device(job["device"], job.get("gpu_memory_fraction"))
@@ -172,6 +172,13 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
     found = tampered()
     if found:
         channel.send("tamper", message=found)
+    # the modules' buffers as built, before any call (the standard test moves running statistics and momentum):
+    # what the probes that start from the state as built put back (Subject.buffers_as_built)
+    as_built: dict[str, dict[int, torch.Tensor]] = {}
+    for dtype, pair in models.items():
+        held = [b for m in pair if isinstance(m, torch.nn.Module) for b in m.buffers()]
+        if sum(b.numel() * b.element_size() for b in held) <= LOCKSTEP_BYTES:
+            as_built[dtype] = {id(b): b.detach().clone() for b in held}
     # the models' first calls (the standard test's first trial, else the first gate's): the determinism gate
     # makes them again
     first_calls: dict[str, dict[str, FirstCall]] = {}
@@ -286,6 +293,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
         subject.pristine_state = pristine
         if pair is None:
             subject.first_calls = first_calls[dtype]
+            subject.buffers_as_built(as_built.get(dtype, {}))
         return subject
 
     work_elements = int(job.get("work_elements", kb.WORK_ELEMENTS))

@@ -61,6 +61,10 @@ divisor) meets values it does not fit.
   normalized by its weights does not see.
 These are not shrunk: a failure names the family and the argument.
 
+A history-dependent module (its forward writes its buffers) meets the drawn distributions once more from its
+buffers as built (`_drawn_as_built`; `Subject.buffers_as_built`: in an audit, before the standard test's calls), where
+those differ from the state the other probes start from: a first step's zero momentum.
+
 An nn.Module kernel's parameters at other magnitudes (`parameter_scales`): each of the `PARAMETER_CLASSES` largest
 classes of parameters kernel and reference hold equal, alone, multiplied in place by 1e-6, 1e-3, 0.1, 10 and
 1000 alike in both, the kernel judged on the first case's inputs against the oracle of the reference so changed,
@@ -559,33 +563,14 @@ class Distributions(Gate):
                     return self._report(subject, fresh, f"{label} (seed {seed})", finding, evidence, "")
         per_argument: set[str] = set()
         for case in cases:
-            base = subject.baseline(case)
-            floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
-                      and a.numel() > 0]
-            if not floats:
-                continue
-
-            usual = _magnitudes(base.oracle)
-
-            for name in DISTRIBUTIONS:
-                scales = usual if name in FLOOR_FROM_FACTORY else AtZero(usual)
-
-                def judge(probe: tuple, argument: int | None, case: Case = case,
-                          scales: dict[str, float] | None = scales, name: str = name) -> Finding | bool | None:
-                    return self._judge(subject, probe, case, evidence, scales, exact=name in EXACT_INPUTS)
-
-                probe = transform(base.args, name, case.seed)
-                for argument, inputs, outcome in within_domain(base.args, probe, floats, judge, subject.conform):
-                    label = name if argument is None else f"{name} on argument {argument}"
-                    if argument is not None:
-                        per_argument.add(name)
-                    if outcome is None:
-                        rejected.append(f"{label} ({case.label()})")
-                        continue
-                    probes += 1
-                    if outcome is not False:
-                        return self._fail(subject, case, _family(name, argument), base.args, inputs, outcome,
-                                          evidence, argument, scales)
+            failed, judged = self._drawn(subject, case, evidence, rejected, per_argument)
+            probes += judged
+            if failed is not None:
+                return failed
+        failed, as_built = self._drawn_as_built(subject, cases, evidence, rejected, per_argument)
+        probes += as_built
+        if failed is not None:
+            return failed
         counts = {"integer": 0, "boolean": 0, "floating": 0}
         for case in cases:
             base = subject.baseline(case)
@@ -657,6 +642,60 @@ class Distributions(Gate):
             message += (f"; one argument at a time where the reference rejects all at once: "
                         f"{', '.join(n for n in DISTRIBUTIONS if n in per_argument)}")
         return self.passed(message + rejected_note(rejected), evidence=evidence)
+
+    def _drawn(self, subject: Subject, case: Case, evidence: list, rejected: list[str], per_argument: set[str],
+               setting: str = "") -> tuple[GateResult | None, int]:
+        """The drawn distributions (`DISTRIBUTIONS`) on `case`'s floating-point inputs, all at once, else one
+        argument at a time where the reference rejects them (`within_domain`). Returns (a failure or None, the
+        probes judged); `setting` is said in the failure's label."""
+        base = subject.baseline(case)
+        floats = [i for i, a in enumerate(base.args) if isinstance(a, torch.Tensor) and a.is_floating_point()
+                  and a.numel() > 0]
+        if not floats:
+            return None, 0
+        usual = _magnitudes(base.oracle)
+        probes = 0
+        for name in DISTRIBUTIONS:
+            scales = usual if name in FLOOR_FROM_FACTORY else AtZero(usual)
+
+            def judge(probe: tuple, argument: int | None, scales: dict[str, float] | None = scales,
+                      name: str = name) -> Finding | bool | None:
+                return self._judge(subject, probe, case, evidence, scales, exact=name in EXACT_INPUTS)
+
+            probe = transform(base.args, name, case.seed)
+            for argument, inputs, outcome in within_domain(base.args, probe, floats, judge, subject.conform):
+                label = name if argument is None else f"{name} on argument {argument}"
+                if argument is not None:
+                    per_argument.add(name)
+                if outcome is None:
+                    rejected.append(f"{label}{setting} ({case.label()})")
+                    continue
+                probes += 1
+                if outcome is not False:
+                    return self._fail(subject, case, _family(name, argument) + setting, base.args, inputs, outcome,
+                                      evidence, argument, scales), probes
+        return None, probes
+
+    def _drawn_as_built(self, subject: Subject, cases: list[Case], evidence: list, rejected: list[str],
+                        per_argument: set[str]) -> tuple[GateResult | None, int]:
+        """A history-dependent module (`Lockstep.stateful`: its forward writes its buffers) judged on the drawn
+        distributions again from its buffers as built (a first training step: momentum 0, no statistics yet),
+        where those differ from the state the other probes start from; the state put back after. Zero gradients
+        on a zero momentum make a Lion step's sign(0) = 0, which copysign(1, c) turns into a step of lr."""
+        modules, lock = subject.modules(), subject.lockstep
+        if modules is None or lock is None or not lock.stateful or not cases:
+            return None, 0
+        state = ModuleState(subject, modules)
+        try:
+            before = {n: t.clone() for n, t in lock.state.items()}
+            subject.initial_buffers()
+            subject.changed_state()
+            if all(n in lock.state and bitwise_mismatch(lock.state[n], t) is None for n, t in before.items()):
+                return None, 0  # as built is the state the probes already started from
+            return self._drawn(subject, cases[0], evidence, rejected, per_argument,
+                               ", from the module's buffers as built")
+        finally:
+            state.close()
 
     def parameter_scales(self, subject: Subject, cases: list[Case], evidence: list,
                          rejected: list[str]) -> tuple[GateResult | None, int]:
