@@ -824,3 +824,15 @@ def test_single_chunk_reverse_state_stage_uses_the_h200_validated_v_block(state_
     gk.chunk_state_bwd(q, k, w, G, do, None, DK ** -0.5, False, True)
     kernel = "_state_bwd_kernel" if state_bwd_variant == "v1" else "_state_bwd_v2_kernel"
     assert launched == [(kernel, (DV // 64, B * H))]
+
+
+def test_the_references_refuse_float32_operands_too_small_for_the_float32_paths_products():
+    """Below 2^-100 a float32 operand's 3xTF32 low parts turn subnormal (flushed by tensor cores): the references
+    declare that domain; zeros, NaN, ordinary magnitudes and bfloat16 operands pass."""
+    from fixtures.gdn.kgate_entry import TINY_FLOAT32, check_magnitudes
+
+    check_magnitudes(torch.zeros(4), torch.full((4,), float("nan")), torch.randn(4), None,
+                     torch.full((4,), 1e-36).to(torch.bfloat16))
+    check_magnitudes(torch.tensor([1e-36, 1.0]))  # a few tiny elements in an ordinary tensor
+    with pytest.raises(ValueError, match="outside the float32 path's domain"):
+        check_magnitudes(torch.randn(4), torch.randn(4) * TINY_FLOAT32 / 8)
