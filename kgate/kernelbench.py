@@ -366,8 +366,12 @@ def torch_fingerprint() -> dict[str, int]:
     disabled = getattr(torch._disable_dynamo(_identity), "__code__", None)
 
     def identity(value: Any) -> int:
-        wrapped = getattr(value, "__wrapped__", None)
-        return id(wrapped) if wrapped is not None and getattr(value, "__code__", None) is disabled else id(value)
+        for _ in range(8):  # (torch may wrap a wrapper: unwrapped to the function under all of them)
+            wrapped = getattr(value, "__wrapped__", None)
+            if wrapped is None or getattr(value, "__code__", None) is not disabled:
+                break
+            value = wrapped
+        return id(value)
 
     out = {}
     for label, space in spaces.items():

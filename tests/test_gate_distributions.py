@@ -353,7 +353,7 @@ def test_integer_repeats_catch_a_store_where_the_sum_must_add():
 def test_integer_probes_pass_an_adding_scatter():
     result = check("distributions", _segment_sum, _segment_sum, _segments)
     assert result.verdict == "pass", result.message
-    assert "2 integer- or boolean-input probe(s)" in result.message
+    assert "3 integer- or boolean-input probe(s)" in result.message
 
 
 def test_a_tree_sum_that_overflows_a_partial_sum_near_the_largest_value_passes():
@@ -480,7 +480,7 @@ def test_ignored_targets_catch_smoothing_summed_over_ignored_rows():
                  correct.make_logits)
     assert good.verdict == "pass", good.message
     # judged: repeats, one value, -100; skipped: the six families that leave [0, 10) other than for -100
-    assert "3 integer- or boolean-input probe(s)" in good.message and "skipped 6 the reference rejects" in good.message
+    assert "4 integer- or boolean-input probe(s)" in good.message and "skipped 6 the reference rejects" in good.message
     assert "past float16's integers on argument 1" in good.message, good.message
 
 
@@ -497,7 +497,8 @@ def test_a_divisor_cached_per_shape_is_caught_at_the_same_shape():
                                                (torch.int16, {"past float32's integers", "past int32",
                                                               "past float64's integers"}),
                                                (torch.uint8, set(INTEGER_FAMILIES) - {"integer repeats",
-                                                                                      "integer one value"})])
+                                                                                      "integer one value",
+                                                                                      "integer consecutive"})])
 def test_integer_families_apply_where_the_dtype_holds_their_values(dtype, absent):
     ids = torch.randint(0, 200, (4, 16), generator=torch.Generator().manual_seed(1)).to(dtype)
     probes = {name: probe[0] for name, _, probe in argument_probes((ids,), seed=0)}
