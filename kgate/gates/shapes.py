@@ -272,7 +272,8 @@ def takes_shape(subject: Subject) -> bool:
 class Shapes(Gate):
     name = "shapes"
     summary = ("contract and oracle bound hold on declared plus generated edge shapes (1, primes, odd, 4097, 16384, "
-               "65537, empty) and on sizes the inputs share, untied")
+               "65537, past 2^20 elements, empty), on sizes the inputs share, untied, and at other sizes of a "
+               "KernelBench Model's weights")
     tolerance_free = False
 
     def check(self, subject: Subject) -> GateResult:
