@@ -108,8 +108,13 @@ def main(argv: list[str] | None = None) -> int:
 
     pairs = select(args)
     plan = make_plan(args.device, args.jobs, args.compile_jobs)
-    base = dict(out_dir=args.out, timeout=args.timeout, arch_list=arch_list(plan.devices),
-                pch=args.pch)  # torch threads: run_local shares the cores among each pass's judges
+    # the corpus's two folders, as `kgate audit` gives them: every worker then has one view (each candidate's and
+    # problem's folder lies inside them), so all are forked from one template; without them each run and level
+    # folder made a view of its own, and a template for it, four kept at once (half the workers waited ~5 s for
+    # a template's start on an H100)
+    base = dict(out_dir=args.out, timeout=args.timeout, arch_list=arch_list(plan.devices), pch=args.pch,
+                corpus=[str(Path(p).resolve()) for p in (args.problems, args.candidates)])
+    # (torch threads: run_local shares the cores among each pass's judges)
     gates = list(registry.GATE_NAMES)
     # each pass in the order kgate audit would judge it: the standard test's by input elements, the gates'
     # with the weighted layers too (sizes counted once, outside every timed pass)

@@ -237,6 +237,8 @@ def test_each_pass_is_ordered_by_what_it_runs_and_the_sizes_are_counted_once(mon
     split = []
 
     def timed_pass(pairs, options, plan, label, parts=None):
+        # the corpus's folders, as kgate audit gives them: one view for every worker, so one template forks them all
+        assert options.corpus == [str((CORPUS / f).resolve()) for f in ("problems", "candidates")], options.corpus
         passes.append((label, bool(options.gates), [p.problem.name for p in pairs]))
         split.append(sorted(parts or {}))
         row = dict(mode=label, kernels=len(pairs), wall_s=1.0, s_per_kernel=1.0, worker_s_per_kernel=1.0,
