@@ -220,7 +220,9 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     Where the sums it takes have terms whose magnitudes add up past the dtype's largest value, non-finite
     outputs where the oracle is finite are not judged: a partial sum overflows in some order of summation (a
     blocked row sum near float32's largest value) while the exact result is finite. Both are recorded in
-    the LeafError (`terms`, `partial_sums`, `beyond_range`) and named by `describe`."""
+    the LeafError (`terms`, `partial_sums`, `beyond_range`) and named by `describe`. An integer output is exact:
+    equal to the oracle's, or to the reference's own, or, for the indices of a selection (`Terms.selection`),
+    selecting a value the oracle's float64 computation ties with the one it chose."""
     # on the oracle's device: it is on the CPU only where the device refused it, so the comparison
     # must not go back there either
     o = oracle.detach()
@@ -233,6 +235,13 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
         if same is not None and isinstance(reference, torch.Tensor) and reference.shape == k.shape \
                 and not bool(same.all()):
             same = same | (k == on_device_of(reference.detach(), k).to(k.dtype))
+        if same is not None and not bool(same.all()) and terms is not None:
+            # indices of a selection whose values the oracle's own float64 computation ties (a softmax of logits
+            # 1e-20 apart gives equal probabilities): the kernel's choice among the tied is as right as the oracle's
+            behind = terms()
+            tied = behind.selection.ties(k, o) if behind is not None and behind.selection is not None else None
+            if tied is not None:
+                same = same | tied
         if same is not None and bool(same.all()):
             return LeafError(path, 0.0, 0.0, 0.0, 0.0, 0.0, factor, exact=True)
         diff = (~same).reshape(-1) if same is not None else torch.ones(1, dtype=torch.bool)
@@ -413,6 +422,75 @@ class Terms:
 
     magnitude: float
     partial_sums: float
+    # for an integer tensor of indices a selection made (argmax, topk, sort, max over a dimension): the values it
+    # selected among and the dimension (None: over the flattened values), so a kernel's index whose value ties
+    # the oracle's own choice in float64 is as right as it (`Selection.ties`)
+    selection: Selection | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The values an index-giving op selected among, in the oracle's computation, and along which dimension."""
+
+    values: torch.Tensor
+    dim: int | None
+    keepdim: bool = True
+
+    def ties(self, kernel: torch.Tensor, oracle: torch.Tensor) -> torch.Tensor | None:
+        """Per index of `kernel`, whether it selects a value equal (in float64) to the one `oracle`'s index
+        selects; None where the indices cannot be read so (another shape, an index out of range)."""
+        values = self.values.reshape(-1) if self.dim is None else self.values
+        k, o = kernel.to(torch.int64), oracle.to(device=kernel.device, dtype=torch.int64)
+        if k.shape != o.shape:
+            return None
+        dim = 0 if self.dim is None else self.dim % values.dim()
+        if self.dim is None:
+            k, o = k.reshape(-1), o.reshape(-1)
+        elif not self.keepdim:
+            k, o = k.unsqueeze(dim), o.unsqueeze(dim)
+        values = values.to(k.device)
+        if k.dim() != values.dim() or not bool(((k >= 0) & (k < values.shape[dim])).all()) or \
+                any(a != b for i, (a, b) in enumerate(zip(k.shape, values.shape)) if i != dim):
+            return None
+        same = torch.gather(values, dim, k) == torch.gather(values, dim, o)
+        return same.reshape(kernel.shape)
+
+
+# ops that give indices of a selection: (the index output's position among the results, how the dimension and
+# keepdim are read from the arguments)
+_SELECTIONS = {"argmax": 0, "argmin": 0, "topk": 1, "sort": 1, "max": 1, "min": 1}
+_FIRST_OF_TIES = frozenset({"argmax", "argmin", "max", "min"})
+_INDEX_CARRIED = frozenset({"clone", "_to_copy", "alias", "view", "_unsafe_view", "reshape", "contiguous",
+                            "lift_fresh", "detach", "to"})
+
+
+def _selection(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[torch.Tensor, Selection] | None:
+    """(the index tensor, its Selection) for an op of `_SELECTIONS` on a floating tensor; None otherwise."""
+    name = func.overloadpacket.__name__
+    if name not in _SELECTIONS or not args or not _floating(args[0]):
+        return None
+    results = list(out) if isinstance(out, (tuple, list)) else [out]
+    at = _SELECTIONS[name]
+    if len(results) <= at or not isinstance(results[at], torch.Tensor) or results[at].is_floating_point():
+        return None
+    params = inspect_args(func, args, kwargs)
+    if name in ("argmax", "argmin"):
+        dim, keepdim = params.get("dim"), bool(params.get("keepdim", False))
+    elif name in ("max", "min"):
+        if "dim" not in params:
+            return None
+        dim, keepdim = params["dim"], bool(params.get("keepdim", False))
+    else:  # topk, sort: the indices have the values' rank
+        dim, keepdim = params.get("dim", -1), True
+    return results[at], Selection(args[0].detach(), dim, keepdim)
+
+
+def inspect_args(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """An ATen op's arguments by name (its schema's), defaults left out."""
+    names = [a.name for a in func._schema.arguments]
+    found = dict(zip(names, args))
+    found.update(kwargs)
+    return found
 
 
 class TermMagnitudes(TorchDispatchMode):
@@ -437,9 +515,14 @@ class TermMagnitudes(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self._tags = WeakTensorKeyDictionary()  # tensor -> float64 [magnitude, partial sums] on its device
+        self._selections = WeakTensorKeyDictionary()  # index tensor -> the Selection that made it
 
     def of(self, t: torch.Tensor) -> Terms | None:
-        """The terms behind `t` (its own largest magnitude, no sums, for a tensor not formed here)."""
+        """The terms behind `t` (its own largest magnitude, no sums, for a tensor not formed here); for an integer
+        tensor of a selection's indices, that selection."""
+        if isinstance(t, torch.Tensor) and not _floating(t):
+            chosen = self._selections.get(t)
+            return None if chosen is None else Terms(0.0, 0.0, chosen)
         tag = self._tag(t) if _floating(t) else None
         return None if tag is None else Terms(float(tag[0]), float(tag[1]))
 
@@ -459,6 +542,7 @@ class TermMagnitudes(TorchDispatchMode):
             if out is not NotImplemented:
                 return out
         out = func(*args, **kwargs)
+        self._follow_indices(func, args, kwargs, out)
         results = [t for t in tree_flatten(out)[0] if _floating(t)]
         if not results:
             return out
@@ -480,6 +564,23 @@ class TermMagnitudes(TorchDispatchMode):
                 partial = torch.maximum(partial, value.to(own.device))
             self._tags[t] = torch.stack([largest, partial])
         return out
+
+    def _follow_indices(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        """Note the indices a selection gives, and carry them through copies and views of the same shape."""
+        made = _selection(func, args, kwargs, out)
+        if made is not None:
+            # argmax, argmin, max and min document the first of equal values: there a tie of the values as given
+            # is the op's own rule, and only values this computation formed (rounded) may tie what exact
+            # arithmetic tells apart; topk and sort leave the order of equal values open
+            if func.overloadpacket.__name__ in _FIRST_OF_TIES and args[0] not in self._tags:
+                return
+            self._selections[made[0]] = made[1]
+            return
+        if func.overloadpacket.__name__ in _INDEX_CARRIED and args and isinstance(args[0], torch.Tensor) and \
+                isinstance(out, torch.Tensor) and not _floating(out) and tuple(out.shape) == tuple(args[0].shape):
+            chosen = self._selections.get(args[0])
+            if chosen is not None:
+                self._selections[out] = chosen
 
     def _magnitude(self, func: Any, name: str, args: tuple, kwargs: dict, tags: list[torch.Tensor],
                    total: torch.Tensor | None) -> torch.Tensor | None:

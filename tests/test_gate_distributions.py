@@ -872,3 +872,31 @@ def test_a_stateful_module_is_drawn_again_from_its_buffers_as_built(kernel, verd
     assert result.verdict == verdict, result.message
     if verdict == "fail":
         assert "'zeros' (all zeros), from the module's buffers as built" in result.message, result.message
+
+
+def _router(x):
+    """The two experts of highest softmax probability per token."""
+    return torch.softmax(x, dim=-1).topk(2, dim=-1).indices
+
+
+def _router_by_logits(x):
+    """The same ranking on the raw logits (softmax is monotone): exact, where the probabilities of logits 1e-20
+    apart round to one value in float32 and in float64 alike."""
+    return x.topk(2, dim=-1).indices
+
+
+def _router_lowest(x):
+    return (-x).topk(2, dim=-1).indices
+
+
+def _logits(seed, shape=None, dtype=torch.float32):
+    return (torch.randn(shape or (16, 8), generator=torch.Generator().manual_seed(seed)).to(dtype),)
+
+
+def test_indices_the_oracles_own_float64_computation_ties_pass_and_a_wrong_selection_still_fails():
+    """At tiny logits the reference's and the oracle's probabilities tie and they pick by position; the kernel that
+    ranks the logits picks among the tied, which is as right (`Selection.ties`). Picking the lowest is not."""
+    result = check("distributions", _router_by_logits, _router, _logits)
+    assert result.verdict == "pass", result.message
+    result = check("distributions", _router_lowest, _router, _logits)
+    assert result.verdict == "fail", result.message

@@ -320,3 +320,24 @@ def test_a_half_precision_result_that_cancels_is_owed_the_precision_of_float32_s
     leaf = judge([1.5], [1.0], [1.0], dtype=torch.float16, terms=terms)
     assert not leaf.passed and leaf.terms == 1000.0 and leaf.floor < 1e-3, leaf.describe()
     assert judge([1.0 + 2e-4], [1.0], [1.0], terms=terms).passed  # float32: within 4 ulps of the terms
+
+
+def test_a_selections_indices_tie_where_the_values_they_select_are_equal():
+    """argmax over a dimension (keepdim False) and over the flattened values; an index out of range is no tie."""
+    from kgate.oracle import Selection
+
+    values = torch.tensor([[1.0, 3.0, 3.0], [2.0, 0.0, 2.0]], dtype=torch.float64)
+    by_row = Selection(values, 1, keepdim=False)
+    assert by_row.ties(torch.tensor([2, 2]), torch.tensor([1, 0])).tolist() == [True, True]
+    assert by_row.ties(torch.tensor([0, 1]), torch.tensor([1, 0])).tolist() == [False, False]
+    assert by_row.ties(torch.tensor([3, 0]), torch.tensor([1, 0])) is None
+    flat = Selection(values, None)
+    assert flat.ties(torch.tensor(2), torch.tensor(1)).tolist() is True
+    recorder = TermMagnitudes()
+    with recorder:
+        chosen = (values * 2.0).argmax(dim=1).clone()
+        own = values.argmax(dim=1)
+        ranked = values.topk(2, dim=1).indices
+    assert recorder.of(chosen).selection is not None  # carried through the copy
+    # argmax documents the first of equal values: on values given as they are, ties are its own rule, not rounding
+    assert recorder.of(own) is None and recorder.of(ranked).selection is not None
