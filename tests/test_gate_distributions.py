@@ -747,7 +747,7 @@ def test_the_gate_written_without_cancellation_passes_every_parameter_magnitude(
     kernel = _Gated()
     result = check("distributions", kernel, _Gated(), _channels)
     assert result.verdict == "pass", result.message
-    assert "5 probe(s) of the module's parameters scaled" in result.message
+    assert "6 probe(s) of the module's parameters scaled" in result.message
     assert torch.equal(kernel.decay.detach(), torch.linspace(1.0, 5.0, 16))  # put back
 
 
@@ -800,7 +800,7 @@ def test_an_unshifted_exp_fails_at_a_larger_learned_scale_on_aligned_pairs():
 def test_a_shifted_contrastive_loss_passes_every_scale_on_aligned_pairs_too():
     result = check("distributions", _Contrastive(), _Contrastive(), _pairs)
     assert result.verdict == "pass", result.message
-    assert "10 probe(s) of the module's parameters scaled" in result.message, result.message
+    assert "12 probe(s) of the module's parameters scaled" in result.message, result.message
 
 
 def test_aligned_inputs_copy_the_first_of_each_shape_and_dtype():
@@ -900,3 +900,31 @@ def test_indices_the_oracles_own_float64_computation_ties_pass_and_a_wrong_selec
     assert result.verdict == "pass", result.message
     result = check("distributions", _router_lowest, _router, _logits)
     assert result.verdict == "fail", result.message
+
+
+class _SmoothL1(torch.nn.Module):
+    """A smooth L1 of the residual with a learned beta (quadratic below beta, linear above)."""
+
+    def __init__(self):
+        super().__init__()
+        self.beta = torch.nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x):
+        d = x.abs()
+        return torch.where(d < self.beta, 0.5 * d * d / self.beta, d - 0.5 * self.beta)
+
+
+class _SmoothL1Branchless(_SmoothL1):
+    """m (|d| - m / 2) / beta with m = min(|d|, beta): the same for beta > 0, 0/0 = NaN at beta = 0 (plain L1)."""
+
+    def forward(self, x):
+        d = x.abs()
+        m = torch.minimum(d, self.beta)
+        return m * (d - 0.5 * m) / self.beta
+
+
+def test_a_learned_beta_of_zero_is_judged_and_a_formula_that_divides_by_it_fails():
+    residuals = normal_inputs((8, 32))
+    result = check("distributions", _SmoothL1Branchless(), _SmoothL1(), residuals)
+    assert result.verdict == "fail" and "multiplied by 0," in result.message, result.message
+    assert check("distributions", _SmoothL1(), _SmoothL1(), residuals).verdict == "pass"

@@ -609,3 +609,14 @@ def test_a_chunked_path_from_2_20_elements_that_never_writes_its_tail_fails_and_
     result = check("shapes", correct.leaky_relu_chunked, correct.leaky_relu_reference, correct.make_rows,
                    shapes=[(256, 8)])
     assert result.verdict == "pass", result.message
+
+
+def test_an_output_handed_out_again_at_a_long_shape_fails_and_a_fresh_one_passes():
+    violating, correct = _load("violating"), _load("correct")
+    result = check("shapes", violating.row_sums_workspace, correct.row_sums_reference, correct.make_rows,
+                   shapes=[(256, 8)])
+    assert result.verdict == "fail" and result.details["kind"] == "reused", result.message
+    assert "changed when the kernel was called again on other inputs of this shape" in result.message
+    result = check("shapes", correct.row_sums_blocked, correct.row_sums_reference, correct.make_rows,
+                   shapes=[(256, 8)])
+    assert result.verdict == "pass", result.message

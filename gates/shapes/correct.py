@@ -182,3 +182,20 @@ def leaky_relu_chunked(x):
         part = slice(i * step, (i + 1) * step if i < CHUNKS - 1 else flat.numel())
         out[part] = torch.nn.functional.leaky_relu(flat[part], 0.1)
     return out.view(x.shape)
+
+
+WORKSPACE_ROWS = 4096  # the row-blocked path: from this many rows
+
+
+def row_sums_reference(x):
+    return x.sum(dim=-1)
+
+
+def row_sums_blocked(x):
+    """Row sums; from 4096 rows in blocks of 1024 rows written into a fresh output."""
+    if x.shape[0] < WORKSPACE_ROWS:
+        return x.sum(dim=-1)
+    out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[0], 1024):
+        out[start:start + 1024] = x[start:start + 1024].sum(dim=-1)
+    return out

@@ -66,8 +66,8 @@ buffers as built (`_drawn_as_built`; `Subject.buffers_as_built`: in an audit, be
 those differ from the state the other probes start from: a first step's zero momentum.
 
 An nn.Module kernel's parameters at other magnitudes (`parameter_scales`): each of the `PARAMETER_CLASSES` largest
-classes of parameters kernel and reference hold equal, alone, multiplied in place by 1e-6, 1e-3, 0.1, 10 and
-1000 alike in both, the kernel judged on the first case's inputs against the oracle of the reference so changed,
+classes of parameters kernel and reference hold equal, alone, multiplied in place by 1e-6, 1e-3, 0.1, 10,
+1000 and 0 alike in both, the kernel judged on the first case's inputs against the oracle of the reference so changed,
 and, where two or more floating-point inputs share a shape and dtype, on those inputs made equal too (`aligned`:
 each a copy of the first of its shape: matching pairs, a query equal to its key), the values put back after each.
 A module is built at one magnitude of its parameters and trained to others: a gate `1 - sigmoid(a)` for
@@ -136,7 +136,7 @@ SEARCH_SECONDS = 10.0  # the affine search's time box per case (at most SEARCH_S
 SEARCH_SHARE = 0.1
 # The magnitudes a module's parameters are judged at besides their own (each class of equal parameters alone, as
 # `Distributions.parameter_scales` says), and how many classes, the largest first.
-PARAMETER_SCALES = (1e-6, 1e-3, 0.1, 10.0, 1e3)
+PARAMETER_SCALES = (1e-6, 1e-3, 0.1, 10.0, 1e3, 0.0)  # 0: a zero-initialised gate or scale, beta = 0
 PARAMETER_CLASSES = 4
 
 

@@ -88,7 +88,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from kgate.compare import clone_tree, flatten, index_of
+from kgate.compare import bitwise_mismatch, clone_tree, flatten, index_of
 from kgate.gates.base import Gate, GateResult
 from kgate.gates.distributions import input_sensitivity
 from kgate.gates.special_values import classify
@@ -110,6 +110,7 @@ from kgate.subject import (
     Subject,
     UserCodeError,
     input_elements,
+    outputs_on,
     unless_rejected,
     within_domain,
 )
@@ -132,6 +133,7 @@ LONG = "larger than one block"  # the generated shapes on which NaN and run prob
 PAST_8192 = 16384  # a power of two: a multiple of every block size up to it
 PAST_GRID = 65537  # past 65535, the most blocks a CUDA grid's y and z dimensions take, and past 2^16
 PAST = " past "  # in the label of a shape past 8192 or 65535: its reference outputs are sized before the oracle runs
+OWNED_SEED = 7919  # `_owned`: the seed offset of the second call's inputs
 MANY = 1 << 20  # `many_shape`: inputs past this many elements (a parallel or split path taken above ~1M elements)
 GRID_KEEP = 16  # past 65535 the other sizes are halved, widest first, until they hold at most this many elements
 QUADRATIC = 4.0  # the most a shape's largest tensor grows per doubling of one size (attention, pairwise)
@@ -230,6 +232,18 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
                                and _with(shape, dim, 0) not in seen))[:MAX_EMPTY]
     return (chosen[:MAX_GENERATED - MAX_PAST_8192 - MAX_PAST_GRID - len(empty)] + past
             + [(shape, f"{EMPTY} (size 0 in dim {dim})") for shape, dim in empty])
+
+
+def _reference_reuses(subject: Subject, case: Case, args: tuple) -> bool:
+    """Whether the reference's own output of one call changes under its next call on other inputs (`_owned`): then
+    handing out memory again is the operator's, not the kernel's, and it is not judged."""
+    try:
+        first = outputs_on(subject.run_reference(clone_tree(args)))
+        kept = [t.detach().clone() for _, t in first]
+        subject.run_reference(subject.inputs(Case(case.shape, case.dtype, case.seed + OWNED_SEED)))
+    except UserCodeError:
+        return True
+    return any(bitwise_mismatch(before, t.detach()) is not None for (_, t), before in zip(first, kept))
 
 
 def many_shape(shape: tuple[int, ...], per_shape: float) -> tuple[int, ...] | None:
@@ -385,7 +399,8 @@ class Shapes(Gate):
                 if finding is None and LONG in why and _dim_of(why) not in long_made:
                     long_made[_dim_of(why)] = (shape, largest_made(subject, base.args))
                 if finding is None and LONG in why:
-                    result = self._special_runs(subject, case, why, base.args, declared, evidence)
+                    result = self._special_runs(subject, case, why, base.args, declared, evidence) or \
+                        self._owned(subject, case, why, base.args)
                     if result is not None:
                         return result
                 if finding is not None:
@@ -506,6 +521,28 @@ class Shapes(Gate):
             return skipped.removeprefix("; ")
         return f"{judged} untied-size probe(s) the reference accepts" + (
             f", {raised} of which the kernel raises on (passed over)" if raised else "") + skipped
+
+    def _owned(self, subject: Subject, case: Case, why: str, args: tuple) -> GateResult | None:
+        """On a shape longer than one block: one call's outputs, kept, must not change under the next call on other
+        inputs of the same shape (a large path that hands its workspace out as the output: the isolation gate's
+        reused-buffer probe runs at the declared shapes only). Not shrunk: it is a sequence of two calls."""
+        try:
+            first = outputs_on(subject.run_kernel(clone_tree(args)))
+            kept = [t.detach().clone() for _, t in first]
+            subject.run_kernel(subject.inputs(Case(case.shape, case.dtype, case.seed + OWNED_SEED)))
+        except UserCodeError:
+            return None  # (it ran on these inputs before: a raise now is another gate's finding)
+        for (path, t), before in zip(first, kept):
+            mismatch = bitwise_mismatch(before, t.detach())
+            if mismatch is not None and not _reference_reuses(subject, case, args):
+                result = self.failed(subject, f"shape {_fmt(case.shape)} ({why}): {path} of one call changed when the "
+                                     "kernel was called again on other inputs of this shape (the output is memory "
+                                     "the kernel hands out again), where the reference's is fresh memory", case=case,
+                                     expected="the first call's output unchanged", got=f"{path} changed",
+                                     where=path, broken=True, details={"kind": "reused", "why": why})
+                result.tolerance_free = True
+                return result
+        return None
 
     def _special_runs(self, subject: Subject, case: Case, why: str, args: tuple, declared: list[tuple[int, ...]],
                       evidence: list) -> GateResult | None:
