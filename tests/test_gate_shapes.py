@@ -620,3 +620,17 @@ def test_an_output_handed_out_again_at_a_long_shape_fails_and_a_fresh_one_passes
     result = check("shapes", correct.row_sums_blocked, correct.row_sums_reference, correct.make_rows,
                    shapes=[(256, 8)])
     assert result.verdict == "pass", result.message
+
+
+def test_a_reference_that_reads_past_its_inputs_is_told_apart_from_one_that_does_not():
+    """torch's CPU scaled_dot_product_attention takes values longer than the keys and reads memory it was not
+    given; an untied probe there is passed over (`_reads_outside`: inputs placed amid NaN)."""
+    from kgate.gates.shapes import _reads_outside
+
+    def shifted(x):  # reads one element past the end of x
+        return torch.as_strided(x, (x.numel(),), (1,), x.storage_offset() + 1).clone()
+
+    x = (torch.randn(17)[:16],)  # (a view with one more element behind it in its storage)
+    for reference, outside in ((shifted, True), (lambda t: t * 2, False)):
+        subject = subject_for(reference, reference, lambda seed, shape=None, dtype=torch.float32: x)
+        assert _reads_outside(subject, x, subject.run_reference(x)) is outside

@@ -234,6 +234,33 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
             + [(shape, f"{EMPTY} (size 0 in dim {dim})") for shape, dim in empty])
 
 
+READ_PAD = 1024  # `_reads_outside`: NaN elements on each side of every floating input
+
+
+def _reads_outside(subject: Subject, args: tuple, reference: Any) -> bool:
+    """Whether the reference's output on `args` changes when every floating-point input lies in the middle of a
+    NaN-filled buffer (same values, same strides): then it reads memory it was not given (torch's CPU
+    scaled_dot_product_attention with values longer than the keys), its result is whatever lies there, and the
+    probe is outside what it computes."""
+    def embedded(t: Any) -> Any:
+        if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.is_contiguous() and t.numel()):
+            return clone_tree(t)
+        buffer = torch.full((t.numel() + 2 * READ_PAD,), math.nan, dtype=t.dtype, device=t.device)
+        view = buffer[READ_PAD:READ_PAD + t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+
+    try:
+        again = subject.run_reference(tuple(embedded(a) for a in args))
+    except UserCodeError:
+        return True
+    for (_, got), (_, want) in zip(outputs_on(again), outputs_on(reference)):
+        if got.shape != want.shape or (got.is_floating_point() and
+                                       bool((torch.isnan(got) & ~torch.isnan(want.to(got.device))).any())):
+            return True
+    return False
+
+
 def _reference_reuses(subject: Subject, case: Case, args: tuple) -> bool:
     """Whether the reference's own output of one call changes under its next call on other inputs (`_owned`): then
     handing out memory again is the operator's, not the kernel's, and it is not judged."""
@@ -496,7 +523,7 @@ class Shapes(Gate):
                 continue
             if usual is None:  # the reference's own agreement with the oracle on the factory's inputs, once
                 usual = _relative_errors(base.reference, base.oracle)
-            if not _agrees(*outputs, usual):
+            if not _agrees(*outputs, usual) or _reads_outside(subject, probe, outputs[0]):
                 unreproducible += 1
                 continue
             judged += 1
@@ -514,9 +541,9 @@ class Shapes(Gate):
                 result.tolerance_free = finding.tolerance_free
                 return result
         skipped = (f"; {unreproducible} passed over where the reference and its float64 evaluation disagree far "
-                   "beyond their agreement on the factory's inputs (inputs it does not check: torch's "
-                   "scaled_dot_product_attention takes values of another length than the keys)"
-                   if unreproducible else "")
+                   "beyond their agreement on the factory's inputs, or the reference reads memory past its inputs "
+                   "(inputs it does not check: torch's scaled_dot_product_attention takes values of another length "
+                   "than the keys)" if unreproducible else "")
         if not judged:
             return skipped.removeprefix("; ")
         return f"{judged} untied-size probe(s) the reference accepts" + (
