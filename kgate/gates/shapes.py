@@ -261,16 +261,18 @@ def _reads_outside(subject: Subject, args: tuple, reference: Any) -> bool:
     return False
 
 
-def _reference_reuses(subject: Subject, case: Case, args: tuple) -> bool:
-    """Whether the reference's own output of one call changes under its next call on other inputs (`_owned`): then
-    handing out memory again is the operator's, not the kernel's, and it is not judged."""
+def changed_by_next_call(run: Any, subject: Subject, case: Case, args: tuple) -> str | bool | None:
+    """`run` (the kernel's or the reference's call) on `args`, its outputs kept, then on other inputs of the same
+    shape (`OWNED_SEED`): the path of the first output the second call changed, False where none, None where a
+    call raised (`Shapes._owned`)."""
     try:
-        first = outputs_on(subject.run_reference(clone_tree(args)))
+        first = outputs_on(run(clone_tree(args)))
         kept = [t.detach().clone() for _, t in first]
-        subject.run_reference(subject.inputs(Case(case.shape, case.dtype, case.seed + OWNED_SEED)))
+        run(subject.inputs(Case(case.shape, case.dtype, case.seed + OWNED_SEED)))
     except UserCodeError:
-        return True
-    return any(bitwise_mismatch(before, t.detach()) is not None for (_, t), before in zip(first, kept))
+        return None
+    return next((path for (path, t), before in zip(first, kept) if bitwise_mismatch(before, t.detach()) is not None),
+                False)
 
 
 def many_shape(shape: tuple[int, ...], per_shape: float) -> tuple[int, ...] | None:
@@ -553,23 +555,18 @@ class Shapes(Gate):
         """On a shape longer than one block: one call's outputs, kept, must not change under the next call on other
         inputs of the same shape (a large path that hands its workspace out as the output: the isolation gate's
         reused-buffer probe runs at the declared shapes only). Not shrunk: it is a sequence of two calls."""
-        try:
-            first = outputs_on(subject.run_kernel(clone_tree(args)))
-            kept = [t.detach().clone() for _, t in first]
-            subject.run_kernel(subject.inputs(Case(case.shape, case.dtype, case.seed + OWNED_SEED)))
-        except UserCodeError:
-            return None  # (it ran on these inputs before: a raise now is another gate's finding)
-        for (path, t), before in zip(first, kept):
-            mismatch = bitwise_mismatch(before, t.detach())
-            if mismatch is not None and not _reference_reuses(subject, case, args):
-                result = self.failed(subject, f"shape {_fmt(case.shape)} ({why}): {path} of one call changed when the "
-                                     "kernel was called again on other inputs of this shape (the output is memory "
-                                     "the kernel hands out again), where the reference's is fresh memory", case=case,
-                                     expected="the first call's output unchanged", got=f"{path} changed",
-                                     where=path, broken=True, details={"kind": "reused", "why": why})
-                result.tolerance_free = True
-                return result
-        return None
+        # (a raise: it ran on these inputs before, so it is another gate's finding; the reference's own outputs
+        # changed so too, or it raised: handing out memory again is then the operator's, not judged)
+        path = changed_by_next_call(subject.run_kernel, subject, case, args)
+        if not path or changed_by_next_call(subject.run_reference, subject, case, args) is not False:
+            return None
+        result = self.failed(subject, f"shape {_fmt(case.shape)} ({why}): {path} of one call changed when the kernel "
+                             "was called again on other inputs of this shape (the output is memory the kernel hands "
+                             "out again), where the reference's is fresh memory", case=case,
+                             expected="the first call's output unchanged", got=f"{path} changed", where=path,
+                             broken=True, details={"kind": "reused", "why": why})
+        result.tolerance_free = True
+        return result
 
     def _special_runs(self, subject: Subject, case: Case, why: str, args: tuple, declared: list[tuple[int, ...]],
                       evidence: list) -> GateResult | None:
