@@ -234,24 +234,16 @@ def edge_shapes(declared: list[tuple[int, ...]], cap: int) -> list[tuple[tuple[i
             + [(shape, f"{EMPTY} (size 0 in dim {dim})") for shape, dim in empty])
 
 
-READ_PAD = 1024  # `_reads_outside`: NaN elements on each side of every floating input
-
-
 def _reads_outside(subject: Subject, args: tuple, reference: Any) -> bool:
-    """Whether the reference's output on `args` changes when every floating-point input lies in the middle of a
-    NaN-filled buffer (same values, same strides): then it reads memory it was not given (torch's CPU
-    scaled_dot_product_attention with values longer than the keys), its result is whatever lies there, and the
-    probe is outside what it computes."""
-    def embedded(t: Any) -> Any:
-        if not (isinstance(t, torch.Tensor) and t.is_floating_point() and t.is_contiguous() and t.numel()):
-            return clone_tree(t)
-        buffer = torch.full((t.numel() + 2 * READ_PAD,), math.nan, dtype=t.dtype, device=t.device)
-        view = buffer[READ_PAD:READ_PAD + t.numel()].view(t.shape)
-        view.copy_(t)
-        return view
+    """Whether the reference's output on `args` gains a NaN when every input lies inside a buffer of NaN bytes (the
+    bounds gate's guards, `guard_args`: same values, same strides): then it reads memory it was not given (torch's
+    CPU scaled_dot_product_attention with values longer than the keys), its result is whatever lies there, and
+    the probe is outside what it computes."""
+    from kgate.gates.bounds import guard_args
+    from kgate.gates.initialization import NAN_BYTE
 
     try:
-        again = subject.run_reference(tuple(embedded(a) for a in args))
+        again = subject.run_reference(guard_args(args, NAN_BYTE, set())[0])
     except UserCodeError:
         return True
     for (_, got), (_, want) in zip(outputs_on(again), outputs_on(reference)):
