@@ -493,13 +493,25 @@ def overridden(modules: list[types.ModuleType], overrides: dict[str, int],
             g[name] = value
 
 
-def _model_signature(module: types.ModuleType) -> Any:
-    """The shapes of the Model's parameters and buffers, built on the meta device."""
+def meta_model(module: types.ModuleType) -> Any:
+    """The problem's Model built from its get_init_inputs() on the meta device (no memory); None where it is no
+    nn.Module. Raises what the problem's code raises."""
     import torch
 
     with torch.device("meta"):
         model = module.Model(*module.get_init_inputs())
-    if not isinstance(model, torch.nn.Module):
+    return model if isinstance(model, torch.nn.Module) else None
+
+
+def held_elements(model: Any) -> int:
+    """Elements of a module's parameters and buffers."""
+    return sum(t.numel() for t in [*model.parameters(), *model.buffers()])
+
+
+def _model_signature(module: types.ModuleType) -> Any:
+    """The shapes of the Model's parameters and buffers, built on the meta device."""
+    model = meta_model(module)
+    if model is None:
         return None
     return tuple((n, tuple(t.shape)) for n, t in [*model.named_parameters(), *model.named_buffers()])
 
@@ -513,18 +525,15 @@ def init_dims(module: types.ModuleType, free: FreeDims) -> FreeDims:
     except Exception as exc:  # noqa: BLE001
         return FreeDims([], [], f"the Model cannot be built on the meta device ({type(exc).__name__})")
     names, defaults = [], []
-    g = vars(module)
-    for key, value in list(g.items()):
+    for key, value in list(vars(module).items()):
         if key.startswith("_") or type(value) is not int or value < MIN_MODEL_SIZE or key in free.names:
             continue
-        g[key] = value + 1
-        try:
-            _call_on_meta(module.get_inputs)
-            changed = (_call_on_meta(module.get_init_inputs), _model_signature(module)) != base
-        except Exception:  # noqa: BLE001 - not legal at value + 1 alone: not swept
-            changed = False
-        finally:
-            g[key] = value
+        with overridden([module], {key: value + 1}, {key: value}):
+            try:
+                _call_on_meta(module.get_inputs)
+                changed = (_call_on_meta(module.get_init_inputs), _model_signature(module)) != base
+            except Exception:  # noqa: BLE001 - not legal at value + 1 alone: not swept
+                changed = False
         if changed:
             names.append(key)
             defaults.append(value)
@@ -534,17 +543,12 @@ def init_dims(module: types.ModuleType, free: FreeDims) -> FreeDims:
 def model_elements(module: types.ModuleType, dims: FreeDims, shape: tuple[int, ...] | None) -> int | None:
     """Elements of the Model's parameters and buffers plus the inputs at `shape`, counted on the meta device
     with the module's globals as they are; None where either cannot be made there."""
-    import torch
-
     try:
         inputs = input_elements(module, dims, shape)
-        with torch.device("meta"):
-            model = module.Model(*module.get_init_inputs())
-        held = sum(t.numel() for t in [*model.parameters(), *model.buffers()]) \
-            if isinstance(model, torch.nn.Module) else 0
+        model = meta_model(module)
     except Exception:  # noqa: BLE001
         return None
-    return None if inputs is None else inputs + held
+    return None if inputs is None else inputs + (held_elements(model) if model is not None else 0)
 
 
 def model_size_variants(module: types.ModuleType, dims: FreeDims, init: FreeDims, shape: tuple[int, ...] | None,
@@ -603,20 +607,17 @@ def problem_size(path: Path) -> tuple[int | None, int | None, int | None]:
     holding a parameter of >= 2 dimensions, elements of its Model's parameters and buffers), all on the meta
     device, nothing allocated; None for what cannot be counted. Executes the problem's code: call it in a
     worker (kgate.audit.worker's `sizes`)."""
-    import torch
-
     module = exec_problem(path, "inputs")
     elements = input_elements(module, free_dims(module), None)
     try:
-        with torch.device("meta"):
-            model = module.Model(*module.get_init_inputs())
+        model = meta_model(module)
     except Exception:  # noqa: BLE001 - a Model that cannot be built on the meta device: no layer count
         return elements, None, None
-    if not isinstance(model, torch.nn.Module):
+    if model is None:
         return elements, None, None
     layers = sum(1 for m in model.modules() if not any(True for _ in m.children())
                  and any(p.dim() >= 2 for p in m.parameters(recurse=False)))
-    return elements, layers, sum(t.numel() for t in [*model.parameters(), *model.buffers()])
+    return elements, layers, held_elements(model)
 
 
 def working_shape(module: types.ModuleType, dims: FreeDims, budget: int = WORK_ELEMENTS) -> tuple[int, ...] | None:

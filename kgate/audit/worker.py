@@ -68,6 +68,7 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
 
     import contextlib
     from collections.abc import Iterator
+    from dataclasses import dataclass
 
     import torch
 
@@ -242,28 +243,29 @@ def _evaluate(channel: Channel, job: dict[str, Any]) -> None:
             if not init_dims:
                 init_dims.append(kb.init_dims(inputs_module, dims))
             shape, dtype = self.cases[0].shape, self.cases[0].dtype
-            return [Resized(size, shape, dtype) for size in
+            return [Resized(size.overrides, size.label, shape, dtype) for size in
                     kb.model_size_variants(inputs_module, dims, init_dims[0], shape)]
 
     init_dims: list[kb.FreeDims] = []  # the integers that size the weights (found on the first ask)
 
-    class Resized:
-        """Both models built again at another size of the weights (Subject.model_sizes)."""
+    @dataclass
+    class Resized(kb.ModelSize):
+        """Both models built again at another size of the weights (Subject.model_sizes), at the subject's first
+        case's shape and dtype."""
 
-        def __init__(self, size: kb.ModelSize, shape: tuple[int, ...] | None, dtype: str):
-            self.size, self.label, self.shape, self.dtype = size, size.label, shape, dtype
-            self.overrides = size.overrides
+        shape: tuple[int, ...] | None = None
+        dtype: str = "float32"
 
         @contextlib.contextmanager
         def open(self) -> Iterator[PairSubject | str]:
             defaults = dict(zip(init_dims[0].names, init_dims[0].defaults, strict=True))
             # the problem executed anew as if written with these sizes (what it derives from them follows), and
             # the candidate's copy of its names set to them while the two are built and judged
-            with kb.overridden([candidate_module], self.size.overrides, defaults):
+            with kb.overridden([candidate_module], self.overrides, defaults):
                 built: PairSubject | str
                 try:
-                    sized_reference = kb.exec_problem(problem_path, "reference", self.size.overrides)
-                    sized_inputs = kb.exec_problem(problem_path, "inputs", self.size.overrides)
+                    sized_reference = kb.exec_problem(problem_path, "reference", self.overrides)
+                    sized_inputs = kb.exec_problem(problem_path, "inputs", self.overrides)
                     reference, init_inputs = kb.build_reference(sized_reference, device, seed, dtype_of(self.dtype))
                     try:
                         candidate = kb.build_candidate(model_new, init_inputs, device, seed, dtype_of(self.dtype))
