@@ -473,7 +473,7 @@ def _selection(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[torch.Te
     at = _SELECTIONS[name]
     if len(results) <= at or not isinstance(results[at], torch.Tensor) or results[at].is_floating_point():
         return None
-    params = inspect_args(func, args, kwargs)
+    params = _named_args(func, args, kwargs)
     if name in ("argmax", "argmin"):
         dim, keepdim = params.get("dim"), bool(params.get("keepdim", False))
     elif name in ("max", "min"):
@@ -485,7 +485,7 @@ def _selection(func: Any, args: tuple, kwargs: dict, out: Any) -> tuple[torch.Te
     return results[at], Selection(args[0].detach(), dim, keepdim)
 
 
-def inspect_args(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+def _named_args(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
     """An ATen op's arguments by name (its schema's), defaults left out."""
     names = [a.name for a in func._schema.arguments]
     found = dict(zip(names, args))

@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from kgate.compare import clone_tree, flatten, index_of
-from kgate.gates.contract import aliased_inputs, layout_problem, module_aliases
+from kgate.gates.contract import aliased_inputs, layout_problem, module_alias_message, module_aliases
 from kgate.gates.oracle import Incomparable, measure_outputs
 from kgate.oracle import BROKEN_FACTOR, LeafError, own_dtype
 from kgate.subject import Subject, UserCodeError
@@ -276,10 +276,8 @@ def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
     # (as the contract gate, on any probe's inputs; where the reference ran as itself, not as a converted copy)
     if shared and floats[:1] in ([], [own_dtype(modules[1])]) and not module_aliases(reference, modules[1]):
         path, name = shared[0]
-        return Finding(CONTRACT, f"{path} shares memory with the kernel's {name!r} (a view of the module's state), "
-                       "where the reference's outputs share none with its own: a caller that writes to the output "
-                       "writes the module, and a later step of the module changes an output already returned",
-                       where=path, expected="a fresh tensor", got=f"a view of {name}"), leaves
+        return Finding(CONTRACT, module_alias_message(path, name), where=path, expected="a fresh tensor",
+                       got=f"a view of {name}"), leaves
     lost = nan_lost(out, reference, oracle if truth is None else truth)
     if lost is not None:
         return nan_finding(lost), leaves

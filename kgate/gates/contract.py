@@ -38,6 +38,14 @@ def module_aliases(out: Any, module: torch.nn.Module) -> list[tuple[str, str]]:
     return [(path, n) for path, t in flatten(out) if isinstance(t, torch.Tensor) for n, p in held if overlaps(t, p)]
 
 
+def module_alias_message(path: str, name: str) -> str:
+    """The finding of an output that shares memory with the kernel module's `name` (`module_aliases`) where the
+    reference's outputs share none with its own."""
+    return (f"{path} shares memory with the kernel's {name!r} (a view of the module's state), where the reference's "
+            "outputs share none with its own: a caller that writes to the output writes the module, and a later "
+            "step of the module changes an output already returned")
+
+
 def dense_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """Whether a tensor of `shape` and `strides` covers a block of memory exactly once (non-overlapping
     and dense: contiguous up to a permutation of its dimensions; dimensions of size 1 are free)."""
@@ -270,9 +278,7 @@ class Contract(Gate):
                                                         if len(kernel_changed) > 1 else ""), where=name)
         if kernel_shared and not ref_shared:
             path, name = kernel_shared[0]
-            return self.failed(subject, f"{path} shares memory with the kernel's {name!r} (a view of the module's "
-                               "state), where the reference's outputs share none with its own: a caller that writes "
-                               "to the output writes the module", case=case, expected="a fresh tensor",
+            return self.failed(subject, module_alias_message(path, name), case=case, expected="a fresh tensor",
                                got=f"a view of {name}", where=path)
         return None
 
