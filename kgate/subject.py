@@ -313,8 +313,8 @@ class Subject:
 
     def model_sizes(self) -> list[Any]:
         """Other sizes of the weights the kernel and the reference can both be built at (a KernelBench problem's
-        module-level integers that size the Model: `kgate.kernelbench.model_size_variants`), each with `label`
-        and `open()`, a context manager that builds the two models at that size and yields a subject of them
+        module-level integers that size the Model: `kgate.kernelbench.model_size_variants`), each with `label`,
+        `overrides` (name -> value) and `open()`, a context manager that builds the two models at that size and yields a subject of them
         (or a string: why it was not built), and puts everything back after. Here: none."""
         return []
 
