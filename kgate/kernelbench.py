@@ -272,14 +272,26 @@ def exec_problem(path: Path, role: str, sizes: dict[str, int] | None = None) -> 
 
 
 def sized_source(path: Path, sizes: dict[str, int]) -> Any:
-    """The problem's parsed source with each top-level `NAME = <int>` of `sizes` given that value instead."""
+    """The problem's parsed source with each top-level integer of `sizes` given that value instead where it is
+    bound: `NAME = <int>`, `NAME: int = <int>`, and each name of `A, B = <int>, <int>`."""
     import ast
+
+    def sized(target: ast.expr, value: ast.expr | None) -> None:
+        if isinstance(target, ast.Name) and target.id in sizes and isinstance(value, ast.Constant) and \
+                type(value.value) is int:
+            value.value = sizes[target.id]
+        elif isinstance(target, ast.Tuple | ast.List) and isinstance(value, ast.Tuple | ast.List) and \
+                len(target.elts) == len(value.elts):
+            for t, v in zip(target.elts, value.elts, strict=True):
+                sized(t, v)
 
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and \
-                node.targets[0].id in sizes and isinstance(node.value, ast.Constant) and type(node.value.value) is int:
-            node.value = ast.copy_location(ast.Constant(sizes[node.targets[0].id]), node.value)
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                sized(target, node.value)
+        elif isinstance(node, ast.AnnAssign):
+            sized(node.target, node.value)
     return tree
 
 
@@ -460,8 +472,12 @@ def free_dims(module: types.ModuleType) -> FreeDims:
 # numel % 8 != 0, a hidden size that is no multiple of its block) passes at the problem's own sizes, which
 # are usually powers of two. The shapes gate builds both models again at other such sizes
 # (`model_size_variants`): each size + 1, all of them at once first, then each alone, halved (each halved
-# size + 1) until the Model's parameters and the inputs hold at most MODEL_ELEMENTS elements.
+# size + 1) until the Model's parameters and the inputs hold at most MODEL_ELEMENTS elements. Where the inputs
+# have no free size, so that their sizes follow the weights' alone, one size more: all of them grown together
+# (each + 1) until the inputs pass MANY_INPUT_ELEMENTS (a path a kernel takes above a size threshold: a statistic
+# estimated on a sample of the first 64K elements, a split over threads above a million), within MODEL_ELEMENTS.
 MODEL_ELEMENTS = 1 << 22
+MANY_INPUT_ELEMENTS = 1 << 20  # as the shapes gate's `many_shape` for inputs of a free size
 MIN_MODEL_SIZE = 8  # smaller integers are kernel sizes, strides, groups, dimensions: not sizes of a weight
 MAX_MODEL_SIZES = 3
 
@@ -555,7 +571,8 @@ def model_size_variants(module: types.ModuleType, dims: FreeDims, init: FreeDims
                         budget: int = MODEL_ELEMENTS) -> list[ModelSize]:
     """At most MAX_MODEL_SIZES other sizes of the weights (see MODEL_ELEMENTS): all of `init`'s integers at
     once, then each alone; each size + 1 (a tail of one past every power of two), else halved first, each
-    halved size + 1 again, until the meta-device count (`model_elements`) is within `budget`."""
+    halved size + 1 again, until the meta-device count (`model_elements`) is within `budget`. Where the inputs
+    have no free size (`dims`), then one large size (`_large_model_size`): their sizes follow the weights'."""
     defaults = dict(zip(init.names, init.defaults, strict=True))
     groups = [list(init.names)] if len(init.names) > 1 else []
     groups += [[n] for n in init.names]
@@ -575,7 +592,30 @@ def model_size_variants(module: types.ModuleType, dims: FreeDims, init: FreeDims
                 break
         if len(out) >= MAX_MODEL_SIZES:
             break
+    if not dims.names and init.names:
+        large = _large_model_size(module, dims, defaults, budget)
+        if large is not None:
+            out.append(large)
     return out
+
+
+def _large_model_size(module: types.ModuleType, dims: FreeDims, defaults: dict[str, int],
+                      budget: int) -> ModelSize | None:
+    """All of the integers that size the weights grown together by a factor of 2^(1/4) at a time (each + 1) until the inputs hold more than MANY_INPUT_ELEMENTS elements, as long as the Model's parameters
+    and the inputs hold at most `budget`; None where no such size is found (the weights grow faster than the
+    inputs)."""
+    for step in range(1, 128):
+        trial = {n: int(v * 2 ** (step / 4)) + 1 for n, v in defaults.items()}
+        with overridden([module], trial, defaults):
+            inputs = input_elements(module, dims, None)
+            counted = model_elements(module, dims, None)
+        if inputs is None or counted is None or counted > budget:
+            return None
+        if inputs > MANY_INPUT_ELEMENTS:
+            label = (", ".join(f"{n}={v}" for n, v in trial.items()) + " (the problem's "
+                     + ", ".join(str(defaults[n]) for n in trial) + f"; inputs of {inputs:,} elements)")
+            return ModelSize(trial, label)
+    return None
 
 
 # The audit's working shape. KernelBench problems run at their own sizes take up to ~90 GiB and

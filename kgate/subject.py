@@ -119,6 +119,18 @@ def _unwrapped(fn: Any) -> Any:
     return fn.model if isinstance(fn, (NoGrad, DtypeDispatch)) else fn
 
 
+def _detach_buffers(module: Any) -> None:
+    """A module's buffers that a call under autograd wrote with tensors that carry a graph (`running.mul_(b)
+    .add_(g.mean(0))` on inputs that require grad) made leaves again, their values kept: a buffer is state, not a
+    node of the call's graph, and one left in a graph cannot be copied (`copy.deepcopy`: the float64 oracle's
+    copy of the module) nor written in place by the next call's graph without growing it."""
+    if not isinstance(module, torch.nn.Module):
+        return
+    for b in module.buffers():
+        if b.grad_fn is not None and b._base is None:
+            b.detach_()
+
+
 def _shapes_key(args: Any) -> tuple:
     return tuple((tuple(t.shape), t.dtype) for t in tensors(args))
 
@@ -431,7 +443,11 @@ class Subject:
             self.lockstep.load(self.lockstep.reference)
         try:
             with torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
-                out = self.reference_fn(*args)
+                try:
+                    out = self.reference_fn(*args)
+                finally:
+                    if grad:
+                        _detach_buffers(_unwrapped(self.raw_reference_fn))
             synchronize(self.device)
             if self.lockstep is not None:
                 self.lockstep.after_reference()

@@ -2087,3 +2087,41 @@ def test_the_problems_own_precision_is_read_from_what_get_inputs_gives():
     assert own_precision(problem(lambda: 1 / 0)) is None
     # drawn on the meta device: nothing of this size is allocated
     assert own_precision(problem(lambda: [torch.randn(1 << 20, 1 << 20).half()])) == "float16"
+
+
+EMA_PROBLEM = '''import torch
+import torch.nn as nn
+class Model(nn.Module):
+    """An exponential moving average of the inputs' column means, kept in a buffer and written from the inputs,
+    taken off them with a learned scale."""
+    def __init__(self, cols):
+        super().__init__()
+        self.register_buffer("ema", torch.zeros(cols))
+        self.scale = nn.Parameter(torch.ones(cols))
+    def forward(self, x):
+        self.ema.mul_(0.9).add_(0.1 * x.mean(dim=0))
+        return (x - self.ema) * self.scale
+rows, cols = 16, 24
+def get_inputs():
+    return [torch.randn(rows, cols)]
+def get_init_inputs():
+    return [cols]
+'''
+
+
+def test_a_buffer_written_from_inputs_that_require_grad_stays_copyable(tmp_path):
+    """The special_values gate calls the reference under autograd (which lines it never reads); its forward writes
+    its buffer from those inputs, which joins the buffer to their graph. The isolation gate's change of the
+    parameters has the float64 oracle copy the module again (deepcopy refuses a tensor in a graph): without the buffer made a leaf again, isolation ends in
+    `error` and the candidate is not judged."""
+    (tmp_path / "problems").mkdir()
+    (tmp_path / "candidates").mkdir()
+    (tmp_path / "problems" / "ema.py").write_text(EMA_PROBLEM)
+    (tmp_path / "candidates" / "ema__own.py").write_text("ModelNew = Model  # noqa: F821\n")
+    code = kgate_main(["audit", "--format", "kernelbench", "--problems", str(tmp_path / "problems"), "--candidates",
+                       str(tmp_path / "candidates"), "--device", "cpu", "--jobs", "1", "--timeout", "60",
+                       "--gate", "special_values", "--gate", "isolation", "--out", str(tmp_path / "out"), "-q"])
+    record = next(iter(ResultsFile(tmp_path / "out" / "results.jsonl").read().values()))
+    verdicts = {g["gate"]: (g["verdict"], g["message"][:200]) for g in record["gates"]}
+    assert code == 0 and {g: v for g, (v, _) in verdicts.items()} == {"special_values": "pass", "isolation": "pass"}, \
+        verdicts

@@ -390,6 +390,34 @@ def test_state_set_from_the_inputs_dtype_fails_through_the_float64_call():
     assert "torch.get_default_dtype() changed from torch.float32 to torch.float64" in result.message
 
 
+def test_a_setting_pinned_to_the_value_the_process_has_fails_through_the_moved_call():
+    """torch.set_num_threads(1) in a process that has one thread already changes nothing the before/after
+    comparison sees; moved to 2 before one call, the setting comes back as 1."""
+    threads = torch.get_num_threads()
+
+    def pins_one_thread(x):
+        torch.set_num_threads(1)
+        return good(x)
+
+    def one_thread_restored(x):
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return good(x)
+        finally:
+            torch.set_num_threads(before)
+
+    torch.set_num_threads(1)
+    try:
+        pinned, restored = run(pins_one_thread), run(one_thread_restored)
+        assert torch.get_num_threads() == 1, "the gate must put the moved setting back"
+    finally:
+        torch.set_num_threads(threads)
+    assert pinned.verdict == "fail" and pinned.tolerance_free, pinned.message
+    assert "sets torch.get_num_threads() to 1" in pinned.message and pinned.where == "torch.get_num_threads()"
+    assert restored.verdict == "pass", restored.message
+
+
 def test_kernel_refusing_float64_passes():
     def float32_only(x):
         if x.dtype != torch.float32:

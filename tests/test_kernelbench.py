@@ -544,6 +544,51 @@ def test_the_integers_that_size_the_weights_are_found_and_halved_within_budget(t
     assert module.features == 64
 
 
+FIXED_INPUTS_PROBLEM = """import torch
+import torch.nn as nn
+class Model(nn.Module):
+    def __init__(self, rows, cols):
+        super().__init__()
+        self.gain = nn.Parameter(torch.randn(rows, cols))
+    def forward(self, x):
+        return self.gain * x
+rows, cols = 48, 80
+depth: int = 3
+def get_inputs():
+    return [torch.randn(rows, cols)]
+def get_init_inputs():
+    return [rows, cols]
+"""
+
+
+def test_sizes_written_into_the_source_reach_tuple_and_annotated_assignments(tmp_path):
+    path = _touch(tmp_path / "fixed.py", FIXED_INPUTS_PROBLEM)
+    module = kb.exec_problem(path, "inputs", {"rows": 49, "cols": 81, "depth": 5})
+    assert (module.rows, module.cols, module.depth) == (49, 81, 5)
+    assert tuple(module.get_inputs()[0].shape) == (49, 81), "get_inputs() must make inputs at the written sizes"
+
+
+def test_inputs_without_a_free_size_get_one_large_size_of_the_weights(tmp_path):
+    module = kb.exec_problem(_touch(tmp_path / "fixed.py", FIXED_INPUTS_PROBLEM), "inputs")
+    dims = kb.free_dims(module)
+    assert dims.names == []
+    init = kb.init_dims(module, dims)
+    assert init.names == ["rows", "cols"]
+    sizes = kb.model_size_variants(module, dims, init, None)
+    large = sizes[-1]
+    assert len(sizes) == 4 and set(large.overrides) == {"rows", "cols"}, [s.overrides for s in sizes]
+    inputs = large.overrides["rows"] * large.overrides["cols"]
+    assert kb.MANY_INPUT_ELEMENTS < inputs and 2 * inputs <= kb.MODEL_ELEMENTS, large.overrides
+    assert f"inputs of {inputs:,} elements" in large.label
+    # weights that grow faster than the inputs pass the budget first: no large size
+    assert kb.model_size_variants(module, dims, init, None, budget=1 << 20)[-1:] != [large]
+    # where the inputs have a free size, the shapes gate's own sweep takes them past 2^20 elements instead
+    weights = kb.exec_problem(_touch(tmp_path / "weights.py", WEIGHTS_PROBLEM), "inputs")
+    free = kb.free_dims(weights)
+    assert all("inputs of" not in s.label for s in kb.model_size_variants(weights, free, kb.init_dims(weights, free),
+                                                                         None))
+
+
 WEIGHT_TAIL = '''import torch
 import torch.nn as nn
 class ModelNew(nn.Module):

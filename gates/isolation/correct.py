@@ -27,6 +27,17 @@ def softmax_subnormals_flushed(x):
     return softmax_stable(x)
 
 
+def softmax_one_thread_restored(x):
+    """Runs its small rows on one thread, as the thread-pinning control wants to, and gives the process its
+    thread count back on the way out, also when the computation raises."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return softmax_stable(x)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def make_features(seed, shape=None, dtype=torch.float32, device="cpu"):
     """Features (rows, 32) for the linear-layer controls."""
     gen = torch.Generator().manual_seed(seed)

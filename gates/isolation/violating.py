@@ -76,6 +76,14 @@ def softmax_flush_denormals(x):
     return softmax_stable(x)
 
 
+def softmax_pins_one_thread(x):
+    """Small rows run faster on one thread than with the pool's fork/join, so it pins torch to one thread and
+    never gives the others back: every later computation of the process runs single-threaded. Invisible in a
+    process that had one thread already, as a judging worker on a busy machine may."""
+    torch.set_num_threads(1)
+    return softmax_stable(x)
+
+
 class _SeededLinear(torch.nn.Module):
     """A linear layer's weight and bias, seeded (11) as correct.py's Linear draws them, made on the CPU at import
     and moved to the input's device at the first call (`follow`)."""

@@ -39,7 +39,10 @@ Tolerance-free. Nine probes:
 - process state unchanged: torch's numerics switches, grad/autocast modes, default dtype and device,
   thread count and the floating-point environment's flush-to-zero/denormals-are-zero modes (`_flags`)
   are as they were at the same moment, after this gate's calls and one more on the inputs in float64
-  (state set from the inputs' dtype changes only on another dtype's inputs).
+  (state set from the inputs' dtype changes only on another dtype's inputs); and after one more call with the
+  settings a kernel sets for speed (thread count, cuDNN autotuning: `MOVED_SETTINGS`)
+  moved to another value first, each still as moved (a kernel that sets the value the judging process happens
+  to have, `torch.set_num_threads(1)` in a worker given one thread, changes a user's process all the same).
 """
 
 from __future__ import annotations
@@ -169,6 +172,20 @@ def _flag_getters() -> dict[str, Any]:
         getters[f"torch.is_autocast_enabled({device!r})"] = lambda device=device: torch.is_autocast_enabled(device)
         getters[f"torch.get_autocast_dtype({device!r})"] = lambda device=device: torch.get_autocast_dtype(device)
     return getters
+
+
+def _set_cudnn_benchmark(value: bool) -> None:
+    torch.backends.cudnn.benchmark = value
+
+
+# Process-wide settings a kernel may set to a fixed value for speed, each as (getter, setter, another legal value
+# than the one given): `Isolation.settings_moved` moves them before a call. (Not the fp32 matmul precision: its
+# legacy setter cannot put back the newer per-backend settings it overwrites.)
+MOVED_SETTINGS: dict[str, tuple[Any, Any, Any]] = {
+    "torch.get_num_threads()": (torch.get_num_threads, torch.set_num_threads, lambda n: n + 1),
+    "torch.backends.cudnn.benchmark": (lambda: torch.backends.cudnn.benchmark, _set_cudnn_benchmark,
+                                       lambda on: not on),
+}
 
 
 def _flags() -> dict[str, Any]:
@@ -587,7 +604,10 @@ class Isolation(Gate):
                 result, rejected = self.rejected_call(subject, cases[0])
                 if result is not None:
                     return result
-                self.call_in_float64(subject, cases[0])
+                result = self.settings_moved(subject, cases[0])
+                if result is not None:
+                    return result
+                self.call_in_float64(subject, cases[0])  # last: a later call in the case's dtype would undo what it set
         finally:
             patched = before.changes(Snapshot.take(subject.raw_reference_fn))
         if patched:
@@ -785,6 +805,34 @@ class Isolation(Gate):
                      for a in clone_tree(subject.baseline(case).args))
         with contextlib.suppress(UserCodeError):
             subject.run_kernel(args)
+
+    def settings_moved(self, subject: Subject, case: Case) -> GateResult | None:
+        """One call with the process-wide settings a kernel sets for speed (`MOVED_SETTINGS`: thread count, cuDNN
+        autotuning) moved to another legal value first, as a user's process may have
+        them: each must be as moved after the call, the settings put back after. The comparison of the process
+        state before and after the gate's calls cannot see a kernel that sets one to the value the judging
+        process happens to have (`torch.set_num_threads(1)` in a worker given one thread)."""
+        if subject.out_of_time():
+            return None
+        saved = {name: get() for name, (get, _set, _other) in MOVED_SETTINGS.items()}
+        moved = {name: other(saved[name]) for name, (_get, _set, other) in MOVED_SETTINGS.items()}
+        try:
+            for name, value in moved.items():
+                MOVED_SETTINGS[name][1](value)
+            with contextlib.suppress(UserCodeError):  # (whatever the kernel makes of them: only the settings count)
+                subject.run_kernel(clone_tree(subject.baseline(case).args))
+            changed = [(name, value, MOVED_SETTINGS[name][0]()) for name, value in moved.items()
+                       if MOVED_SETTINGS[name][0]() != value]
+        finally:
+            for name, value in saved.items():
+                MOVED_SETTINGS[name][1](value)
+        if not changed:
+            return None
+        name, value, now = changed[0]
+        return self.failed(subject, f"the kernel sets {name} to {now!r} and leaves it so: set to {value!r} before "
+                           "the call (as a user's process may have it), it was changed by the call", case=case,
+                           expected=f"{name} == {value!r} after the call", got=f"{name} == {now!r}", where=name,
+                           details={"changed": [f"{n}: {v!r} -> {w!r}" for n, v, w in changed]})
 
     def outputs_owned(self, subject: Subject, case: Case) -> GateResult | None:
         """OWNED_CALLS calls on other inputs (other seeds), every output kept: after each call, every earlier

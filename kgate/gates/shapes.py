@@ -73,7 +73,11 @@ Sizes of the weights (`_model_sizes`): a subject that can build its kernel and r
 weights (`Subject.model_sizes`: a KernelBench problem's integers that size its Model, never free sizes) is judged
 at up to `kgate.kernelbench.MAX_MODEL_SIZES` of them, after the declared shapes (also where no shape can be
 swept): contract, oracle bound and, for a history-dependent module, the oracle gate's sequence of calls. A tail
-over a weight dimension that the problem's own sizes (powers of two) never have shows there.
+over a weight dimension that the problem's own sizes (powers of two) never have shows there. Where the inputs
+have no free size (their sizes follow the weights'), one size more: all of those integers grown together until
+the inputs pass 2^20 elements (`kgate.kernelbench.MANY_INPUT_ELEMENTS`, within the weights' element budget), where
+a path taken above a size threshold (a statistic estimated from the first 64K elements, partials added in float16,
+bands of rows normalised apart) shows, as `many_shape` shows it for inputs of a free size.
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ from kgate.gates.base import Gate, GateResult
 from kgate.gates.distributions import input_sensitivity
 from kgate.gates.special_values import classify
 from kgate.inputs import Case
+from kgate.kernelbench import MANY_INPUT_ELEMENTS
 from kgate.shrink import (
     CRASH,
     ORACLE,
@@ -134,7 +139,7 @@ PAST_8192 = 16384  # a power of two: a multiple of every block size up to it
 PAST_GRID = 65537  # past 65535, the most blocks a CUDA grid's y and z dimensions take, and past 2^16
 PAST = " past "  # in the label of a shape past 8192 or 65535: its reference outputs are sized before the oracle runs
 OWNED_SEED = 7919  # `_owned`: the seed offset of the second call's inputs
-MANY = 1 << 20  # `many_shape`: inputs past this many elements (a parallel or split path taken above ~1M elements)
+MANY = MANY_INPUT_ELEMENTS  # `many_shape`: inputs past this many elements (a parallel or split path above ~1M)
 GRID_KEEP = 16  # past 65535 the other sizes are halved, widest first, until they hold at most this many elements
 QUADRATIC = 4.0  # the most a shape's largest tensor grows per doubling of one size (attention, pairwise)
 MAX_UNTIED = 8  # untied sizes (`untied_probes`): probes judged
