@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -928,3 +929,20 @@ def test_a_learned_beta_of_zero_is_judged_and_a_formula_that_divides_by_it_fails
     result = check("distributions", _SmoothL1Branchless(), _SmoothL1(), residuals)
     assert result.verdict == "fail" and "multiplied by 0," in result.message, result.message
     assert check("distributions", _SmoothL1(), _SmoothL1(), residuals).verdict == "pass"
+
+
+def test_a_slow_kernel_passes_on_the_probes_before_the_deadline_and_says_what_it_left():
+    """The worker sets a search deadline of half the gate's time limit; a kernel slow enough to reach it in the
+    drawn distributions (a DenseNet whose float64 oracle takes seconds a probe) passes on the probes it had, and
+    the message names those not judged, instead of a timeout that loses the verdict."""
+    def slow(x):
+        time.sleep(0.05)
+        return correct.silu(x)
+
+    subject = subject_for(slow, correct.silu_reference, correct.make_inputs)
+    subject.deadline = time.monotonic() + 0.4
+    started = time.monotonic()
+    result = registry.get("distributions").check(subject)
+    assert result.verdict == "pass", result.message
+    assert "stopped at the search deadline" in result.message and "the drawn distributions from" in result.message
+    assert result.details["cut"] and time.monotonic() - started < 10, result.details
