@@ -392,24 +392,15 @@ def test_state_set_from_the_inputs_dtype_fails_through_the_float64_call():
 
 def test_a_setting_pinned_to_the_value_the_process_has_fails_through_the_moved_call():
     """torch.set_num_threads(1) in a process that has one thread already changes nothing the before/after
-    comparison sees; moved to 2 before one call, the setting comes back as 1."""
+    comparison sees; moved to 2 before one call, the setting comes back as 1 (the catalogue's controls)."""
+    from tests.gate_harness import catalogue
+
+    ic, iv = catalogue("isolation", "correct"), catalogue("isolation", "violating")
     threads = torch.get_num_threads()
-
-    def pins_one_thread(x):
-        torch.set_num_threads(1)
-        return good(x)
-
-    def one_thread_restored(x):
-        before = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return good(x)
-        finally:
-            torch.set_num_threads(before)
-
     torch.set_num_threads(1)
     try:
-        pinned, restored = run(pins_one_thread), run(one_thread_restored)
+        pinned, restored = (check("isolation", k, ic.reference, ic.make_inputs)
+                            for k in (iv.softmax_pins_one_thread, ic.softmax_one_thread_restored))
         assert torch.get_num_threads() == 1, "the gate must put the moved setting back"
     finally:
         torch.set_num_threads(threads)
