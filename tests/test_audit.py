@@ -295,6 +295,7 @@ def test_rejudge_stale_judges_again_only_what_another_kgate_recorded(tmp_path):
     lines = (out / "results.jsonl").read_text().splitlines()
     old = json.loads(lines[0])
     old["kgate"] = {"version": "0.0.1", "source": "0" * 16}  # as if an earlier kgate had judged it
+    old["duration_s"] = -1.0  # a value no judging gives: a record judged again cannot keep it by chance
     lines[0] = json.dumps(old)
     (out / "results.jsonl").write_text("\n".join(lines) + "\n{\"torn")  # and a torn last line
     assert kgate_main([*args, "--resume", "--rejudge-stale"]) == 0
