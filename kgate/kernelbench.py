@@ -559,12 +559,18 @@ def init_dims(module: types.ModuleType, free: FreeDims) -> FreeDims:
 def model_elements(module: types.ModuleType, dims: FreeDims, shape: tuple[int, ...] | None) -> int | None:
     """Elements of the Model's parameters and buffers plus the inputs at `shape`, counted on the meta device
     with the module's globals as they are; None where either cannot be made there."""
+    counted = _counted(module, dims, shape)
+    return None if counted is None else counted[1]
+
+
+def _counted(module: types.ModuleType, dims: FreeDims, shape: tuple[int, ...] | None) -> tuple[int, int] | None:
+    """(elements of the inputs at `shape`, those plus the Model's parameters and buffers), as `model_elements`."""
     try:
         inputs = input_elements(module, dims, shape)
         model = meta_model(module)
     except Exception:  # noqa: BLE001
         return None
-    return None if inputs is None else inputs + (held_elements(model) if model is not None else 0)
+    return None if inputs is None else (inputs, inputs + (held_elements(model) if model is not None else 0))
 
 
 def model_size_variants(module: types.ModuleType, dims: FreeDims, init: FreeDims, shape: tuple[int, ...] | None,
@@ -601,16 +607,16 @@ def model_size_variants(module: types.ModuleType, dims: FreeDims, init: FreeDims
 
 def _large_model_size(module: types.ModuleType, dims: FreeDims, defaults: dict[str, int],
                       budget: int) -> ModelSize | None:
-    """All of the integers that size the weights grown together by a factor of 2^(1/4) at a time (each + 1) until the inputs hold more than MANY_INPUT_ELEMENTS elements, as long as the Model's parameters
-    and the inputs hold at most `budget`; None where no such size is found (the weights grow faster than the
-    inputs)."""
+    """All of the integers that size the weights grown together by a factor of 2^(1/4) at a time (each + 1)
+    until the inputs hold more than MANY_INPUT_ELEMENTS elements, as long as the Model's parameters and the
+    inputs hold at most `budget`; None where no such size is found (the weights grow faster than the inputs)."""
     for step in range(1, 128):
         trial = {n: int(v * 2 ** (step / 4)) + 1 for n, v in defaults.items()}
         with overridden([module], trial, defaults):
-            inputs = input_elements(module, dims, None)
-            counted = model_elements(module, dims, None)
-        if inputs is None or counted is None or counted > budget:
+            counted = _counted(module, dims, None)
+        if counted is None or counted[1] > budget:
             return None
+        inputs = counted[0]
         if inputs > MANY_INPUT_ELEMENTS:
             label = (", ".join(f"{n}={v}" for n, v in trial.items()) + " (the problem's "
                      + ", ".join(str(defaults[n]) for n in trial) + f"; inputs of {inputs:,} elements)")

@@ -58,10 +58,10 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -178,13 +178,21 @@ def _set_cudnn_benchmark(value: bool) -> None:
     torch.backends.cudnn.benchmark = value
 
 
-# Process-wide settings a kernel may set to a fixed value for speed, each as (getter, setter, another legal value
-# than the one given): `Isolation.settings_moved` moves them before a call. (Not the fp32 matmul precision: its
-# legacy setter cannot put back the newer per-backend settings it overwrites.)
-MOVED_SETTINGS: dict[str, tuple[Any, Any, Any]] = {
-    "torch.get_num_threads()": (torch.get_num_threads, torch.set_num_threads, lambda n: n + 1),
-    "torch.backends.cudnn.benchmark": (lambda: torch.backends.cudnn.benchmark, _set_cudnn_benchmark,
-                                       lambda on: not on),
+class Setting(NamedTuple):
+    """A process-wide setting: how to read it, how to set it, and another legal value than a given one."""
+
+    get: Callable[[], Any]
+    set: Callable[[Any], None]
+    other: Callable[[Any], Any]
+
+
+# Process-wide settings a kernel may set to a fixed value for speed: `Isolation.settings_moved` moves them before
+# a call. (Not the fp32 matmul precision: its legacy setter cannot put back the newer per-backend settings it
+# overwrites.)
+MOVED_SETTINGS: dict[str, Setting] = {
+    "torch.get_num_threads()": Setting(torch.get_num_threads, torch.set_num_threads, lambda n: n + 1),
+    "torch.backends.cudnn.benchmark": Setting(lambda: torch.backends.cudnn.benchmark, _set_cudnn_benchmark,
+                                              lambda on: not on),
 }
 
 
@@ -814,18 +822,18 @@ class Isolation(Gate):
         process happens to have (`torch.set_num_threads(1)` in a worker given one thread)."""
         if subject.out_of_time():
             return None
-        saved = {name: get() for name, (get, _set, _other) in MOVED_SETTINGS.items()}
-        moved = {name: other(saved[name]) for name, (_get, _set, other) in MOVED_SETTINGS.items()}
+        saved = {name: setting.get() for name, setting in MOVED_SETTINGS.items()}
+        moved = {name: setting.other(saved[name]) for name, setting in MOVED_SETTINGS.items()}
         try:
             for name, value in moved.items():
-                MOVED_SETTINGS[name][1](value)
+                MOVED_SETTINGS[name].set(value)
             with contextlib.suppress(UserCodeError):  # (whatever the kernel makes of them: only the settings count)
                 subject.run_kernel(clone_tree(subject.baseline(case).args))
-            changed = [(name, value, MOVED_SETTINGS[name][0]()) for name, value in moved.items()
-                       if MOVED_SETTINGS[name][0]() != value]
+            after = {name: MOVED_SETTINGS[name].get() for name in moved}
         finally:
             for name, value in saved.items():
-                MOVED_SETTINGS[name][1](value)
+                MOVED_SETTINGS[name].set(value)
+        changed = [(name, value, after[name]) for name, value in moved.items() if after[name] != value]
         if not changed:
             return None
         name, value, now = changed[0]
