@@ -178,7 +178,9 @@ def timed_pass(pairs: list[Pair], options: AuditOptions, plan: Plan, label: str,
            # where the gates' time goes: seconds per gate summed over the candidates, largest first
            "gate_seconds": gate_seconds(records),
            # ... and within the accumulation gate (its details["seconds"]), with the probes it ran
-           "accumulation_phases": accumulation_phases(records)}
+           "accumulation_phases": accumulation_phases(records),
+           # ... and by whose calls: kernel, reference, float64 oracle, summed over the gates and per gate
+           "call_seconds": call_seconds(records)}
     print(json.dumps(row), flush=True)
     return row, records
 
@@ -191,18 +193,23 @@ def idle_breakdown(records: list[dict[str, Any]], wall: float, judges: int) -> d
     candidate started and the judge-seconds idle in them (the longest candidates left running alone);
     `before_tail_idle_s`, the rest (starts, waits for memory or slots, the scheduler), less the earlier
     tries; `last`, the three candidates that finished last, with their start and end."""
-    def held(r: dict[str, Any]) -> float:
-        # a candidate judged in parts (kgate.audit.scheduler.merge_parts) held judges at once: its longest part
-        return max(float(p.get("duration_s") or 0) for p in r["parts"]) if r.get("parts") else \
-            float(r.get("duration_s") or 0)
+    def spans_of(r: dict[str, Any]) -> list[tuple[float, float, Any]]:
+        # a candidate judged in parts (kgate.audit.scheduler.merge_parts) held several judges, each part over its
+        # own span: its end is the record's, less how much earlier that part ended (`ended_at`)
+        end = float(r["finished_s"])
+        parts = [p for p in r.get("parts") or [] if p.get("ended_at") is not None]
+        if parts and r.get("ended_at") is not None:
+            return [(end - (float(r["ended_at"]) - float(p["ended_at"])) - float(p.get("duration_s") or 0),
+                     end - (float(r["ended_at"]) - float(p["ended_at"])), r.get("id")) for p in parts]
+        if r.get("parts"):  # (records from before parts kept their ends: the longest part, an estimate)
+            return [(end - max(float(p.get("duration_s") or 0) for p in r["parts"]), end, r.get("id"))]
+        return [(end - float(r.get("duration_s") or 0), end, r.get("id"))]
 
-    spans = [(float(r["finished_s"]) - held(r), float(r["finished_s"]), r.get("id"))
-             for r in records if r.get("finished_s") is not None]
+    spans = [span for r in records if r.get("finished_s") is not None for span in spans_of(r)]
     if not spans or not wall:
         return {}
     last_start = max(s for s, _, _ in spans)
     tail = max(0.0, wall - last_start)
-    # (a record in parts counts its parts' seconds in the tail as one judge's: an estimate)
     busy_in_tail = sum(max(0.0, end - max(begin, last_start)) for begin, end, _ in spans)
     idle = judges * wall - sum(end - begin for begin, end, _ in spans)
     tail_idle = judges * tail - busy_in_tail
@@ -261,6 +268,36 @@ def accumulation_phases(records: list[dict[str, Any]]) -> dict[str, float]:
                     total[phase] = total.get(phase, 0.0) + float(t)
                 total["probes"] = total.get("probes", 0) + int(details.get("probes") or 0)
     return {k: round(v, 2) for k, v in total.items()}
+
+
+def call_seconds(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calls of user code and their seconds by role (each gate result's `calls`), summed over `records`: in all
+    ("all": role -> {"calls", "s"}, with "other" the gates' seconds outside those calls) and per gate (gate ->
+    role -> seconds)."""
+    every: dict[str, dict[str, float]] = {}
+    by_gate: dict[str, dict[str, float]] = {}
+    outside = 0.0
+    for r in records:
+        for g in r.get("gates") or []:
+            calls = g.get("calls") if isinstance(g.get("calls"), dict) else {}
+            inside = 0.0
+            mine = by_gate.setdefault(g["gate"], {})
+            for role, seen in calls.items():
+                held = every.setdefault(role, {"calls": 0, "s": 0.0})
+                held["calls"] += int(seen.get("calls") or 0)
+                held["s"] += float(seen.get("s") or 0)
+                mine[role] = mine.get(role, 0.0) + float(seen.get("s") or 0)
+                inside += float(seen.get("s") or 0)
+            rest = max(0.0, float(g.get("duration_s") or 0) - inside)
+            mine["other"] = mine.get("other", 0.0) + rest
+            outside += rest
+    out: dict[str, Any] = {"all": {role: {"calls": int(v["calls"]), "s": round(v["s"], 2)} for role, v in
+                                   sorted(every.items(), key=lambda kv: -kv[1]["s"])}}
+    if every or outside:
+        out["all"]["other"] = {"calls": 0, "s": round(outside, 2)}
+    out["by_gate"] = {gate: {role: round(s, 2) for role, s in sorted(roles.items(), key=lambda kv: -kv[1])}
+                      for gate, roles in by_gate.items()}
+    return out
 
 
 def gate_seconds(records: list[dict[str, Any]]) -> dict[str, float]:

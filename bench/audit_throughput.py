@@ -234,6 +234,13 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{k} {v}" for k, v in full_row["gate_seconds"].items()))
     print("within the accumulation gate: "
           + ", ".join(f"{k} {v}" for k, v in full_row["accumulation_phases"].items()))
+    calls = full_row.get("call_seconds") or {}
+    if calls.get("all"):
+        print("the gates' seconds by whose calls (count, seconds): "
+              + ", ".join(f"{role} {v['calls']} {v['s']}" for role, v in calls["all"].items()))
+        for gate in full_row["gate_seconds"]:
+            roles = calls["by_gate"].get(gate) or {}
+            print(f"  {gate}: " + ", ".join(f"{role} {s}" for role, s in roles.items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")

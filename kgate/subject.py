@@ -48,6 +48,32 @@ class UserCodeError(Exception):
         super().__init__(f"{role} raised {type(exc).__name__}: {exc}")
 
 
+class CallClock:
+    """The calls a gate made of user code, by role ("kernel", "reference", "oracle"; "oracle on cpu" for an
+    oracle the gate asked of the host), each with its count and seconds (a call's wall time, the device
+    synchronized after it, so on a GPU mostly its device time, and its waits for other judges' work): where a
+    gate's time goes (`kgate.worker.run_gates` records them with each gate's result)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[float]] = {}
+
+    @contextlib.contextmanager
+    def timing(self, role: str) -> Iterator[None]:
+        start = _monotonic()
+        try:
+            yield
+        finally:
+            held = self.counts.setdefault(role, [0, 0.0])
+            held[0] += 1
+            held[1] += _monotonic() - start
+
+    def take(self) -> dict[str, dict[str, float]]:
+        """The calls since the last take, then forgotten."""
+        out = {role: {"calls": int(n), "s": round(s, 4)} for role, (n, s) in self.counts.items()}
+        self.counts = {}
+        return out
+
+
 class Baseline:
     """Pristine inputs of a case, with the reference (in dtype) and oracle (float64) outputs."""
 
@@ -286,6 +312,7 @@ class Subject:
         # the first calls of the kernel and of the reference (set by the audit's worker, where the standard test
         # makes them; else recorded by run_kernel / run_reference)
         self.first_calls: dict[str, FirstCall] = {"kernel": FirstCall(), "reference": FirstCall()}
+        self.calls = CallClock()  # user code's calls and their seconds, taken after each gate
         self._baselines: OrderedDict[Case, Baseline] = OrderedDict()
         # elements of the reference's outputs per input shapes: what a float64 oracle on the CPU would hold
         self._output_elements: dict[tuple, int] = {}
@@ -417,9 +444,10 @@ class Subject:
         if self.lockstep is not None:
             self.lockstep.before_kernel()
         try:
-            out = self.kernel_fn(*args)
-            if sync:
-                synchronize(self.device)
+            with self.calls.timing("kernel"):
+                out = self.kernel_fn(*args)
+                if sync:
+                    synchronize(self.device)
             if not first.seen:
                 first.after(out)
             raise_pending_launch_error(self.device)  # no sync: a launch that failed at once, raised here
@@ -442,13 +470,13 @@ class Subject:
         if self.lockstep is not None:
             self.lockstep.load(self.lockstep.reference)
         try:
-            with torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
+            with self.calls.timing("reference"), torch.set_grad_enabled(torch.is_grad_enabled() if grad else False):
                 try:
                     out = self.reference_fn(*args)
                 finally:
                     if grad:
                         _detach_buffers(_unwrapped(self.raw_reference_fn))
-            synchronize(self.device)
+                synchronize(self.device)
             if self.lockstep is not None:
                 self.lockstep.after_reference()
             if not first.seen and not grad:
@@ -475,9 +503,10 @@ class Subject:
                 break
             _settle(device, ORACLE_ROLE)
             try:
-                with torch.no_grad(), oracle_call(device):
+                with self.calls.timing("oracle" if device == self.oracle_device else f"oracle on {device.type}"), \
+                        torch.no_grad(), oracle_call(device):
                     out = self.oracle_fn(*upcast(args, device))
-                synchronize(device)
+                    synchronize(device)
                 return map_tensors(out, lambda t: t.detach())
             except (Exception, SystemExit) as exc:
                 _raise_if_lost(exc, ORACLE_ROLE)  # not moved to the CPU: the process can launch nothing more

@@ -232,6 +232,7 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
     from kgate.shares import result_out_of_gpu_memory
 
     backward: list[Any] = [None]  # the gradients' subject, made when a backward gate first asks for it
+    subject.calls.take()  # (calls before the first gate are not a gate's)
     for name in names:
         gate = registry.get(name)
         channel.send("gate_start", gate=name)
@@ -261,10 +262,21 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
             result = {**_error_result(name, gate.tolerance_free, fault_message(lost, role), details),
                       "repro": result.get("repro") or subject.repro(name)}
         result["duration_s"] = round(_clock() - start, 4)
+        result["calls"] = _calls_taken(subject, backward[0])
         channel.send("result", result=result)
         if lost is not None:
             return ContextLost(lost, role, reference_fault)
     return None
+
+
+def _calls_taken(subject: Any, backward: Any) -> dict[str, dict[str, float]]:
+    """The calls of user code a gate made (`kgate.subject.CallClock`), its gradients' subject's added."""
+    calls = subject.calls.take()
+    for role, seen in (backward.calls.take() if backward is not None else {}).items():
+        held = calls.setdefault(role, {"calls": 0, "s": 0.0})
+        held["calls"] += seen["calls"]
+        held["s"] = round(held["s"] + seen["s"], 4)
+    return calls
 
 
 def _attempt(gate: Any, name: str, subject: Any, backward: list[Any], memory: int | None,

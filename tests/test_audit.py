@@ -79,6 +79,11 @@ def test_correct_candidates_pass_both(audited):
         # (times in milliseconds: a tiny candidate's standard test may end, and the gates start, within the
         # millisecond the one before ended)
         assert 0 < t["loading"] < t["loaded"] <= t["standard"] <= t["gate_start"] < t["done"] <= r["duration_s"], t
+        # ... and within each gate, the calls of user code it made, by role, inside the gate's seconds
+        oracle = _gate(r, "oracle")["calls"]
+        assert {"kernel", "reference", "oracle"} <= set(oracle), oracle
+        assert all(v["calls"] >= 1 and v["s"] > 0 for v in oracle.values()), oracle
+        assert sum(v["s"] for v in oracle.values()) <= _gate(r, "oracle")["duration_s"]
 
 
 def test_standard_accepts_what_the_gates_reject(audited):

@@ -305,3 +305,31 @@ def test_idle_breakdown_splits_the_idle_judge_seconds_into_earlier_tries_the_tai
     assert where["before_tail_idle_s"] == 2 * 10 - 12 - 6 - 1  # idle 8 in all: 6 in the tail, 1 earlier tries
     assert [x["id"] for x in where["last"]] == ["b", "a", "c"]
     assert common.idle_breakdown([], 10.0, 2) == {}
+
+
+def test_idle_breakdown_counts_each_part_of_a_split_candidate_over_its_own_span():
+    common = _load("audit_common")
+    # 2 judges, wall 10: p judged in two parts at once, 0-6 and 0-10 (its record finished at 10, when the
+    # second part ended); nothing else. Idle: judge 1 from 6 to 10, all of it in the tail (after the last start, 0)
+    split = {"id": "p", "finished_s": 10.0, "duration_s": 16.0, "ended_at": 110.0,
+             "parts": [{"duration_s": 6.0, "ended_at": 106.0}, {"duration_s": 10.0, "ended_at": 110.0}]}
+    where = common.idle_breakdown([split], 10.0, 2)
+    assert where["tail_s"] == 10.0 and where["tail_idle_s"] == 4.0 and where["before_tail_idle_s"] == 0.0
+    assert [(x["start_s"], x["end_s"]) for x in where["last"]] == [(0.0, 6.0), (0.0, 10.0)]
+    # a record from before parts kept their ends: its longest part stands for it
+    older = {**split, "parts": [{"duration_s": 6.0}, {"duration_s": 10.0}]}
+    del older["ended_at"]
+    assert common.idle_breakdown([older], 10.0, 2)["tail_idle_s"] == 10.0
+
+
+def test_call_seconds_sum_each_roles_calls_over_the_gates_and_leave_the_rest_to_other():
+    common = _load("audit_common")
+    records = [{"gates": [{"gate": "oracle", "duration_s": 5.0,
+                           "calls": {"kernel": {"calls": 2, "s": 1.0}, "oracle": {"calls": 1, "s": 3.0}}},
+                          {"gate": "shapes", "duration_s": 1.0, "calls": {}}]},
+               {"gates": [{"gate": "oracle", "duration_s": 2.0, "calls": {"kernel": {"calls": 1, "s": 2.0}}}]}]
+    seen = common.call_seconds(records)
+    assert seen["all"] == {"kernel": {"calls": 3, "s": 3.0}, "oracle": {"calls": 1, "s": 3.0},
+                           "other": {"calls": 0, "s": 2.0}}
+    assert seen["by_gate"] == {"oracle": {"kernel": 3.0, "oracle": 3.0, "other": 1.0}, "shapes": {"other": 1.0}}
+    assert common.call_seconds([]) == {"all": {}, "by_gate": {}}

@@ -335,7 +335,10 @@ def merge_parts(records: list[dict[str, Any]], names: list[str]) -> dict[str, An
         if found is not None:
             merged[key] = found
     merged["parts"] = [{"gates": [g["gate"] for g in r.get("gates") or []], "duration_s": r.get("duration_s"),
-                        "timeline": r.get("timeline")} for r in records]
+                        "timeline": r.get("timeline"), "ended_at": r.get("ended_at")} for r in records]
+    ends = [r["ended_at"] for r in records if r.get("ended_at") is not None]
+    if ends:
+        merged["ended_at"] = max(ends)
     return merged
 
 
@@ -403,6 +406,7 @@ def run_local(pairs: list[Pair], options: AuditOptions, plan: Plan, sink: Callab
         return stop_at is not None and time.monotonic() > stop_at
 
     def record_it(record: dict[str, Any], pair: Pair, part: int = 0) -> None:
+        record["ended_at"] = round(time.monotonic(), 3)  # when its judge was free again (a part's, for the schedule)
         groups = parts.get(pair.id)
         if groups:  # a split pair: recorded once every part is in, merged
             with lock:

@@ -36,6 +36,8 @@ class GateResult:
     details: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
     broken: bool = False
+    # the calls of user code the gate made, by role, with their seconds (`kgate.subject.CallClock`)
+    calls: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return _json_safe(asdict(self))
