@@ -209,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     code = subprocess.call(cmd)
     took = time.monotonic() - started
+    if not (args.out / "audit" / "results.jsonl").is_file():  # kgate audit refused its arguments (it said why)
+        print(f"kgate audit exit {code} after {took:.0f} s, no candidate judged", file=sys.stderr)
+        return code or 2
     found = failures(args.out / "audit" / "results.jsonl")
     (args.out / "failures.json").write_text(json.dumps(found, indent=1))
     by_gate: dict[str, list[str]] = {}
