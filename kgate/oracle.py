@@ -200,7 +200,8 @@ def _max_abs(diff: torch.Tensor) -> tuple[float, int]:
 
 def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.Tensor, *, path: str,
             factor: float, ulps: float, atol: float, scale_at_least: float = 0.0,
-            sensitivity: float = 0.0, terms: Callable[[], Terms | None] | None = None) -> LeafError:
+            sensitivity: float | Callable[[], float] = 0.0,
+            terms: Callable[[], Terms | None] | None = None) -> LeafError:
     """Error of one kernel output against the oracle and the bound calibrated from the reference.
 
     Computed where the oracle lives (the GPU for a GPU kernel): outputs of KernelBench problems reach
@@ -209,7 +210,10 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     inputs whose exact outputs are all zero). `sensitivity` (how far the oracle moves when every input
     moves by an ulp of its dtype: `input_sensitivity`) is the least reference error the bound assumes: a
     reference that computes in a wider dtype inside (torch's reductions of float32 on the CPU) is nearly
-    exact even on ill-conditioned inputs, where any computation in the kernel's dtype is not.
+    exact even on ill-conditioned inputs, where any computation in the kernel's dtype is not. Given as a
+    callable (it costs another oracle call), it is asked only where the kernel misses the bound without it or
+    an output is non-finite (the bound then decides an overflow): the verdict is the same as with its value
+    given, and a leaf that passes without it records the bound without it (0 sensitivity), a stricter one.
 
     `terms` (called only where the kernel misses the bound otherwise) gives the magnitudes of the terms the
     oracle's computation combines (`Terms`, from `TermMagnitudes`). Where their largest magnitude is larger
@@ -276,9 +280,23 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
             del rdiff
             if math.isinf(ref_err):
                 ref_err = None  # the reference itself leaves the finite range: calibrate from the floor only
-    if sensitivity > 0 and (ref_err is not None or reference is None):
-        ref_err = max(ref_err or 0.0, sensitivity)
-    bound = factor * (ref_err or 0.0) + floor
+    own_ref_err = ref_err
+    asked = [sensitivity] if callable(sensitivity) else []  # (a callable: not asked yet)
+
+    def with_sensitivity(value: float) -> tuple[float | None, float]:
+        err_ref = max(own_ref_err or 0.0, value) if value > 0 and (own_ref_err is not None or reference is None) \
+            else own_ref_err
+        return err_ref, factor * (err_ref or 0.0) + floor
+
+    def ask() -> None:
+        nonlocal sensitivity, ref_err, bound
+        if asked:
+            sensitivity = float(asked.pop()())
+            ref_err, bound = with_sensitivity(sensitivity)
+
+    if asked:
+        sensitivity = 0.0
+    ref_err, bound = with_sensitivity(sensitivity)
     if k.shape != o64.shape or not has_finite:
         return LeafError(path, 0.0, ref_err, scale, floor, bound, factor, sensitivity=sensitivity)
     kd = k.to(torch.float64)
@@ -287,6 +305,7 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     diff.masked_fill_(~kernel_finite, math.inf)
     overflows = 0
     if dtype != torch.float64 and not bool(kernel_finite.all()):
+        ask()  # (the bound decides which Inf outputs round up from within it)
         # An overflow to Inf of the oracle's sign where the bound, taken at the element's own magnitude,
         # reaches past the dtype's largest finite value: the true value is within the bound of one that
         # rounds to Inf. Its error is the distance to the overflow threshold (within the bound by the
@@ -300,6 +319,8 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
             kernel_finite |= rounds_up
     diff.masked_fill_(~finite, 0.0)
     err, pos = _max_abs(diff)
+    if err > bound:
+        ask()
     magnitude, partial_sums, beyond_range = None, None, 0
     if terms is not None and err > bound:
         unexplained = ~kernel_finite & finite

@@ -225,7 +225,7 @@ def nan_finding(lost: tuple[str, tuple[int, ...], float, int], inputs: str = "")
 
 def judge_probe(subject: Subject, args: tuple, reference: Any, oracle: Any,
                 scales: dict[str, float] | None = None,
-                sensitivity: dict[str, float] | None = None, *,
+                sensitivity: dict[str, float] | Callable[[], dict[str, float]] | None = None, *,
                 layout: bool = False, truth: Any = None) -> tuple[Finding | None, list[LeafError]]:
     """Run the kernel on a copy of `args` and judge it against the reference's metadata and the oracle.
     `truth`: the oracle as computed, where the caller passes an `oracle` with elements masked out of the

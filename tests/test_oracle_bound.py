@@ -341,3 +341,34 @@ def test_a_selections_indices_tie_where_the_values_they_select_are_equal():
     assert recorder.of(chosen).selection is not None  # carried through the copy
     # argmax documents the first of equal values: on values given as they are, ties are its own rule, not rounding
     assert recorder.of(own) is None and recorder.of(ranked).selection is not None
+
+
+def test_a_sensitivity_given_as_a_callable_is_asked_only_where_the_bound_without_it_is_missed():
+    oracle = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    reference = oracle.float()
+    asked = []
+
+    def moves() -> float:
+        asked.append(1)
+        return 1e-3
+
+    kw = dict(path="out", factor=2.0, ulps=2.0, atol=0.0)
+    # within the bound without it: not asked, and the leaf records the bound without it
+    near = measure(oracle.float(), reference, oracle, sensitivity=moves, **kw)
+    assert near.passed and asked == [] and near.sensitivity == 0.0
+    # missed without it, within it: asked once, the same leaf as with the value given
+    off = (oracle + 1e-3).float()
+    lazy = measure(off, reference, oracle, sensitivity=moves, **kw)
+    eager = measure(off, reference, oracle, sensitivity=1e-3, **kw)
+    assert asked == [1] and lazy.passed and lazy == eager
+    # missed with it too: the same failure either way
+    far = (oracle + 1.0).float()
+    assert measure(far, reference, oracle, sensitivity=moves, **kw) == measure(far, reference, oracle,
+                                                                             sensitivity=1e-3, **kw)
+    assert not measure(far, reference, oracle, sensitivity=1e-3, **kw).passed
+    # a non-finite output: asked first, since the bound decides which Inf rounds up from within it
+    asked.clear()
+    inf = torch.tensor([1.0, math.inf, 3.0])
+    assert measure(inf, reference, oracle, sensitivity=moves, **kw) == measure(inf, reference, oracle,
+                                                                             sensitivity=1e-3, **kw)
+    assert asked == [1]

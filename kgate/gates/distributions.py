@@ -804,8 +804,12 @@ class Distributions(Gate):
         if isinstance(scales, AtZero):
             now = _magnitudes(oracle)
             scales = {path: m for path, m in scales.items() if now.get(path) == 0.0}
+        # (the input sensitivity costs an oracle call: asked only where a leaf needs it, except by the search, whose
+        # objective is the ratio to the bound with it)
+        moves = None if exact else (input_sensitivity(subject, probe, oracle) if ratios is not None
+                                    else lambda: input_sensitivity(subject, probe, oracle))
         finding, leaves = judge_probe(subject, probe, reference, where_reference_finite(reference, oracle), scales,
-                                      None if exact else input_sensitivity(subject, probe, oracle), truth=oracle)
+                                      moves, truth=oracle)
         if evidence is not None:
             evidence.extend({"case": case.to_json(), **leaf.to_json()} for leaf in leaves)
         if ratios is not None:

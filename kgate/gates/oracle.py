@@ -43,13 +43,14 @@ class Incomparable:
 
 def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
                     scales: dict[str, float] | None = None,
-                    sensitivity: dict[str, float] | None = None,
+                    sensitivity: dict[str, float] | Callable[[], dict[str, float]] | None = None,
                     terms: Callable[[], dict[str, Terms]] | None = None) -> Incomparable | list[LeafError]:
     """The oracle gate's judgement of one output tree: one LeafError per tensor leaf, or why none.
 
     Shared by every gate that judges against the oracle bound (shapes, layouts, distributions, ...).
     `scales` (output path -> magnitude) raises the magnitude each leaf's floor is taken of; `sensitivity`
-    (output path -> the oracle's change when the inputs move by an ulp) the least reference error; `terms`
+    (output path -> the oracle's change when the inputs move by an ulp) the least reference error, or a callable
+    that gives it, called at most once and only where a leaf needs it (`measure`); `terms`
     (`Subject.terms` on the inputs: output path -> the magnitudes of the terms the oracle's computation
     combines) is called at most once, and only where a leaf misses the bound otherwise (`measure`)."""
     if structure(out) != structure(oracle):
@@ -59,6 +60,13 @@ def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
     oracles = dict(flatten(oracle))
     leaves = []
     known: list[dict[str, Terms]] = []
+
+    moves: list[dict[str, float]] = []
+
+    def moved(path: str) -> float:
+        if not moves:
+            moves.append(sensitivity() if callable(sensitivity) else {})
+        return moves[0].get(path, 0.0)
 
     def magnitude(path: str) -> Terms | None:
         if terms is None:
@@ -78,7 +86,8 @@ def measure_outputs(out: Any, reference: Any, oracle: Any, tol: Tolerance,
         leaves.append(measure(got, ref if isinstance(ref, torch.Tensor) else None, want, path=path,
                               factor=tol.factor, ulps=tol.ulps, atol=tol.atol,
                               scale_at_least=(scales or {}).get(path, 0.0),
-                              sensitivity=(sensitivity or {}).get(path, 0.0),
+                              sensitivity=(lambda path=path: moved(path)) if callable(sensitivity)
+                              else (sensitivity or {}).get(path, 0.0),
                               terms=None if terms is None else lambda path=path: magnitude(path)))
     return leaves
 
