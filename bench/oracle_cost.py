@@ -2,7 +2,8 @@
 process: one call of the problem's Model in its own dtype, and one of kgate's float64 oracle (the Model's
 float64 copy, called as the gates call it: `kgate.oracle.DtypeDispatch` inside `oracle_call`), each the
 median of --repeat timed calls after one warm-up, the device synchronized after each. With --profile, the
-operators that took the most device time in one oracle call.
+operators that took the most device time in one oracle call. On a GPU, the oracle again with cuDNN
+disabled (torch's own convolutions: an im2col and a GEMM), beside it.
 
     python bench/oracle_cost.py corpus/problems/level3/16_DenseNet201.py corpus/problems/level2/*.py \
         --device cuda --repeat 3 --profile 6
@@ -80,9 +81,15 @@ def measure(path: Path, device: Any, repeat: int, profile_top: int) -> dict[str,
         with torch.no_grad(), oracle_call(device):
             return dispatch(*wide)
 
+    def oracle_without_cudnn() -> Any:
+        with torch.backends.cudnn.flags(enabled=False):
+            return oracle()
+
     row: dict[str, Any] = {"problem": path.name, "reference_s": timed(reference, device, repeat),
                            "oracle_s": timed(oracle, device, repeat)}
     row["oracle_over_reference"] = row["oracle_s"] / row["reference_s"] if row["reference_s"] else None
+    if device.type == "cuda":  # torch's own convolutions (im2col and a GEMM) in place of cuDNN's
+        row["oracle_without_cudnn_s"] = timed(oracle_without_cudnn, device, repeat)
     if profile_top:
         row["oracle_top"] = top_operators(oracle, device, profile_top)
     return row
@@ -109,19 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device(args.device)
     rows = []
-    print("| problem | reference s | float64 oracle s | oracle / reference |\n|---|---:|---:|---:|")
+    print("| problem | reference s | float64 oracle s | oracle / reference | oracle without cuDNN s |\n"
+          "|---|---:|---:|---:|---:|")
     for path in args.problems:
         try:
             row = measure(path, device, args.repeat, args.profile)
         except Exception as exc:  # noqa: BLE001 - a problem that does not build or run here: said, the rest go on
-            print(f"| {path.name} | {type(exc).__name__}: {str(exc)[:80]} | | |")
+            print(f"| {path.name} | {type(exc).__name__}: {str(exc)[:80]} | | | |")
             continue
         rows.append(row)
         ratio = row["oracle_over_reference"]
+        plain = row.get("oracle_without_cudnn_s")
         print(f"| {row['problem']} | {row['reference_s']:.4f} | {row['oracle_s']:.4f} | "
-              f"{'' if ratio is None else f'{ratio:.1f}x'} |")
+              f"{'' if ratio is None else f'{ratio:.1f}x'} | {'' if plain is None else f'{plain:.4f}'} |")
         for name, seconds, calls in row.get("oracle_top", []):
-            print(f"|   {name[:60]} | | {seconds:.4f} | {calls} calls |")
+            print(f"|   {name[:60]} | | {seconds:.4f} | {calls} calls | |")
         if device.type == "cuda":
             del row
             torch.cuda.empty_cache()
