@@ -129,13 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         plain = row.get("oracle_without_cudnn_s")
         print(f"| {row['problem']} | {row['reference_s']:.4f} | {row['oracle_s']:.4f} | "
               f"{'' if ratio is None else f'{ratio:.1f}x'} | {'' if plain is None else f'{plain:.4f}'} |")
+        if args.json:  # after each problem: a run cut short keeps what it measured
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
         for name, seconds, calls in row.get("oracle_top", []):
             print(f"|   {name[:60]} | | {seconds:.4f} | {calls} calls | |")
         if device.type == "cuda":
-            del row
             torch.cuda.empty_cache()
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 

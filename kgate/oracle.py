@@ -46,6 +46,7 @@ import contextvars
 import copy
 import functools
 import math
+import os
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -809,13 +810,25 @@ def reference_gradients() -> Iterator[None]:
     finally:
         _WITH_GRADIENTS.reset(token)
 
+# "0": the oracle's calls on a GPU run with cuDNN disabled (torch's own convolutions, an im2col and a GEMM, in
+# place of cuDNN's float64 kernels); measured side by side by bench/oracle_cost.py
+ORACLE_CUDNN_ENV = "KGATE_ORACLE_CUDNN"
+
+
 @contextlib.contextmanager
 def oracle_call(device: torch.device) -> Iterator[None]:
-    """Mark what runs inside as the float64 oracle's call on `device` (see DtypeDispatch)."""
+    """Mark what runs inside as the float64 oracle's call on `device` (see DtypeDispatch); on a GPU with
+    $KGATE_ORACLE_CUDNN=0, with cuDNN disabled inside (put back after)."""
     token = _ORACLE_DEVICE.set(device)
+    cudnn = torch.backends.cudnn.enabled
+    plain = device.type == "cuda" and os.environ.get(ORACLE_CUDNN_ENV, "1") == "0"
     try:
+        if plain:
+            torch.backends.cudnn.enabled = False
         yield
     finally:
+        if plain:
+            torch.backends.cudnn.enabled = cudnn
         _ORACLE_DEVICE.reset(token)
 
 

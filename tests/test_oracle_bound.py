@@ -372,3 +372,19 @@ def test_a_sensitivity_given_as_a_callable_is_asked_only_where_the_bound_without
     assert measure(inf, reference, oracle, sensitivity=moves, **kw) == measure(inf, reference, oracle,
                                                                              sensitivity=1e-3, **kw)
     assert asked == [1]
+
+
+def test_the_oracle_runs_without_cudnn_on_a_gpu_only_when_asked_and_puts_it_back(monkeypatch):
+    from kgate.oracle import ORACLE_CUDNN_ENV, oracle_call
+
+    before = torch.backends.cudnn.enabled
+    seen = []
+    for value, device in (("0", "cuda"), ("0", "cpu"), ("1", "cuda"), (None, "cuda")):
+        if value is None:
+            monkeypatch.delenv(ORACLE_CUDNN_ENV, raising=False)
+        else:
+            monkeypatch.setenv(ORACLE_CUDNN_ENV, value)
+        with oracle_call(torch.device(device)):  # (no device work: the flag alone)
+            seen.append(torch.backends.cudnn.enabled)
+        assert torch.backends.cudnn.enabled == before
+    assert seen == [False, before, before, before]
