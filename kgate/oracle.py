@@ -810,18 +810,20 @@ def reference_gradients() -> Iterator[None]:
     finally:
         _WITH_GRADIENTS.reset(token)
 
-# "0": the oracle's calls on a GPU run with cuDNN disabled (torch's own convolutions, an im2col and a GEMM, in
-# place of cuDNN's float64 kernels); measured side by side by bench/oracle_cost.py
+# The oracle's calls on a GPU run with cuDNN disabled: torch's own convolutions (an im2col and a float64 GEMM on
+# the tensor cores) in place of cuDNN's float64 kernels (implicit_convolve_dgemm, dgrad_engine), which took 2.2x
+# the time summed over eight corpus problems and 3.4x in a DenseNet-201 on one H100 (bench/oracle_cost.py,
+# docs/records/2026-12-07-h100-f6a4638/). "1" keeps cuDNN.
 ORACLE_CUDNN_ENV = "KGATE_ORACLE_CUDNN"
 
 
 @contextlib.contextmanager
 def oracle_call(device: torch.device) -> Iterator[None]:
-    """Mark what runs inside as the float64 oracle's call on `device` (see DtypeDispatch); on a GPU with
-    $KGATE_ORACLE_CUDNN=0, with cuDNN disabled inside (put back after)."""
+    """Mark what runs inside as the float64 oracle's call on `device` (see DtypeDispatch); on a GPU, with
+    cuDNN disabled inside (put back after) unless $KGATE_ORACLE_CUDNN=1."""
     token = _ORACLE_DEVICE.set(device)
     cudnn = torch.backends.cudnn.enabled
-    plain = device.type == "cuda" and os.environ.get(ORACLE_CUDNN_ENV, "1") == "0"
+    plain = device.type == "cuda" and os.environ.get(ORACLE_CUDNN_ENV, "0") != "1"
     try:
         if plain:
             torch.backends.cudnn.enabled = False
