@@ -94,6 +94,31 @@ def _scalar(t: torch.Tensor, index: tuple[int, ...]) -> Any:
     return value.item()
 
 
+def bitwise_differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+    """For each (a, b): whether they differ bitwise (shape and dtype included), as `bitwise_mismatch(a, b) is not
+    None`, with one read from each device for all of them, not one per pair: many small tensors (a model's
+    running statistics, before every call) cost a launch each, not a device synchronization each."""
+    found = [a.shape != b.shape or a.dtype != b.dtype for a, b in pairs]
+    groups: dict[tuple[str, torch.dtype], list[int]] = {}
+    flat: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for i, (a, b) in enumerate(pairs):
+        if found[i] or a.numel() == 0:
+            continue
+        x, y = bits(a).reshape(-1), bits(on_device_of(b, a)).reshape(-1)
+        flat[i] = (x, y)
+        groups.setdefault((str(x.device), x.dtype), []).append(i)
+    for members in groups.values():
+        xs = torch.cat([flat[i][0] for i in members])
+        ys = torch.cat([flat[i][1] for i in members])
+        lengths = torch.tensor([flat[i][0].numel() for i in members], device=xs.device)
+        owner = torch.repeat_interleave(torch.arange(len(members), device=xs.device), lengths)
+        counts = torch.zeros(len(members), dtype=torch.int64, device=xs.device)
+        counts.index_add_(0, owner, (xs != ys).to(torch.int64))
+        for i, count in zip(members, counts.tolist()):
+            found[i] = count > 0
+    return found
+
+
 def bitwise_mismatch(expected: torch.Tensor, got: torch.Tensor) -> Mismatch | None:
     """None when bitwise equal (shape and dtype included)."""
     if expected.shape != got.shape or expected.dtype != got.dtype:

@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from kgate import procmem
-from kgate.compare import bitwise_mismatch, clone_tree, flatten, map_tensors, tensors
+from kgate.compare import bitwise_differ, bitwise_mismatch, clone_tree, flatten, map_tensors, tensors
 from kgate.faults import ContextLost, context_lost
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
@@ -820,6 +821,8 @@ class Lockstep:
         self._versions: dict[str, int] = {}
         self.kernel, self.reference = kernel, reference
         self.stateful = False
+        # each state tensor's copies in other dtypes and devices (`_converted`), gone with the state tensor
+        self._conversions: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
     @staticmethod
     def of(modules: tuple[torch.nn.Module, torch.nn.Module] | None) -> Lockstep | None:
@@ -843,14 +846,31 @@ class Lockstep:
         """Each (name in `module`, name in the state) of `pairs`: that buffer (with `parameters`, that parameter) set
         to that state (see `load`)."""
         held = dict(module.named_parameters() if parameters else module.named_buffers())
-        with torch.no_grad():
-            for name, state_name in pairs:
-                t, want = held.get(name), self.state[state_name]
-                if t is None or t.shape != want.shape:
-                    continue
-                value = want.to(device=t.device, dtype=t.dtype)
-                if bitwise_mismatch(value, t.detach()) is not None:
+        todo: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for name, state_name in pairs:
+            t, want = held.get(name), self.state[state_name]
+            if t is None or t.shape != want.shape:
+                continue
+            todo.append((t, self._converted(want, t.device, t.dtype)))
+        if not todo:
+            return
+        with torch.no_grad():  # (compared all at once: one read from the device, not one per buffer)
+            for (t, value), differs in zip(todo, bitwise_differ([(value, t.detach()) for t, value in todo])):
+                if differs:
                     t.copy_(value)
+
+    def _converted(self, want: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """A state tensor on `device` in `dtype`, converted once per state tensor (the float64 oracle's copy takes
+        every buffer in float64 before each of its calls)."""
+        if want.device == device and want.dtype == dtype:
+            return want
+        kept = self._conversions.get(want)
+        if kept is None:
+            kept = self._conversions[want] = {}
+        key = (str(device), dtype)
+        if key not in kept:
+            kept[key] = want.to(device=device, dtype=dtype)
+        return kept[key]
 
     def before_kernel(self) -> None:
         self._load(self.kernel, ((n, self.partner[n]) for n in self.kernel_names))
@@ -890,8 +910,8 @@ class Lockstep:
         parameters it wrote for the first time into the state, as the call left them."""
         if not self.stateful:
             buffers = dict(self.reference.named_buffers())
-            self.stateful = any(bitwise_mismatch(t, buffers[n].detach()) is not None
-                                for n, t in self.state.items() if n in buffers and n not in self.written)
+            self.stateful = any(bitwise_differ([(t, buffers[n].detach()) for n, t in self.state.items()
+                                                if n in buffers and n not in self.written]))
         held = sum(self.state[w].numel() * self.state[w].element_size() for w in self.written)
         for n, p in self.reference.named_parameters():
             moved = n not in self.written and p.is_floating_point() and n in self._versions \

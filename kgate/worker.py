@@ -33,6 +33,9 @@ _monotonic = time.monotonic
 # The share of the per-gate time limit a searching gate may spend starting probes (Subject.deadline);
 # the rest is for the probe in flight, the shrinking of a finding and the device synchronization.
 SEARCH_SHARE = 0.5
+# N: each gate judged under cProfile, its N functions of most own time (and of most time below them) written to the
+# worker's stderr, its log: where a gate's seconds go outside the calls of user code (bench/README.md)
+PROFILE_ENV = "KGATE_PROFILE_GATES"
 
 
 class Channel:
@@ -238,7 +241,8 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
         channel.send("gate_start", gate=name)
         start = _clock()
 
-        result, lost, role, reference_fault = _attempt(gate, name, subject, backward, memory, timeout)
+        with _profiled(name):
+            result, lost, role, reference_fault = _attempt(gate, name, subject, backward, memory, timeout)
         out_of_memory = result_out_of_gpu_memory(result.get("verdict"), result.get("message"), result.get("details"))
         if lost is None and out_of_memory and release_caches(subject, backward[0]):
             # kgate's own caches (the baselines of recent cases: inputs, reference outputs and float64 oracles)
@@ -267,6 +271,36 @@ def run_gates(channel: Channel, subject: Any, names: list[str], memory: int | No
         if lost is not None:
             return ContextLost(lost, role, reference_fault)
     return None
+
+
+@contextlib.contextmanager
+def _profiled(gate: str) -> Iterator[None]:
+    """With $KGATE_PROFILE_GATES=N, the gate judged inside under cProfile and its N costliest functions, by own
+    time and by time below them, written to stderr (the worker's log); else nothing."""
+    try:
+        top = int(os.environ.get(PROFILE_ENV) or 0)
+    except ValueError:
+        top = 0
+    if top <= 0:
+        yield
+        return
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        yield
+    finally:
+        profile.disable()
+        text = io.StringIO()
+        stats = pstats.Stats(profile, stream=text)
+        for key in ("tottime", "cumulative"):
+            text.write(f"kgate: gate {gate}, the {top} functions of most {key}\n")
+            stats.sort_stats(key).print_stats(top)
+        sys.stderr.write(text.getvalue())
+        sys.stderr.flush()
 
 
 def _calls_taken(subject: Any, backward: Any) -> dict[str, dict[str, float]]:

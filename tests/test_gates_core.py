@@ -798,3 +798,68 @@ def test_determinism_calls_see_their_inputs_aligned_first_and_unaligned_after_on
                 (copy,) = at_offset((x,), offset)
                 assert torch.equal(copy, x)
                 assert copy.data_ptr() % ALIGN_BYTES == offset // x.element_size() * x.element_size(), (n, dtype)
+
+
+def test_bitwise_differ_tells_each_pair_as_bitwise_mismatch_does_with_one_read():
+    from kgate.compare import bitwise_differ, bitwise_mismatch
+
+    base = torch.randn(5, 3)
+    nan = torch.tensor([float("nan"), 1.0])
+    other_nan = nan.view(torch.int32).clone()
+    other_nan[0] += 1  # another NaN payload: bitwise different, numerically "equal"
+    pairs = [(base, base.clone()),                                    # equal
+             (base, base.clone().index_fill_(0, torch.tensor([4]), 7.0)),  # one row differs
+             (torch.tensor([0.0]), torch.tensor([-0.0])),             # the sign of zero
+             (nan, nan.clone()), (nan, other_nan.view(torch.float32)),
+             (base, base.double()), (base, base[:4]),                 # dtype, shape
+             (torch.empty(0, 3), torch.empty(0, 3)),                  # empty
+             (torch.tensor([1 + 2j]), torch.tensor([1 - 2j])),        # complex
+             (torch.tensor([True, False]), torch.tensor([True, False])),
+             (torch.arange(4, dtype=torch.int64), torch.arange(4, dtype=torch.int64).flip(0))]
+    assert bitwise_differ(pairs) == [bitwise_mismatch(a, b) is not None for a, b in pairs]
+    assert bitwise_differ(pairs) == [False, True, True, False, True, True, True, False, True, False, True]
+    assert bitwise_differ([]) == []
+
+
+def test_a_module_kept_in_lockstep_gets_every_differing_buffer_and_keeps_the_equal_ones_untouched():
+    from kgate.subject import Lockstep
+
+    kernel, reference = torch.nn.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
+    lock = Lockstep(kernel, reference)
+    kernel(torch.randn(8, 4))  # moves the kernel's running statistics and its counter
+    before = kernel.running_var._version
+    kernel.running_var.copy_(reference.running_var)  # (equal again: left alone by the load below)
+    version = kernel.running_var._version
+    assert version > before
+    lock.before_kernel()
+    for name, t in kernel.named_buffers():
+        assert torch.equal(t, dict(reference.named_buffers())[name]), name
+    assert kernel.running_var._version == version  # equal: not written
+    # the float64 copy of the reference gets the state in its own dtype, converted once per state tensor
+    wide = torch.nn.BatchNorm1d(4).double()
+    wide.running_mean.fill_(3.0)
+    lock.load(wide)
+    assert wide.running_mean.dtype == torch.float64 and torch.equal(wide.running_mean, reference.running_mean.double())
+    assert len(lock._conversions) == sum(1 for t in lock.state.values() if t.is_floating_point())
+
+
+def test_a_gate_is_profiled_into_the_workers_log_only_when_asked(monkeypatch, capsys):
+    from kgate.worker import PROFILE_ENV, _profiled
+
+    def work() -> int:
+        return sum(i * i for i in range(20000))
+
+    for value in (None, "0", "many"):
+        if value is None:
+            monkeypatch.delenv(PROFILE_ENV, raising=False)
+        else:
+            monkeypatch.setenv(PROFILE_ENV, value)
+        with _profiled("oracle"):
+            work()
+        assert capsys.readouterr().err == ""
+    monkeypatch.setenv(PROFILE_ENV, "5")
+    with _profiled("oracle"):
+        work()
+    err = capsys.readouterr().err
+    assert "gate oracle, the 5 functions of most tottime" in err and "of most cumulative" in err
+    assert "<genexpr>" in err  # the function that took the time is named
