@@ -811,9 +811,9 @@ def reference_gradients() -> Iterator[None]:
         _WITH_GRADIENTS.reset(token)
 
 # The oracle's calls on a GPU run with cuDNN disabled: torch's own convolutions (an im2col and a float64 GEMM on
-# the tensor cores) in place of cuDNN's float64 kernels (implicit_convolve_dgemm, dgrad_engine), which took 2.2x
-# the time summed over eight corpus problems and 3.4x in a DenseNet-201 on one H100 (bench/oracle_cost.py,
-# docs/records/2026-12-07-h100-f6a4638/). "1" keeps cuDNN.
+# the tensor cores) in place of cuDNN's float64 kernels (implicit_convolve_dgemm, dgrad_engine), which took 2.1x
+# the time summed over eight corpus problems on one H100, 3.4x in a DenseNet-201, 0.94x in one convolution with a
+# BatchNorm (bench/oracle_cost.py, docs/records/2026-12-07-h100-f6a4638/). "1" keeps cuDNN.
 ORACLE_CUDNN_ENV = "KGATE_ORACLE_CUDNN"
 
 
