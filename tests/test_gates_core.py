@@ -863,3 +863,17 @@ def test_a_gate_is_profiled_into_the_workers_log_only_when_asked(monkeypatch, ca
     err = capsys.readouterr().err
     assert "gate oracle, the 5 functions of most tottime" in err and "of most cumulative" in err
     assert "<genexpr>" in err  # the function that took the time is named
+
+
+def test_a_buffer_is_found_along_its_name_as_the_module_holds_it_now():
+    from kgate.subject import _held
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.BatchNorm1d(3)))
+    named = dict(model.named_buffers())
+    assert all(_held(model, n) is t for n, t in named.items()) and len(named) == 3
+    assert _held(model, "0.weight", parameter=True) is model[0].weight and _held(model, "0.weight") is None
+    assert _held(model, "1.0.missing") is None and _held(model, "2.0.running_mean") is None
+    model[1][0].running_mean = torch.ones(3)  # a buffer replaced: the new one
+    assert _held(model, "1.0.running_mean") is model[1][0].running_mean
+    model[1][0] = torch.nn.BatchNorm1d(3)  # a submodule replaced: the new one's
+    assert _held(model, "1.0.running_var") is model[1][0].running_var
