@@ -14,11 +14,20 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from kgate.audit.evaluate import AuditOptions, ProblemSize, compile_pair, needs_compile
-from kgate.audit.report import timeline_median
-from kgate.audit.scheduler import Plan, longest_first, run_local
-from kgate.kernelbench import Pair, discover
-from kgate.selection import matcher
+try:  # (a benchmark run by a Python without kgate says so in one line, not a traceback)
+    import torch  # noqa: F401
+
+    import kgate  # noqa: F401
+except ImportError as missing:
+    print(f"{Path(sys.argv[0]).name}: {missing.name or missing} is not installed in {sys.executable}: run it with the "
+          "Python kgate is installed in (`make venv`, then .venv/bin/python)", file=sys.stderr)
+    raise SystemExit(2) from None
+
+from kgate.audit.evaluate import AuditOptions, ProblemSize, compile_pair, needs_compile  # noqa: E402
+from kgate.audit.report import timeline_median  # noqa: E402
+from kgate.audit.scheduler import Plan, longest_first, run_local  # noqa: E402
+from kgate.kernelbench import Pair, discover  # noqa: E402
+from kgate.selection import matcher  # noqa: E402
 
 
 def add_corpus_args(parser: argparse.ArgumentParser) -> None:

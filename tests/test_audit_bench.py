@@ -333,3 +333,13 @@ def test_call_seconds_sum_each_roles_calls_over_the_gates_and_leave_the_rest_to_
                            "other": {"calls": 0, "s": 2.0}}
     assert seen["by_gate"] == {"oracle": {"kernel": 3.0, "oracle": 3.0, "other": 1.0}, "shapes": {"other": 1.0}}
     assert common.call_seconds([]) == {"all": {}, "by_gate": {}}
+
+
+def test_a_benchmark_run_by_a_python_without_torch_says_so_in_one_line_and_exits_2():
+    import subprocess
+
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['audit_throughput.py', '--help']; "
+            "runpy.run_path('bench/audit_throughput.py', run_name='__main__')")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "torch is not installed in" in proc.stderr
