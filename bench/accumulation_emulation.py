@@ -102,10 +102,10 @@ def main() -> int:
                     outs.append(out)
                 differ = int((outs[0] != outs[1]).sum())
                 print(f"{size:>18} {order:>10} {str(acc).removeprefix('torch.'):>9} {times[0]:10.3f} {times[1]:10.3f} "
-                      f"{times[0] / times[1]:6.1f} {differ:7d} {first:8.3f}", flush=True)
+                      f"{times[0] / times[1]:6.2g} {differ:7d} {first:8.3f}", flush=True)
                 for log2 in filter(None, args.chunks.split(",")):
                     t, out = _chunked(int(log2), device, acc, order, a, b, args.repeat)
-                    print(f"{'':>18} {'':>10} {'chunk 2^' + log2:>9} {'':>10} {t:10.3f} {times[1] / t:6.1f} "
+                    print(f"{'':>18} {'':>10} {'chunk 2^' + log2:>9} {'':>10} {t:10.3f} {times[1] / t:6.2g} "
                           f"{int((out != outs[1]).sum()):7d}", flush=True)
     return 0
 
