@@ -94,10 +94,11 @@ def _scalar(t: torch.Tensor, index: tuple[int, ...]) -> Any:
     return value.item()
 
 
-def bitwise_differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]:
+def bitwise_differ(pairs: list[tuple[torch.Tensor, torch.Tensor]], together: bool | None = None) -> list[bool]:
     """For each (a, b): whether they differ bitwise (shape and dtype included), as `bitwise_mismatch(a, b) is not
-    None`, with one read from each device for all of them, not one per pair: many small tensors (a model's
-    running statistics, before every call) cost a launch each, not a device synchronization each."""
+    None`, with one read from each GPU for all of them, not one per pair: many small tensors (a model's
+    running statistics, before every call) cost a few launches in all, not a device synchronization each. On
+    the CPU, where a read costs nothing, pair by pair (`together`: all at once, or pair by pair, on any device)."""
     found = [a.shape != b.shape or a.dtype != b.dtype for a, b in pairs]
     groups: dict[tuple[str, torch.dtype], list[int]] = {}
     flat: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -105,6 +106,9 @@ def bitwise_differ(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[bool]
         if found[i] or a.numel() == 0:
             continue
         x, y = bits(a).reshape(-1), bits(on_device_of(b, a)).reshape(-1)
+        if not (together if together is not None else x.device.type != "cpu"):
+            found[i] = bool((x != y).any())
+            continue
         flat[i] = (x, y)
         groups.setdefault((str(x.device), x.dtype), []).append(i)
     for members in groups.values():

@@ -816,9 +816,11 @@ def test_bitwise_differ_tells_each_pair_as_bitwise_mismatch_does_with_one_read()
              (torch.tensor([1 + 2j]), torch.tensor([1 - 2j])),        # complex
              (torch.tensor([True, False]), torch.tensor([True, False])),
              (torch.arange(4, dtype=torch.int64), torch.arange(4, dtype=torch.int64).flip(0))]
-    assert bitwise_differ(pairs) == [bitwise_mismatch(a, b) is not None for a, b in pairs]
-    assert bitwise_differ(pairs) == [False, True, True, False, True, True, True, False, True, False, True]
-    assert bitwise_differ([]) == []
+    expected = [False, True, True, False, True, True, True, False, True, False, True]
+    assert [bitwise_mismatch(a, b) is not None for a, b in pairs] == expected
+    for together in (None, True, False):  # (by device: pair by pair on the CPU; all at once, as on a GPU)
+        assert bitwise_differ(pairs, together=together) == expected
+        assert bitwise_differ([], together=together) == []
 
 
 def test_a_module_kept_in_lockstep_gets_every_differing_buffer_and_keeps_the_equal_ones_untouched():
