@@ -100,25 +100,23 @@ def bitwise_differ(pairs: list[tuple[torch.Tensor, torch.Tensor]], together: boo
     running statistics, before every call) cost a few launches in all, not a device synchronization each. On
     the CPU, where a read costs nothing, pair by pair (`together`: all at once, or pair by pair, on any device)."""
     found = [a.shape != b.shape or a.dtype != b.dtype for a, b in pairs]
-    groups: dict[tuple[str, torch.dtype], list[int]] = {}
-    flat: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    # (index, bits of a, bits of b) by device and bits dtype: each group compared in one concatenation
+    groups: dict[tuple[str, torch.dtype], list[tuple[int, torch.Tensor, torch.Tensor]]] = {}
     for i, (a, b) in enumerate(pairs):
         if found[i] or a.numel() == 0:
             continue
         x, y = bits(a).reshape(-1), bits(on_device_of(b, a)).reshape(-1)
         if not (together if together is not None else x.device.type != "cpu"):
             found[i] = bool((x != y).any())
-            continue
-        flat[i] = (x, y)
-        groups.setdefault((str(x.device), x.dtype), []).append(i)
+        else:
+            groups.setdefault((str(x.device), x.dtype), []).append((i, x, y))
     for members in groups.values():
-        xs = torch.cat([flat[i][0] for i in members])
-        ys = torch.cat([flat[i][1] for i in members])
-        lengths = torch.tensor([flat[i][0].numel() for i in members], device=xs.device)
+        xs, ys = torch.cat([x for _, x, _ in members]), torch.cat([y for _, _, y in members])
+        lengths = torch.tensor([x.numel() for _, x, _ in members], device=xs.device)
         owner = torch.repeat_interleave(torch.arange(len(members), device=xs.device), lengths)
         counts = torch.zeros(len(members), dtype=torch.int64, device=xs.device)
         counts.index_add_(0, owner, (xs != ys).to(torch.int64))
-        for i, count in zip(members, counts.tolist()):
+        for (i, _, _), count in zip(members, counts.tolist()):
             found[i] = count > 0
     return found
 

@@ -283,24 +283,23 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
             if math.isinf(ref_err):
                 ref_err = None  # the reference itself leaves the finite range: calibrate from the floor only
     own_ref_err = ref_err
-    asked = [sensitivity] if callable(sensitivity) else []  # (a callable: not asked yet)
+    pending = sensitivity if callable(sensitivity) else None  # a callable, asked only where needed: 0 until then
+    moved = 0.0 if callable(sensitivity) else float(sensitivity)
 
-    def with_sensitivity(value: float) -> tuple[float | None, float]:
-        err_ref = max(own_ref_err or 0.0, value) if value > 0 and (own_ref_err is not None or reference is None) \
+    def with_sensitivity() -> tuple[float | None, float]:
+        err_ref = max(own_ref_err or 0.0, moved) if moved > 0 and (own_ref_err is not None or reference is None) \
             else own_ref_err
         return err_ref, factor * (err_ref or 0.0) + floor
 
     def ask() -> None:
-        nonlocal sensitivity, ref_err, bound
-        if asked:
-            sensitivity = float(asked.pop()())
-            ref_err, bound = with_sensitivity(sensitivity)
+        nonlocal pending, moved, ref_err, bound
+        if pending is not None:
+            moved, pending = float(pending()), None
+            ref_err, bound = with_sensitivity()
 
-    if asked:
-        sensitivity = 0.0
-    ref_err, bound = with_sensitivity(sensitivity)
+    ref_err, bound = with_sensitivity()
     if k.shape != o64.shape or not has_finite:
-        return LeafError(path, 0.0, ref_err, scale, floor, bound, factor, sensitivity=sensitivity)
+        return LeafError(path, 0.0, ref_err, scale, floor, bound, factor, sensitivity=moved)
     kd = k.to(torch.float64)
     kernel_finite = torch.isfinite(kd)
     diff = kd.sub(o64).abs_()
@@ -350,7 +349,7 @@ def measure(kernel: torch.Tensor, reference: torch.Tensor | None, oracle: torch.
     index = list(index_of(pos, tuple(k.shape)))
     return LeafError(path, err, ref_err, scale, floor, bound, factor, index=index,
                      expected=float(o64.reshape(-1)[pos]), got=float(kd.reshape(-1)[pos]), rel_err=rel_err,
-                     sensitivity=sensitivity, overflows=overflows, terms=magnitude, partial_sums=partial_sums,
+                     sensitivity=moved, overflows=overflows, terms=magnitude, partial_sums=partial_sums,
                      beyond_range=beyond_range)
 
 
