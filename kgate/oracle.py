@@ -883,8 +883,12 @@ class DtypeDispatch:
         target = self._target(args)
         oracle = target is not None and target[0] == torch.float64 and self._own_dtype() != torch.float64
         grad = contextlib.nullcontext() if _WITH_GRADIENTS.get() else torch.no_grad()
-        with grad, seeded(self.seed), float64_defaults(self._own_dtype()) if oracle else contextlib.nullcontext():
+        with grad:
+            # the copy and its buffers' state are made before the float64 defaults and the draws' mode: that
+            # mode sees every torch call inside it (a deep copy of a DenseNet's 600 tensors, a state load
+            # before each call), and neither draws nor makes a tensor of the default dtype
             module = self._for(target)
             if self.prepare is not None:
                 self.prepare(module)
-            return module(*args)
+            with seeded(self.seed), float64_defaults(self._own_dtype()) if oracle else contextlib.nullcontext():
+                return module(*args)
