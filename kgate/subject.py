@@ -422,7 +422,7 @@ class Subject:
         call converts it again, from its parameters as they are now."""
         for dispatch in (self._dispatch, self.raw_reference_fn):
             if isinstance(dispatch, DtypeDispatch):
-                dispatch._copies.clear()
+                dispatch.drop_copies()
 
     def out_of_time(self) -> bool:
         """Whether the gate's search budget is spent (see `deadline`)."""
@@ -707,6 +707,8 @@ class ModuleState:
                         if isinstance(d, DtypeDispatch)]
         if sum(_module_bytes(m) for _, copies in self._copies for m in copies.values()) > KEEP_CONVERTED_BYTES:
             self._copies = []
+        for dispatch, copies in self._copies:  # (not refreshed in place meanwhile: they are given back as they are)
+            dispatch.pinned.update(id(m) for m in copies.values())
         subject.drop_converted_references()
 
     def saved(self) -> dict[int, torch.Tensor]:
@@ -733,7 +735,7 @@ class ModuleState:
         """Restore, and give the reference its converted copies from before back."""
         self.restore()
         for dispatch, copies in self._copies:
-            dispatch._copies.update(copies)
+            dispatch.give_back(copies)
 
 
 LOCKSTEP_BYTES = 1 << 26  # modules whose buffers hold more than this (64 MiB) are not kept in lockstep

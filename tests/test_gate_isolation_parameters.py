@@ -376,3 +376,95 @@ def test_a_sorted_buffer_stays_sorted_under_every_step_and_a_correct_search_pass
     for gate in ("isolation", "oracle"):
         result = check(gate, _HistogramSearched(), _Histogram(), _values)
         assert result.verdict == "pass", (gate, result.message)
+
+
+class Scaled(Linear):
+    """Linear whose output is multiplied by `scale`: a plain float, a tensor attribute or a registered buffer."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        if kind == "buffer":
+            self.register_buffer("scale", torch.tensor(2.0))
+        else:
+            self.scale = torch.tensor(2.0) if kind == "tensor" else 2.0
+
+    def forward(self, x):
+        return super().forward(x) * self.scale
+
+
+def _float64_copy(dispatch: DtypeDispatch, args: tuple):
+    out = dispatch(*args)
+    return out, next(iter(dispatch._copies.values()))
+
+
+@pytest.mark.parametrize("change", ["parameters", "buffer"])
+def test_a_converted_copy_is_refreshed_in_place_and_computes_what_a_new_copy_computes(change):
+    from kgate.oracle import converted_copy
+
+    model = Scaled("buffer")
+    dispatch = DtypeDispatch(model)
+    args = (features(0)[0].double(),)
+    first, dup = _float64_copy(dispatch, args)
+    with torch.no_grad():
+        for t in (model.parameters() if change == "parameters" else model.buffers()):
+            t.mul_(1.5)
+    dispatch.drop_copies()
+    second, again = _float64_copy(dispatch, args)
+    assert again is dup  # the copy was brought up to the change in place, not made anew
+    assert not torch.equal(first, second)
+    fresh = converted_copy(model, device=torch.device("cpu"), dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(second, fresh(*args))
+
+
+@pytest.mark.parametrize("change", ["tensor attribute", "plain attribute", "training flag", "hook"])
+def test_a_converted_copy_is_made_anew_where_the_module_holds_more_than_parameters_and_buffers(change):
+    model = Scaled("tensor" if change == "tensor attribute" else "float")
+    dispatch = DtypeDispatch(model)
+    args = (features(0)[0].double(),)
+    first, dup = _float64_copy(dispatch, args)
+    if change == "tensor attribute":
+        model.scale.mul_(3.0)  # in place: the same object, other values, which only a deep copy takes along
+    elif change == "plain attribute":
+        model.scale = 6.0
+    elif change == "training flag":
+        model.eval()
+    else:
+        model.register_forward_hook(lambda module, inputs, out: out * 3.0)
+    dispatch.drop_copies()
+    second, again = _float64_copy(dispatch, args)
+    assert again is not dup
+    if change == "training flag":
+        assert not again.training and torch.equal(first, second)
+    else:
+        assert torch.allclose(second, first * 3.0)
+
+
+def test_a_converted_copy_a_module_state_keeps_is_not_refreshed_while_kept():
+    """ModuleState gives its converted copies back as they were when it was made: a probe's calls meanwhile get
+    a copy of their own, and refreshing the kept one in place would give back the probe's parameters."""
+    from kgate.subject import ModuleState
+
+    subject = subject_for(Linear(), Linear(), features)
+    args = subject.inputs(subject.first_seed_cases()[0])
+    first = subject.oracle(args)
+    kept = [m for m in subject._dispatch._copies.values()]
+    assert kept, "the oracle made a converted copy"
+    state = ModuleState(subject, subject.modules())
+    with torch.no_grad():
+        for p in subject.modules()[1].parameters():
+            p.add_(1.0)
+    subject.changed_state()
+    during = subject.oracle(args)
+    assert not torch.equal(during, first)
+    assert all(all(m is not k for k in kept) for m in subject._dispatch._copies.values())
+    state.close()
+    assert [m for m in subject._dispatch._copies.values()] == kept
+    assert torch.equal(subject.oracle(args), first)
+    with torch.no_grad():  # once given back, it is refreshed in place again
+        for p in subject.modules()[1].parameters():
+            p.mul_(2.0)
+    subject.changed_state()
+    subject.oracle(args)
+    assert [m for m in subject._dispatch._copies.values()] == kept
