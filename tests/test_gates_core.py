@@ -845,6 +845,54 @@ def test_a_module_kept_in_lockstep_gets_every_differing_buffer_and_keeps_the_equ
     assert len(lock._conversions) == sum(1 for t in lock.state.values() if t.is_floating_point())
 
 
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+
+    def forward(self, x):
+        return self.block(x)
+
+
+@pytest.mark.parametrize("change", ["buffer replaced", "submodule replaced", "data swapped", "state adopted",
+                                    "buffer added", "none"])
+def test_a_lockstep_load_repeated_after_a_change_of_what_the_module_holds_loads_the_state_there(change):
+    """Lockstep keeps what a load found (where each buffer is, its address, the state's value for it) for the next
+    load of the same module: every change of those is seen, and the state is loaded where the module holds it now."""
+    from kgate.subject import Lockstep
+
+    kernel, reference = _Net(), _Net()
+    kernel.load_state_dict(reference.state_dict())
+    reference.train()(torch.randn(8, 4))  # the state: moved running statistics, a counter at 1
+    lock = Lockstep(kernel, reference)
+    lock.adopt()
+    lock.before_kernel()
+    plans = dict(lock._plans)
+    bn = kernel.block[1]
+    if change == "buffer replaced":
+        bn.running_mean = torch.full((4,), 7.0)
+    elif change == "submodule replaced":
+        kernel.block[1] = torch.nn.BatchNorm1d(4)
+    elif change == "data swapped":
+        bn.running_var.data = torch.full((4,), 9.0)
+    elif change == "state adopted":
+        reference.train()(torch.randn(8, 4) * 3)
+        lock.adopt()
+    elif change == "buffer added":
+        bn.running_mean = None  # (a BatchNorm without running statistics, then with them again)
+        lock.before_kernel()
+        bn.running_mean = torch.full((4,), 5.0)
+    else:
+        bn.running_mean.fill_(2.0)  # in place: the same tensor, at the same address
+    lock.before_kernel()
+    for name, t in kernel.named_buffers():
+        assert torch.equal(t, lock.state[name]), (change, name)
+    if change == "none":
+        assert lock._plans == plans  # the plan of the first load served again
+    elif change != "buffer added":
+        assert all(lock._plans[k] is not plans[k] for k in plans), change
+
+
 def test_a_gate_is_profiled_into_the_workers_log_only_when_asked(monkeypatch, capsys):
     from kgate.worker import PROFILE_ENV, _profiled
 
