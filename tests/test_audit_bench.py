@@ -343,3 +343,35 @@ def test_a_benchmark_run_by_a_python_without_torch_says_so_in_one_line_and_exits
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "torch is not installed in" in proc.stderr
+
+
+def test_the_lockstep_load_benchmark_times_the_kept_plan_beside_a_load_by_name(tmp_path, capsys):
+    """bench/lockstep_load.py: both loads of a BatchNorm model's buffers timed side by side, each leaving the
+    state loaded; a model without floating buffers is named as such."""
+    (tmp_path / "bn.py").write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.bn = torch.nn.BatchNorm1d(4)\n"
+        "    def forward(self, x):\n"
+        "        return self.bn(x)\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(8, 4)]\n")
+    (tmp_path / "relu.py").write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(x)\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(8, 4)]\n")
+    out = tmp_path / "rows.json"
+    bench = _load("lockstep_load")
+    assert bench.main([str(tmp_path / "bn.py"), str(tmp_path / "relu.py"), "--repeat", "2", "--json", str(out)]) == 0
+    bn, relu = json.loads(out.read_text())
+    assert bn["buffers"] == 3 and relu == {"problem": "relu.py", "buffers": 0}
+    for label in ("kernel", "reference", "float64 copy"):
+        assert bn[f"{label}_plan_ms"] > 0 and bn[f"{label}_by_name_ms"] > 0 and bn[f"{label}_equal"] is True
+    text = capsys.readouterr().out
+    assert "| bn.py | 3 | float64 copy |" in text and "| relu.py | 0 | no floating buffers |" in text
+    assert bench.main([str(tmp_path / "missing.py")]) == 2
