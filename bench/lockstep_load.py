@@ -15,11 +15,10 @@ import argparse
 import copy
 import json
 import runpy
-import sys
 from pathlib import Path
 from typing import Any
 
-from oracle_cost import timed
+from oracle_cost import problems_device, timed
 
 
 def by_name(module: Any, state: dict[str, Any]) -> None:
@@ -82,17 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30, help="timed loads per figure (default 30)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("lockstep_load.py: torch is not installed in this Python (run it with the venv's python)",
-              file=sys.stderr)
+    device = problems_device("lockstep_load.py", args.problems, args.device)
+    if device is None:
         return 2
-    missing = [str(p) for p in args.problems if not p.is_file()]
-    if missing:
-        print(f"lockstep_load.py: no such problem file: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    device = torch.device(args.device)
     rows = []
     print("| problem | buffers | before | plan ms | by name ms | by name / plan | state loaded |\n"
           "|---|---:|---|---:|---:|---:|---|")

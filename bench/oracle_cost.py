@@ -61,6 +61,21 @@ def top_operators(fn: Any, device: Any, count: int) -> list[tuple[str, float, in
     return sorted(rows, key=lambda r: -r[1])[:count]
 
 
+def problems_device(script: str, problems: list[Path], device: str) -> Any:
+    """The torch device to measure `problems` on, or None after one line on stderr saying why not (no torch in
+    this Python, a problem file missing)."""
+    try:
+        import torch
+    except ImportError:
+        print(f"{script}: torch is not installed in this Python (run it with the venv's python)", file=sys.stderr)
+        return None
+    missing = [str(p) for p in problems if not p.is_file()]
+    if missing:
+        print(f"{script}: no such problem file: {', '.join(missing)}", file=sys.stderr)
+        return None
+    return torch.device(device)
+
+
 def measure(path: Path, device: Any, repeat: int, profile_top: int) -> dict[str, Any]:
     import torch
 
@@ -105,16 +120,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="list the N operators with the most device time in one oracle call")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("oracle_cost.py: torch is not installed in this Python (run it with the venv's python)", file=sys.stderr)
+    device = problems_device("oracle_cost.py", args.problems, args.device)
+    if device is None:
         return 2
-    missing = [str(p) for p in args.problems if not p.is_file()]
-    if missing:
-        print(f"oracle_cost.py: no such problem file: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    device = torch.device(args.device)
+    import torch
+
     rows = []
     print("| problem | reference s | float64 oracle s | oracle / reference | oracle without cuDNN s |\n"
           "|---|---:|---:|---:|---:|")

@@ -335,11 +335,14 @@ def test_call_seconds_sum_each_roles_calls_over_the_gates_and_leave_the_rest_to_
     assert common.call_seconds([]) == {"all": {}, "by_gate": {}}
 
 
-def test_a_benchmark_run_by_a_python_without_torch_says_so_in_one_line_and_exits_2():
+@pytest.mark.parametrize(("script", "args"), [("audit_throughput", "--help"),
+                                            ("lockstep_load", "tests/data/kernelbench/problems/level1/19_ReLU.py"),
+                                            ("oracle_cost", "tests/data/kernelbench/problems/level1/19_ReLU.py")])
+def test_a_benchmark_run_by_a_python_without_torch_says_so_in_one_line_and_exits_2(script, args):
     import subprocess
 
-    code = ("import runpy, sys; sys.modules['torch'] = None; sys.argv = ['audit_throughput.py', '--help']; "
-            "runpy.run_path('bench/audit_throughput.py', run_name='__main__')")
+    code = (f"import runpy, sys; sys.modules['torch'] = None; sys.path.insert(0, 'bench'); "
+            f"sys.argv = ['{script}.py', '{args}']; runpy.run_path('bench/{script}.py', run_name='__main__')")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "torch is not installed in" in proc.stderr
