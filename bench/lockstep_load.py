@@ -11,14 +11,13 @@ one buffer changed (as a call of a model that writes its running statistics leav
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import runpy
 from pathlib import Path
 from typing import Any
 
-from oracle_cost import problems_device, timed
+from oracle_cost import problems_device, problems_parser, timed
 
 
 def by_name(module: Any, state: dict[str, Any]) -> None:
@@ -74,13 +73,7 @@ def measure(path: Path, device: Any, repeat: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("problems", nargs="+", type=Path, help="KernelBench problem files (Model, get_inputs)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--repeat", type=int, default=30, help="timed loads per figure (default 30)")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
-    args = parser.parse_args(argv)
+    args = problems_parser(__doc__, "cpu", 30, "loads").parse_args(argv)
     device = problems_device("lockstep_load.py", args.problems, args.device)
     if device is None:
         return 2

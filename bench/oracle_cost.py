@@ -110,15 +110,22 @@ def measure(path: Path, device: Any, repeat: int, profile_top: int) -> dict[str,
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+def problems_parser(doc: str, device: str, repeat: int, what: str) -> argparse.ArgumentParser:
+    """The arguments of a benchmark over KernelBench problem files: the files, --device, --repeat (`what` is timed
+    that many times per figure), --json."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("problems", nargs="+", type=Path, help="KernelBench problem files (Model, get_inputs)")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--repeat", type=int, default=3, help="timed calls per measurement (default 3)")
+    parser.add_argument("--device", default=device)
+    parser.add_argument("--repeat", type=int, default=repeat, help=f"timed {what} per figure (default {repeat})")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = problems_parser(__doc__, "cuda", 3, "calls")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="list the N operators with the most device time in one oracle call")
-    parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     device = problems_device("oracle_cost.py", args.problems, args.device)
     if device is None:
