@@ -138,27 +138,28 @@ def plain_state(module: torch.nn.Module) -> tuple:
     return tuple(found)
 
 
-def refreshed(dup: torch.nn.Module, module: torch.nn.Module) -> bool:
-    """Set the converted copy `dup` (`converted_copy`) to `module`'s parameters and buffers as they are now, in
-    place, and return True, where nothing else of the two differs (`plain_state`): what a new converted copy
-    would hold, without a deep copy of every submodule (some 700 in a DenseNet-201, a fifth of a second a copy
-    in Python alone). False, `dup` untouched, where a new copy is needed."""
+def refreshed(dup: torch.nn.Module, module: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Set the converted copy `dup` (`converted_copy` to `dtype`) to `module`'s parameters and buffers as they are
+    now, in place, and return True, where nothing else of the two differs (`plain_state`): what a new converted
+    copy would hold, without a deep copy of every submodule (some 700 in a DenseNet-201, a fifth of a second a
+    copy in Python alone). False, `dup` untouched, where a new copy is needed (a module whose own conversion left a
+    floating tensor in another dtype than `dtype` too)."""
     try:
         if plain_state(dup) != plain_state(module):
             return False
-    except _NotPlain:
-        return False
-    pairs = []
-    for held in ("named_parameters", "named_buffers"):
-        mine = list(getattr(module, held)(remove_duplicate=False))
-        theirs = list(getattr(dup, held)(remove_duplicate=False))
-        if [n for n, _ in mine] != [n for n, _ in theirs]:
-            return False
-        for (_, t), (_, d) in zip(mine, theirs):
-            if t.is_complex() or t.layout != torch.strided or d.layout != torch.strided or t.shape != d.shape \
-                    or (t.dtype != d.dtype and not t.is_floating_point()):
+        pairs = []
+        for held in ("named_parameters", "named_buffers"):
+            mine = list(getattr(module, held)(remove_duplicate=False))
+            theirs = list(getattr(dup, held)(remove_duplicate=False))
+            if [n for n, _ in mine] != [n for n, _ in theirs]:
                 return False
-            pairs.append((d, t))
+            for (_, t), (_, d) in zip(mine, theirs):
+                if t.is_complex() or t.layout != torch.strided or d.layout != torch.strided or t.shape != d.shape \
+                        or d.dtype != (dtype if t.is_floating_point() else t.dtype):
+                    return False
+                pairs.append((d, t))
+    except Exception:  # noqa: BLE001 - a state these cannot read (a lazy module's uninitialized parameter)
+        return False
     with torch.no_grad():
         for d, t in pairs:
             d.copy_(t)
@@ -948,7 +949,7 @@ class DtypeDispatch:
         key = (str(dtype), str(device))
         if key not in self._copies:
             stale = self._stale.pop(key, None)
-            if stale is not None and id(stale) not in self.pinned and refreshed(stale, self.model):
+            if stale is not None and id(stale) not in self.pinned and refreshed(stale, self.model, dtype):
                 self._copies[key] = stale
             else:
                 del stale  # (not held while the new copy is made: a large model's copy is twice its weights)

@@ -418,7 +418,7 @@ def test_a_converted_copy_is_refreshed_in_place_and_computes_what_a_new_copy_com
         assert torch.equal(second, fresh(*args))
 
 
-@pytest.mark.parametrize("change", ["tensor attribute", "plain attribute", "training flag", "hook"])
+@pytest.mark.parametrize("change", ["tensor attribute", "plain attribute", "training flag", "hook", "own dtype"])
 def test_a_converted_copy_is_made_anew_where_the_module_holds_more_than_parameters_and_buffers(change):
     model = Scaled("tensor" if change == "tensor attribute" else "float")
     dispatch = DtypeDispatch(model)
@@ -430,8 +430,13 @@ def test_a_converted_copy_is_made_anew_where_the_module_holds_more_than_paramete
         model.scale = 6.0
     elif change == "training flag":
         model.eval()
-    else:
+    elif change == "hook":
         model.register_forward_hook(lambda module, inputs, out: out * 3.0)
+    else:  # the copy's own conversion kept a tensor in float32 (a module that converts itself so): made anew
+        dup.bias.data = dup.bias.data.float()
+        with torch.no_grad():
+            model.weight.mul_(3.0)
+            model.bias.mul_(3.0)
     dispatch.drop_copies()
     second, again = _float64_copy(dispatch, args)
     assert again is not dup
