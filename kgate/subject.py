@@ -964,7 +964,10 @@ class Lockstep:
             for name, state_name in pairs:
                 plan.add(module, name, state_name, self.state[state_name], self._converted)
             plan.seal()
-            if len(self._plans) >= PLANS_KEPT:  # (plans of modules gone, or of names no longer asked for)
+            # a plan holds its module's tensors: those of modules gone (a converted copy made anew) go now, not
+            # at the cap, which only bounds plans of names no longer asked for
+            self._plans = {k: p for k, p in self._plans.items() if p.module() is not None}
+            if len(self._plans) >= PLANS_KEPT:
                 self._plans.clear()
             self._plans[key] = plan
         if not plan.todo:

@@ -893,6 +893,27 @@ def test_a_lockstep_load_repeated_after_a_change_of_what_the_module_holds_loads_
         assert all(lock._plans[k] is not plans[k] for k in plans), change
 
 
+def test_a_lockstep_load_plan_of_a_module_gone_is_dropped_with_the_next_plan():
+    """A plan holds its module's buffers: a converted copy made anew must not stay held through its old plan."""
+    import gc
+    import weakref
+
+    from kgate.subject import Lockstep
+
+    kernel, reference = _Net(), _Net()
+    lock = Lockstep(kernel, reference)
+    first = _Net().double()
+    lock.load(first)
+    held = weakref.ref(first.block[1].running_mean)
+    del first
+    gc.collect()
+    second = _Net().double()
+    lock.load(second)  # the next copy's first load
+    gc.collect()
+    assert held() is None
+    assert lock._plans and all(p.module() is second for p in lock._plans.values())
+
+
 def test_a_gate_is_profiled_into_the_workers_log_only_when_asked(monkeypatch, capsys):
     from kgate.worker import PROFILE_ENV, _profiled
 
