@@ -112,13 +112,23 @@ def bitwise_differ(pairs: list[tuple[torch.Tensor, torch.Tensor]], together: boo
             groups.setdefault((str(x.device), x.dtype), []).append((i, x, y))
     for members in groups.values():
         xs, ys = torch.cat([x for _, x, _ in members]), torch.cat([y for _, _, y in members])
-        lengths = torch.tensor([x.numel() for _, x, _ in members], device=xs.device)
-        owner = torch.repeat_interleave(torch.arange(len(members), device=xs.device), lengths)
-        counts = torch.zeros(len(members), dtype=torch.int64, device=xs.device)
-        counts.index_add_(0, owner, (xs != ys).to(torch.int64))
-        for (i, _, _), count in zip(members, counts.tolist()):
-            found[i] = count > 0
+        owner = element_owners([x.numel() for _, x, _ in members], xs.device)
+        for (i, _, _), differs in zip(members, members_differ(xs, ys, owner, len(members))):
+            found[i] = differs
     return found
+
+
+def element_owners(lengths: list[int], device: torch.device) -> torch.Tensor:
+    """For tensors of `lengths` elements concatenated flat: the index of the tensor each element came from."""
+    return torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
+
+
+def members_differ(xs: torch.Tensor, ys: torch.Tensor, owner: torch.Tensor, members: int) -> list[bool]:
+    """Whether each of `members` concatenated tensors (`owner`: `element_owners`) differs between `xs` and `ys`,
+    with one read from the device."""
+    counts = torch.zeros(members, dtype=torch.int64, device=xs.device)
+    counts.index_add_(0, owner, (xs != ys).to(torch.int64))
+    return [count > 0 for count in counts.tolist()]
 
 
 def bitwise_mismatch(expected: torch.Tensor, got: torch.Tensor) -> Mismatch | None:

@@ -28,7 +28,17 @@ import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from kgate import procmem
-from kgate.compare import bits, bitwise_differ, bitwise_mismatch, clone_tree, flatten, map_tensors, tensors
+from kgate.compare import (
+    bits,
+    bitwise_differ,
+    bitwise_mismatch,
+    clone_tree,
+    element_owners,
+    flatten,
+    map_tensors,
+    members_differ,
+    tensors,
+)
 from kgate.faults import ContextLost, context_lost
 from kgate.inputs import Case, InputFactory
 from kgate.manifest import ResolvedKernel, Tolerance
@@ -867,9 +877,7 @@ class _LoadPlan:
                     and view.data_ptr() == t.data_ptr() and view.numel() * view.element_size() == t.numel() * t.element_size()
                 views.append(view if shares else None)
             values = torch.cat([bits(self.todo[i][1]).reshape(-1) for i in members])
-            device = values.device
-            lengths = torch.tensor([self.todo[i][0].numel() for i in members], device=device)
-            owner = torch.repeat_interleave(torch.arange(len(members), device=device), lengths)
+            owner = element_owners([self.todo[i][0].numel() for i in members], values.device)
             self.groups.append((members, views, values, owner))
 
     def valid(self, module: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
@@ -895,10 +903,8 @@ class _LoadPlan:
         found = [False] * len(self.todo)
         for members, views, values, owner in self.groups:
             now = torch.cat([v if v is not None else bits(self.todo[i][0]).reshape(-1) for i, v in zip(members, views)])
-            counts = torch.zeros(len(members), dtype=torch.int64, device=values.device)
-            counts.index_add_(0, owner, (now != values).to(torch.int64))
-            for i, count in zip(members, counts.tolist()):
-                found[i] = count > 0
+            for i, differs in zip(members, members_differ(now, values, owner, len(members))):
+                found[i] = differs
         return found
 
 
